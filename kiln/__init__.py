@@ -1,0 +1,45 @@
+"""kiln: compile PyTorch models into fused C++ kernels.
+
+    import kiln
+    fast = kiln.compile(model)              # or torch.compile(model, backend="kiln")
+    kiln.explain(model, example_input)      # what kiln did, and why
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+__version__ = "0.1.0"
+
+TARGETS = ("auto", "cpu")
+
+
+def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto", dynamic: bool = False,
+            fullgraph: bool = False, **options: Any) -> Callable:
+    """Compile a model or function with kiln; returns a callable with the same behaviour.
+
+    ``mode``: "default", "reduce-overhead" or "max-autotune" (as in torch.compile).
+    ``target``: "auto" (the inputs' device) or "cpu".
+    ``options``: kiln settings (see ``kiln.config.Config``), e.g. ``check=True``.
+    """
+    import torch
+
+    from kiln import config
+    from kiln.frontend.dynamo import check_mode, kiln_backend
+
+    if not callable(model_or_fn):
+        raise TypeError(f"kiln.compile expects an nn.Module or a function, got {type(model_or_fn).__name__}")
+    mode = check_mode(mode)
+    if target not in TARGETS:
+        raise ValueError(f"kiln.compile: unknown target {target!r}; accepted targets are {list(TARGETS)}")
+    config.get().with_options(**options)  # validate option names now, not at the first call
+
+    def backend(gm: Any, example_inputs: Any) -> Callable:
+        return kiln_backend(gm, example_inputs, mode=mode, options=options)
+
+    return torch.compile(model_or_fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+
+
+def explain(model_or_fn: Callable, *example_inputs: Any, **options: Any) -> str:
+    """Compile ``model_or_fn`` on ``example_inputs`` and return (and print) kiln's report."""
+    from kiln.explain import explain as _explain
+    return _explain(model_or_fn, *example_inputs, **options)

@@ -1,0 +1,65 @@
+"""Compile one captured ATen graph: lower -> passes -> kernels -> C++ -> runtime module.
+
+Everything that can go wrong after capture is caught here: with ``fallback`` on (the default) the graph
+runs eagerly and the report says why; with it off the error propagates.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from kiln import config as config_mod
+from kiln.report import CompileReport, record
+
+
+def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], *,
+                       cfg: config_mod.Config, mode: str = "default", name: str = "graph") -> Callable:
+    report = CompileReport(name=name, mode=mode)
+    record(report)
+    start = time.perf_counter()
+    try:
+        # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
+        from torch.utils._python_dispatch import _disable_current_modes
+        with _disable_current_modes(), torch.no_grad(), \
+                config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
+            fn = _compile(fx_gm, frozen, cfg, report)
+    except Exception as exc:  # never break the user's model
+        if not cfg.fallback:
+            raise
+        report.fallback = f"{type(exc).__name__}: {exc}"
+        warnings.warn(f"kiln: compiling graph {name!r} failed, running it eagerly instead ({report.fallback})",
+                      stacklevel=2)
+        fn = _eager(fx_gm)
+    report.compile_seconds = time.perf_counter() - start
+    if cfg.verbose:
+        print(report.format())
+    fn._boxed_call = True  # AOTAutograd's boxed convention: fn(list_of_args), so inputs can be freed early
+    return fn
+
+
+def _eager(fx_gm: torch.fx.GraphModule) -> Callable:
+    def run(args: list[Any]) -> Any:
+        return fx_gm(*args)
+    return run
+
+
+def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
+             report: CompileReport) -> Callable:
+    from kiln.frontend.lower import lower_fx
+    from kiln.passes.pipeline import run_pipeline
+    from kiln.runtime.module import build_module
+
+    graph, externs = lower_fx(fx_gm, frozen)
+    report.captured = graph
+    graph = run_pipeline(graph, report, check=cfg.check)
+    report.optimized = graph
+    module = build_module(graph, report)
+    input_positions = [n.attr("index") for n in graph.inputs]
+
+    def run(args: Sequence[Any]) -> list[torch.Tensor]:
+        return module([args[i] for i in input_positions])
+    return run

@@ -1,0 +1,100 @@
+"""Every kiln knob in one place: typed, documented, with its environment variable.
+
+No other module reads ``os.environ``; they read ``kiln.config.get()`` instead.  ``scope(**overrides)``
+changes knobs for a ``with`` block (tests use it), and ``kiln.compile(..., **options)`` passes its options
+through :func:`Config.with_options`, which rejects unknown names with the list of accepted ones.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+
+def _env_bool(name: str, default: bool) -> bool:
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() not in ("0", "false", "no", "off", "")
+
+
+def _default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return str(Path(base) / "kiln")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    """kiln's settings. Field name -> environment variable is ``KILN_<NAME upper>``."""
+
+    # Run the reference interpreter after every pass and name the first pass that changes results.
+    check: bool = False
+    # Where built modules are cached across processes.
+    cache_dir: str = dataclasses.field(default_factory=_default_cache_dir)
+    # C++ compiler and the flags it is invoked with (an argument list, never a shell string).
+    cxx: str = "g++"
+    cxx_flags: tuple[str, ...] = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17",
+                                  "-fno-math-errno", "-fno-trapping-math")
+    # Print the report of what kiln did after each compile.
+    verbose: bool = False
+    # Fuse pointwise producers into consumers / reductions with their epilogues.
+    fusion: bool = True
+    # Fold BatchNorm into the preceding convolution/linear and evaluate constant subgraphs at compile time.
+    constant_folding: bool = True
+    # Largest constant (in elements) that constant folding may create.
+    max_folded_numel: int = 1 << 26
+    # Fall back to eager (with a warning) when code generation or compilation fails, instead of raising.
+    fallback: bool = True
+
+    _ENV = {
+        "check": ("KILN_CHECK", bool),
+        "cache_dir": ("KILN_CACHE_DIR", str),
+        "cxx": ("KILN_CXX", str),
+        "verbose": ("KILN_VERBOSE", bool),
+        "fusion": ("KILN_FUSION", bool),
+        "constant_folding": ("KILN_CONSTANT_FOLDING", bool),
+        "fallback": ("KILN_FALLBACK", bool),
+    }
+
+    @classmethod
+    def from_env(cls) -> "Config":
+        values: dict[str, Any] = {}
+        for field, (env, typ) in cls._ENV.items():
+            if env in os.environ:
+                values[field] = _env_bool(env, False) if typ is bool else typ(os.environ[env])
+        return cls(**values)
+
+    @classmethod
+    def option_names(cls) -> list[str]:
+        return sorted(f.name for f in dataclasses.fields(cls))
+
+    def with_options(self, **options: Any) -> "Config":
+        unknown = sorted(set(options) - set(self.option_names()))
+        if unknown:
+            raise ValueError(f"kiln: unknown option(s) {unknown}; accepted options are {self.option_names()}")
+        return dataclasses.replace(self, **options)
+
+
+_current: Config | None = None
+
+
+def get() -> Config:
+    """The configuration in force (environment, then any active ``scope``)."""
+    global _current
+    if _current is None:
+        _current = Config.from_env()
+    return _current
+
+
+@contextlib.contextmanager
+def scope(**overrides: Any) -> Iterator[Config]:
+    """Temporarily override knobs: ``with config.scope(check=True): ...``."""
+    global _current
+    previous = get()
+    _current = previous.with_options(**overrides)
+    try:
+        yield _current
+    finally:
+        _current = previous

@@ -1,0 +1,449 @@
+"""The lowering table: ATen ops (after kiln's decompositions) -> graph IR.
+
+``LOWERINGS`` maps an ``OpOverloadPacket`` to a function ``(L, fx_node, *args, **kwargs) -> Node | tuple``.
+Each lowering reproduces the ATen result's dtype and shape (taken from ``fx_node.meta["val"]``).  A lowering
+that raises ``Unsupported`` - or an op with no entry - becomes an EXTERN node that calls the ATen op at run
+time, so no model is refused; the report lists those ops.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable
+
+import torch
+
+from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim, result_dtype
+from kiln.ir.graph import Node
+from kiln.ir.ops import Op, numel
+
+aten = torch.ops.aten
+LOWERINGS: dict[Any, Callable[..., Any]] = {}
+
+
+def register(*packets: Any) -> Callable:
+    def deco(fn: Callable) -> Callable:
+        for p in packets:
+            LOWERINGS[p] = fn
+        return fn
+    return deco
+
+
+def out_dtype(fx_node: Any) -> torch.dtype:
+    return meta_val(fx_node).dtype
+
+
+def out_shape(fx_node: Any) -> tuple[int, ...]:
+    return tuple(int(s) for s in meta_val(fx_node).shape)
+
+
+# ------------------------------------------------------------------------------------------- elementwise
+
+_UNARY = {
+    aten.neg: Op.NEG, aten.abs: Op.ABS, aten.exp: Op.EXP, aten.expm1: Op.EXPM1, aten.log: Op.LOG,
+    aten.log1p: Op.LOG1P, aten.sqrt: Op.SQRT, aten.rsqrt: Op.RSQRT, aten.reciprocal: Op.RECIPROCAL,
+    aten.erf: Op.ERF, aten.tanh: Op.TANH, aten.sigmoid: Op.SIGMOID, aten.relu: Op.RELU, aten.sin: Op.SIN,
+    aten.cos: Op.COS, aten.floor: Op.FLOOR, aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC, aten.sign: Op.SIGN,
+    aten.bitwise_not: Op.BITWISE_NOT,
+}
+
+
+def _unary(op: Op) -> Callable:
+    def lower(L: Lowerer, n: Any, x: Node) -> Node:
+        dtype = out_dtype(n)
+        if op in (Op.FLOOR, Op.CEIL, Op.TRUNC) and not dtype.is_floating_point:
+            return x
+        if op is Op.BITWISE_NOT and dtype == torch.bool:
+            return L.elementwise(Op.LOGICAL_NOT, (x,), torch.bool)
+        if op is Op.SIGN and dtype == torch.bool:
+            return x
+        return L.elementwise(op, (x,), dtype)
+    return lower
+
+
+for _packet, _op in _UNARY.items():
+    register(_packet)(_unary(_op))
+
+
+@register(aten.round)
+def _round(L: Lowerer, n: Any, x: Node, decimals: int = 0) -> Node:
+    if decimals:
+        raise Unsupported("round with decimals")
+    return x if not out_dtype(n).is_floating_point else L.elementwise(Op.ROUND, (x,), out_dtype(n))
+
+
+@register(aten.isnan)
+def _isnan(L: Lowerer, n: Any, x: Node) -> Node:
+    if not x.dtype.is_floating_point:
+        return L.full(False, x.shape, torch.bool)
+    return L.b.add(Op.ISNAN, (x,))
+
+
+@register(aten.logical_not)
+def _logical_not(L: Lowerer, n: Any, x: Node) -> Node:
+    return L.cast(L.b.add(Op.LOGICAL_NOT, (L.cast(x, torch.bool),)), out_dtype(n))
+
+
+_BINARY = {
+    aten.mul: Op.MUL, aten.maximum: Op.MAXIMUM, aten.minimum: Op.MINIMUM, aten.remainder: Op.REM,
+    aten.fmod: Op.FMOD, aten.bitwise_and: Op.BITWISE_AND, aten.bitwise_or: Op.BITWISE_OR,
+    aten.bitwise_xor: Op.BITWISE_XOR,
+}
+_COMPARE = {aten.eq: Op.EQ, aten.ne: Op.NE, aten.lt: Op.LT, aten.le: Op.LE, aten.gt: Op.GT, aten.ge: Op.GE}
+_LOGICAL = {aten.logical_and: Op.LOGICAL_AND, aten.logical_or: Op.LOGICAL_OR, aten.logical_xor: Op.LOGICAL_XOR}
+
+
+def _binary(op: Op) -> Callable:
+    def lower(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
+        dtype = out_dtype(n)
+        if dtype == torch.bool and op in (Op.BITWISE_AND, Op.BITWISE_OR, Op.BITWISE_XOR):
+            op2 = {Op.BITWISE_AND: Op.LOGICAL_AND, Op.BITWISE_OR: Op.LOGICAL_OR, Op.BITWISE_XOR: Op.LOGICAL_XOR}[op]
+            return L.binary(op2, a, b, torch.bool)
+        if dtype == torch.bool and op is Op.MUL:
+            return L.binary(Op.LOGICAL_AND, a, b, torch.bool)
+        if dtype == torch.bool and op in (Op.REM, Op.FMOD):
+            raise Unsupported("remainder of bools")
+        return L.binary(op, a, b, dtype)
+    return lower
+
+
+def _compare(op: Op) -> Callable:
+    def lower(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
+        return L.elementwise(op, (a, b), result_dtype(a, b))
+    return lower
+
+
+def _logical(op: Op) -> Callable:
+    def lower(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
+        return L.cast(L.elementwise(op, (a, b), torch.bool), out_dtype(n))
+    return lower
+
+
+for _packet, _op in _BINARY.items():
+    register(_packet)(_binary(_op))
+for _packet, _op in _COMPARE.items():
+    register(_packet)(_compare(_op))
+for _packet, _op in _LOGICAL.items():
+    register(_packet)(_logical(_op))
+
+
+def _scaled(L: Lowerer, b: Any, alpha: Any, dtype: torch.dtype) -> Any:
+    if alpha is None or alpha == 1:
+        return b
+    if isinstance(b, Node):
+        return L.binary(Op.MUL, b, alpha, dtype)
+    return b * alpha
+
+
+@register(aten.add)
+def _add(L: Lowerer, n: Any, a: Any, b: Any, alpha: Any = None) -> Node:
+    dtype = out_dtype(n)
+    if dtype == torch.bool:
+        return L.binary(Op.LOGICAL_OR, a, b, torch.bool)
+    return L.binary(Op.ADD, a, _scaled(L, b, alpha, dtype), dtype)
+
+
+@register(aten.sub, aten.rsub)
+def _sub(L: Lowerer, n: Any, a: Any, b: Any, alpha: Any = None) -> Node:
+    dtype = out_dtype(n)
+    if n.target.overloadpacket is aten.rsub:
+        a, b = b, a
+        return L.binary(Op.SUB, a, _scaled(L, b, alpha, dtype), dtype)
+    return L.binary(Op.SUB, a, _scaled(L, b, alpha, dtype), dtype)
+
+
+@register(aten.div)
+def _div(L: Lowerer, n: Any, a: Any, b: Any, rounding_mode: str | None = None) -> Node:
+    dtype = out_dtype(n)
+    if rounding_mode is None:
+        return L.binary(Op.DIV, a, b, dtype)
+    if rounding_mode == "floor":
+        return L.binary(Op.FLOORDIV, a, b, dtype)
+    if dtype.is_floating_point:
+        return L.b.add(Op.TRUNC, (L.binary(Op.DIV, a, b, dtype),))
+    return L.binary(Op.DIV, a, b, dtype)  # integer DIV truncates, like C
+
+
+@register(aten.floor_divide)
+def _floor_divide(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
+    return L.binary(Op.FLOORDIV, a, b, out_dtype(n))
+
+
+@register(aten.pow)
+def _pow(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
+    dtype = out_dtype(n)
+    if dtype == torch.bool:
+        raise Unsupported("pow of bools")
+    if not dtype.is_floating_point and isinstance(b, Node):
+        raise Unsupported("integer pow with tensor exponent")
+    if not isinstance(b, Node) and b == 2:
+        x = L.cast(a, dtype)
+        return L.b.add(Op.MUL, (x, x))
+    if not isinstance(b, Node) and b == 0.5 and dtype.is_floating_point:
+        return L.elementwise(Op.SQRT, (a,), dtype)
+    if not isinstance(b, Node) and b == 1:
+        return L.cast(a, dtype)
+    return L.binary(Op.POW, a, b, dtype)
+
+
+@register(aten.clamp, aten.clamp_min, aten.clamp_max)
+def _clamp(L: Lowerer, n: Any, x: Node, lo: Any = None, hi: Any = None) -> Node:
+    dtype = out_dtype(n)
+    packet = n.target.overloadpacket
+    if packet is aten.clamp_max:
+        lo, hi = None, lo
+    out = L.cast(x, dtype)
+    if lo is not None:
+        out = L.binary(Op.MAXIMUM, out, lo, dtype)
+    if hi is not None:
+        out = L.binary(Op.MINIMUM, out, hi, dtype)
+    return out
+
+
+@register(aten.where)
+def _where(L: Lowerer, n: Any, cond: Node, a: Any, b: Any) -> Node:
+    dtype = out_dtype(n)
+    shapes = [x.shape for x in (cond, a, b) if isinstance(x, Node)]
+    from kiln.ir.ops import broadcast_shapes
+    shape = broadcast_shapes(*shapes)
+    c = L.operand(cond, torch.bool, shape)
+    return L.b.add(Op.WHERE, (c, L.operand(a, dtype, shape), L.operand(b, dtype, shape)))
+
+
+@register(aten.masked_fill)
+def _masked_fill(L: Lowerer, n: Any, x: Node, mask: Node, value: Any) -> Node:
+    if isinstance(value, Node) and value.shape:
+        raise Unsupported("masked_fill with a non-scalar tensor value")
+    return _where(L, n, mask, value, x)
+
+
+@register(aten.sigmoid_backward, aten.threshold_backward)
+def _no_backward(L: Lowerer, n: Any, *args: Any) -> Node:
+    raise Unsupported("backward ops run eagerly")
+
+
+@register(aten.gelu)
+def _gelu(L: Lowerer, n: Any, x: Node, approximate: str = "none") -> Node:
+    dtype = out_dtype(n)
+    x = L.cast(x, dtype)
+    if approximate == "tanh":
+        inner = L.binary(Op.MUL, L.binary(Op.ADD, x, L.binary(Op.MUL, L.binary(Op.MUL, x, x, dtype),
+                                                                    L.binary(Op.MUL, x, 0.044715, dtype), dtype),
+                                          dtype), math.sqrt(2.0 / math.pi), dtype)
+        cdf = L.binary(Op.ADD, L.b.add(Op.TANH, (inner,)), 1.0, dtype)
+    else:
+        cdf = L.binary(Op.ADD, L.b.add(Op.ERF, (L.binary(Op.MUL, x, math.sqrt(0.5), dtype),)), 1.0, dtype)
+    return L.binary(Op.MUL, L.binary(Op.MUL, x, 0.5, dtype), cdf, dtype)
+
+
+@register(aten.silu)
+def _silu(L: Lowerer, n: Any, x: Node) -> Node:
+    x = L.cast(x, out_dtype(n))
+    return L.b.add(Op.MUL, (x, L.b.add(Op.SIGMOID, (x,))))
+
+
+@register(aten.hardtanh)
+def _hardtanh(L: Lowerer, n: Any, x: Node, lo: float = -1.0, hi: float = 1.0) -> Node:
+    dtype = out_dtype(n)
+    return L.binary(Op.MINIMUM, L.binary(Op.MAXIMUM, x, lo, dtype), hi, dtype)
+
+
+@register(aten.leaky_relu)
+def _leaky_relu(L: Lowerer, n: Any, x: Node, slope: float = 0.01) -> Node:
+    dtype = out_dtype(n)
+    pos = L.binary(Op.GT, x, 0, x.dtype)
+    return L.b.add(Op.WHERE, (pos, L.cast(x, dtype), L.binary(Op.MUL, x, slope, dtype)))
+
+
+@register(aten._to_copy)
+def _to_copy(L: Lowerer, n: Any, x: Node, **kwargs: Any) -> Node:
+    if kwargs.get("device") not in (None, torch.device("cpu")) and str(kwargs.get("device")) != "cpu":
+        raise Unsupported("device transfer")
+    return L.cast(x, out_dtype(n))
+
+
+@register(aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy, aten.contiguous)
+def _identity(L: Lowerer, n: Any, x: Node, *args: Any, **kwargs: Any) -> Node:
+    return x
+
+
+# ------------------------------------------------------------------------------------------- reductions
+
+def _dims(x: Node, dim: Any) -> tuple[int, ...]:
+    if dim is None or dim == [] or dim == ():
+        return tuple(range(len(x.shape)))
+    if isinstance(dim, int):
+        dim = [dim]
+    return tuple(norm_dim(d, len(x.shape)) for d in dim)
+
+
+@register(aten.sum)
+def _sum(L: Lowerer, n: Any, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    odt = out_dtype(n)
+    return L.reduce(Op.SUM, L.cast(x, odt), _dims(x, dim), keepdim)
+
+
+@register(aten.mean)
+def _mean(L: Lowerer, n: Any, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    odt = out_dtype(n)
+    axes = _dims(x, dim)
+    count = numel(tuple(x.shape[a] for a in axes))
+    total = L.reduce(Op.SUM, L.cast(x, odt), axes, keepdim)
+    return L.binary(Op.DIV, total, count, odt)
+
+
+@register(aten.prod)
+def _prod(L: Lowerer, n: Any, x: Node, dim: Any = None, keepdim: bool = False, *, dtype: Any = None) -> Node:
+    return L.reduce(Op.PROD, L.cast(x, out_dtype(n)), _dims(x, dim), keepdim)
+
+
+@register(aten.amax, aten.amin)
+def _amax(L: Lowerer, n: Any, x: Node, dim: Any = (), keepdim: bool = False) -> Node:
+    op = Op.AMAX if n.target.overloadpacket is aten.amax else Op.AMIN
+    if x.dtype == torch.bool:
+        raise Unsupported("amax of bools")
+    return L.reduce(op, x, _dims(x, dim), keepdim)
+
+
+@register(aten.any, aten.all)
+def _any(L: Lowerer, n: Any, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
+    op = Op.AMAX if n.target.overloadpacket is aten.any else Op.AMIN
+    b = L.cast(x, torch.bool) if x.dtype == torch.bool else L.binary(Op.NE, x, 0, x.dtype)
+    return L.cast(L.reduce(op, L.cast(b, torch.uint8), _dims(x, dim), keepdim), out_dtype(n))
+
+
+@register(aten.argmax, aten.argmin)
+def _argmax(L: Lowerer, n: Any, x: Node, dim: Any = None, keepdim: bool = False) -> Node:
+    op = Op.ARGMAX if n.target.overloadpacket is aten.argmax else Op.ARGMIN
+    if x.dtype == torch.bool:
+        raise Unsupported("argmax of bools")
+    if dim is None:
+        flat = L.reshape(x, (x.numel,))
+        out = L.reduce(op, flat, (0,), False)
+        return L.reshape(out, out_shape(n))
+    return L.reduce(op, x, (norm_dim(dim, len(x.shape)),), keepdim)
+
+
+@register(aten.max, aten.min)
+def _max(L: Lowerer, n: Any, x: Node, dim: Any = None, keepdim: bool = False) -> Any:
+    is_max = n.target.overloadpacket is aten.max
+    if isinstance(dim, Node):
+        return L.binary(Op.MAXIMUM if is_max else Op.MINIMUM, x, dim, out_dtype(n))
+    if x.dtype == torch.bool:
+        raise Unsupported("max of bools")
+    if dim is None:
+        return L.reduce(Op.AMAX if is_max else Op.AMIN, x, _dims(x, None), False)
+    d = norm_dim(dim, len(x.shape))
+    values = L.reduce(Op.AMAX if is_max else Op.AMIN, x, (d,), keepdim)
+    index = L.reduce(Op.ARGMAX if is_max else Op.ARGMIN, x, (d,), keepdim)
+    return values, index
+
+
+def _variance(L: Lowerer, x: Node, axes: tuple[int, ...], correction: float, keepdim: bool,
+              dtype: torch.dtype) -> tuple[Node, Node]:
+    """(var, mean) with the two-pass formula: sum((x - mean)^2) / (N - correction)."""
+    count = numel(tuple(x.shape[a] for a in axes))
+    x = L.cast(x, dtype)
+    mean = L.binary(Op.DIV, L.reduce(Op.SUM, x, axes, True), count, dtype)
+    centered = L.binary(Op.SUB, x, mean, dtype)
+    sq = L.b.add(Op.MUL, (centered, centered))
+    var = L.binary(Op.DIV, L.reduce(Op.SUM, sq, axes, keepdim), max(count - correction, 0), dtype)
+    if not keepdim:
+        mean = L.reshape(mean, var.shape)
+    return var, mean
+
+
+def _correction(correction: Any, unbiased: Any) -> float:
+    if correction is not None:
+        return float(correction)
+    return 1.0 if unbiased in (None, True) else 0.0
+
+
+@register(aten.var)
+def _var(L: Lowerer, n: Any, x: Node, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *,
+         correction: Any = None) -> Node:
+    if isinstance(dim, bool):
+        unbiased, dim = dim, None
+    return _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, out_dtype(n))[0]
+
+
+@register(aten.var_mean)
+def _var_mean(L: Lowerer, n: Any, x: Node, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *,
+              correction: Any = None) -> tuple[Node, Node]:
+    if isinstance(dim, bool):
+        unbiased, dim = dim, None
+    dtype = meta_val(n)[0].dtype
+    return _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, dtype)
+
+
+@register(aten.std)
+def _std(L: Lowerer, n: Any, x: Node, dim: Any = None, unbiased: Any = None, keepdim: bool = False, *,
+         correction: Any = None) -> Node:
+    if isinstance(dim, bool):
+        unbiased, dim = dim, None
+    var = _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, out_dtype(n))[0]
+    return L.b.add(Op.SQRT, (var,))
+
+
+@register(aten._softmax, aten._log_softmax)
+def _softmax(L: Lowerer, n: Any, x: Node, dim: int, half_to_float: bool = False) -> Node:
+    dtype = out_dtype(n)
+    x = L.cast(x, dtype)
+    d = norm_dim(dim, len(x.shape))
+    if not x.shape:
+        return L.full(0.0 if n.target.overloadpacket is aten._log_softmax else 1.0, (), dtype)
+    shifted = L.binary(Op.SUB, x, L.reduce(Op.AMAX, x, (d,), True), dtype)
+    e = L.b.add(Op.EXP, (shifted,))
+    total = L.reduce(Op.SUM, e, (d,), True)
+    if n.target.overloadpacket is aten._log_softmax:
+        return L.binary(Op.SUB, shifted, L.b.add(Op.LOG, (total,)), dtype)
+    return L.binary(Op.DIV, e, total, dtype)
+
+
+@register(aten.native_layer_norm)
+def _layer_norm(L: Lowerer, n: Any, x: Node, normalized_shape: Any, weight: Any, bias: Any,
+                eps: float) -> tuple[Node, Node, Node]:
+    dtype = meta_val(n)[0].dtype
+    k = len(normalized_shape)
+    axes = tuple(range(len(x.shape) - k, len(x.shape)))
+    var, mean = _variance(L, x, axes, 0.0, True, dtype)
+    rstd = L.b.add(Op.RSQRT, (L.binary(Op.ADD, var, eps, dtype),))
+    out = L.binary(Op.MUL, L.binary(Op.SUB, x, mean, dtype), rstd, dtype)
+    if weight is not None:
+        out = L.binary(Op.MUL, out, weight, dtype)
+    if bias is not None:
+        out = L.binary(Op.ADD, out, bias, dtype)
+    stat_shape = tuple(meta_val(n)[1].shape)
+    return out, L.reshape(mean, stat_shape), L.reshape(rstd, stat_shape)
+
+
+def _channel(L: Lowerer, v: Node, ndim: int) -> Node:
+    """A per-channel [C] vector as [C, 1, ..., 1] for broadcasting against [N, C, ...]."""
+    return L.reshape(v, (v.shape[0],) + (1,) * (ndim - 2))
+
+
+@register(aten._native_batch_norm_legit_no_training)
+def _batch_norm_inference(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, mean: Node, var: Node,
+                          momentum: float, eps: float) -> tuple[Node, Node, Node]:
+    """y = x * scale + shift with scale = weight / sqrt(var + eps), shift = bias - mean * scale.
+
+    With frozen weights, constant folding turns scale and shift into two constants, and the
+    affine-folding pass then merges them into the preceding convolution."""
+    dtype = meta_val(n)[0].dtype
+    scale = L.b.add(Op.RSQRT, (L.binary(Op.ADD, L.cast(var, dtype), eps, dtype),))
+    if weight is not None:
+        scale = L.binary(Op.MUL, scale, weight, dtype)
+    shift = L.binary(Op.MUL, L.b.add(Op.NEG, (L.cast(mean, dtype),)), scale, dtype)
+    if bias is not None:
+        shift = L.binary(Op.ADD, shift, bias, dtype)
+    nd = len(x.shape)
+    out = L.binary(Op.ADD, L.binary(Op.MUL, x, _channel(L, scale, nd), dtype), _channel(L, shift, nd), dtype)
+    empty = [L.full(0.0, tuple(v.shape), v.dtype) for v in meta_val(n)[1:]]
+    return (out, *empty)
+
+
+@register(aten._native_batch_norm_legit, aten.native_batch_norm)
+def _batch_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, mean: Any, var: Any, training: bool,
+                momentum: float, eps: float) -> Any:
+    if training or mean is None:
+        raise Unsupported("batch_norm in training mode")
+    return _batch_norm_inference(L, n, x, weight, bias, mean, var, momentum, eps)

@@ -1,0 +1,79 @@
+"""The TorchDynamo backend: Dynamo graph -> AOTAutograd (ATen, kiln's decompositions) -> kiln.
+
+``torch.compile(model, backend="kiln", mode=..., options={...})`` reaches ``kiln_backend`` through the
+``torch_dynamo_backends`` entry point.  Guards stay with Dynamo.  In inference (no grad needed), module
+parameters and buffers are frozen into the graph as constants so that folding passes can use them.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from kiln import config
+
+MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+_warned_grad = False
+
+
+def _is_static(fx_node: torch.fx.Node, value: Any) -> bool:
+    """Parameters and buffers that Dynamo lifted as graph inputs (they do not change between calls)."""
+    if isinstance(value, torch.nn.Parameter):
+        return True
+    tensor_dict = fx_node.meta.get("tensor_dict", {})
+    return bool(tensor_dict.get("_dynamo_static_input_type")) or \
+        getattr(value, "_dynamo_static_input_type", None) is not None
+
+
+def _needs_grad(example_inputs: Sequence[Any]) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+def check_mode(mode: str | None) -> str:
+    mode = mode or "default"
+    if mode not in MODES:
+        raise ValueError(f"kiln: unknown mode {mode!r}; accepted modes are {list(MODES)}")
+    return mode
+
+
+def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
+                 options: dict[str, Any] | None = None) -> Callable:
+    """Dynamo backend entry point."""
+    mode = check_mode(mode)
+    cfg = config.get().with_options(**(options or {}))
+    global _warned_grad
+    if _needs_grad(example_inputs):
+        if not _warned_grad:
+            warnings.warn("kiln: this call needs gradients; kiln compiles inference only for now, so the graph "
+                          "runs eagerly (use torch.no_grad() or torch.inference_mode() to compile it)",
+                          stacklevel=2)
+            _warned_grad = True
+        return gm.forward
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from kiln.frontend.decompositions import decomposition_table
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    static = [_is_static(p, x) for p, x in zip(placeholders, example_inputs)]
+    module_params = [t for _, t in gm.named_parameters(remove_duplicate=False)] + \
+        [t for _, t in gm.named_buffers(remove_duplicate=False)]
+    frozen_values = module_params + list(example_inputs)
+    frozen_mask = [True] * len(module_params) + static
+
+    def fw_compiler(fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable:
+        from kiln.compiler import compile_aten_graph
+        fx_placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
+        frozen: dict[int, torch.Tensor] = {}
+        if len(fx_placeholders) == len(frozen_values):
+            frozen = {i: v for i, (v, m) in enumerate(zip(frozen_values, frozen_mask))
+                      if m and isinstance(v, torch.Tensor)}
+        return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm))
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
+                                 decompositions=decomposition_table(), keep_inference_input_mutations=True)
+
+
+def _graph_name(gm: torch.fx.GraphModule) -> str:
+    return type(gm).__name__

@@ -1,0 +1,72 @@
+"""EXTERN nodes: an ATen call kept as it is, with its tensor arguments replaced by references to inputs.
+
+The template is the original ``(args, kwargs)`` with every tensor argument replaced by ``InputRef(k)``,
+``k`` indexing ``node.inputs``.  At run time ``call_extern`` substitutes the tensors and calls the op.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Sequence
+
+import torch
+
+
+@dataclasses.dataclass(frozen=True)
+class InputRef:
+    index: int
+
+
+def substitute(template: Any, values: Sequence[Any]) -> Any:
+    if isinstance(template, InputRef):
+        return values[template.index]
+    if isinstance(template, (list, tuple)):
+        items = [substitute(t, values) for t in template]
+        return type(template)(items) if isinstance(template, tuple) else items
+    if isinstance(template, dict):
+        return {k: substitute(v, values) for k, v in template.items()}
+    return template
+
+
+def call_extern(node: Any, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Run an EXTERN node's op on concrete tensors; returns output ``out_index`` when the op returns several."""
+    args, kwargs = substitute(node.attr("template"), inputs)
+    out = node.attr("target")(*args, **kwargs)
+    index = node.attr("out_index")
+    if index is not None:
+        out = out[index]
+    return out
+
+
+def short_name(target: Any) -> str:
+    """``aten.convolution.default`` -> ``convolution``, for kernel names and reports."""
+    name = getattr(target, "__name__", None) or str(target)
+    return name.split(".")[0]
+
+
+def build_extern(b: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any], shape: Sequence[int],
+                 dtype: torch.dtype, out_index: int | None = None) -> Any:
+    """Add an EXTERN node calling ``target(*args, **kwargs)``; graph nodes inside args become its inputs."""
+    from kiln.ir.graph import Node
+    from kiln.ir.ops import Op
+    inputs: list[Any] = []
+
+    def to_template(v: Any) -> Any:
+        if isinstance(v, Node):
+            inputs.append(v)
+            return InputRef(len(inputs) - 1)
+        if isinstance(v, (list, tuple)):
+            items = [to_template(x) for x in v]
+            return tuple(items) if isinstance(v, tuple) else items
+        if isinstance(v, dict):
+            return {k: to_template(x) for k, x in v.items()}
+        return v
+
+    template = (to_template(list(args)), to_template(dict(kwargs)))
+    return b.add(Op.EXTERN, inputs, shape=tuple(shape), dtype=dtype, target=target, template=template,
+                 out_index=out_index)
+
+
+def extern_args(node: Any) -> tuple[list[Any], dict[str, Any]]:
+    """An EXTERN node's (args, kwargs) with its input nodes substituted back in."""
+    args, kwargs = substitute(node.attr("template"), node.inputs)
+    return list(args), dict(kwargs)

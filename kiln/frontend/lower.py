@@ -1,0 +1,109 @@
+"""FX (ATen) graph -> kiln graph IR.
+
+Placeholders whose values are frozen (module parameters and buffers in inference) become CONSTANT nodes;
+the rest become INPUT nodes.  Each call_function goes through the lowering table; ops without a lowering,
+or whose lowering declines, become EXTERN nodes.
+"""
+from __future__ import annotations
+
+import operator
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+
+from kiln.frontend import aten_movement  # noqa: F401  (registers the movement lowerings)
+from kiln.frontend.aten import LOWERINGS
+from kiln.frontend.lowering_base import KERNEL_DTYPES, Lowerer, Unsupported
+from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
+from kiln.ir.ops import Op
+
+
+class LoweringError(RuntimeError):
+    pass
+
+
+def _tensors_in(v: Any) -> list[Any]:
+    if isinstance(v, (torch.Tensor, Node)):
+        return [v]
+    if isinstance(v, (list, tuple)):
+        return [t for x in v for t in _tensors_in(x)]
+    return []
+
+
+def _kernel_dtypes_only(fx_node: torch.fx.Node, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+    vals = _tensors_in(fx_node.meta.get("val"))
+    vals += _tensors_in(list(args)) + _tensors_in(list(kwargs.values()))
+    return all(v.dtype in KERNEL_DTYPES for v in vals)
+
+
+def _has_symbols(v: Any) -> bool:
+    if isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return True
+    if isinstance(v, torch.Tensor):
+        return any(isinstance(s, torch.SymInt) for s in v.shape)
+    if isinstance(v, (list, tuple)):
+        return any(_has_symbols(x) for x in v)
+    return False
+
+
+def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> tuple[Graph, list[str]]:
+    """Lower ``gm``; ``frozen`` maps placeholder positions to the tensors they are frozen to.
+
+    Returns the graph (whose INPUTs are the non-frozen placeholders, in order) and the list of ATen ops
+    that stayed EXTERN.
+    """
+    b = GraphBuilder()
+    L = Lowerer(b)
+    env: dict[torch.fx.Node, Any] = {}
+    outputs: list[Node] = []
+    position = 0
+    for fx_node in gm.graph.nodes:
+        if _has_symbols(fx_node.meta.get("val")):
+            raise LoweringError(f"dynamic shape in {fx_node.format_node()}")
+        if fx_node.op == "placeholder":
+            val = fx_node.meta.get("val")
+            if position in frozen:
+                env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(frozen[position].detach()))
+            elif isinstance(val, torch.Tensor):
+                env[fx_node] = b.add(Op.INPUT, (), shape=tuple(val.shape), dtype=val.dtype, index=position,
+                                     name=fx_node.name)
+            else:
+                raise LoweringError(f"non-tensor input {fx_node.name}")
+            position += 1
+        elif fx_node.op == "get_attr":
+            value = getattr(gm, fx_node.target)
+            if not isinstance(value, torch.Tensor):
+                raise LoweringError(f"get_attr of {type(value).__name__}")
+            env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(value.detach()))
+        elif fx_node.op == "call_function":
+            env[fx_node] = _lower_call(L, fx_node, env)
+        elif fx_node.op == "output":
+            outs = fx_node.args[0]
+            for o in (outs if isinstance(outs, (list, tuple)) else [outs]):
+                value = env[o] if isinstance(o, torch.fx.Node) else o
+                if not isinstance(value, Node):
+                    raise LoweringError(f"graph output {o} is not a tensor")
+                outputs.append(value)
+        else:
+            raise LoweringError(f"unsupported FX node kind {fx_node.op}")
+    return b.finish(outputs), L.externs
+
+
+def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> Any:
+    args = torch.fx.node.map_arg(fx_node.args, lambda a: env[a])
+    kwargs = torch.fx.node.map_arg(fx_node.kwargs, lambda a: env[a])
+    target = fx_node.target
+    if target is operator.getitem:
+        return args[0][args[1]]
+    packet = getattr(target, "overloadpacket", None)
+    lowering = LOWERINGS.get(packet)
+    if lowering is not None and _kernel_dtypes_only(fx_node, args, kwargs):
+        mark = len(L.b.nodes)
+        try:
+            return lowering(L, fx_node, *args, **kwargs)
+        except Unsupported:
+            del L.b.nodes[mark:]  # drop half-built nodes; they are unreferenced
+    if not isinstance(target, torch._ops.OpOverload):
+        raise LoweringError(f"cannot lower call to {target}")
+    return L.extern(fx_node, args, kwargs)

@@ -1,0 +1,148 @@
+"""Helpers shared by the ATen lowerings: scalar constants, broadcasting, type promotion, EXTERN nodes.
+
+A lowering receives a ``Lowerer`` (which owns the graph builder), the FX node (its ``meta["val"]`` gives
+the ATen result's shape and dtype, which the lowering must reproduce) and the already-lowered arguments:
+graph ``Node``s for tensors, Python values otherwise.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import torch
+import torch.fx
+
+from kiln.frontend.extern import build_extern
+from kiln.ir.graph import GraphBuilder, Node
+from kiln.ir.ops import Op, broadcast_shapes
+
+# dtypes the generated kernels compute in; anything else runs as an EXTERN ATen call
+KERNEL_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
+                           torch.uint8, torch.bool})
+
+
+class Unsupported(Exception):
+    """Raised by a lowering that cannot handle these arguments: the op becomes an EXTERN node."""
+
+
+def meta_val(fx_node: torch.fx.Node) -> Any:
+    return fx_node.meta.get("val")
+
+
+def norm_dim(d: int, ndim: int) -> int:
+    nd = max(ndim, 1)
+    if not -nd <= d < nd:
+        raise Unsupported(f"dim {d} out of range for {ndim}-d tensor")
+    return d % nd
+
+
+class Lowerer:
+    """Builds graph IR nodes for the lowerings; one per captured graph."""
+
+    def __init__(self, builder: GraphBuilder):
+        self.b = builder
+        self.externs: list[str] = []
+
+    # ---------------------------------------------------------------- leaves
+    def scalar(self, value: Any, dtype: torch.dtype) -> Node:
+        if dtype == torch.bool:
+            value = bool(value)
+        elif dtype.is_floating_point:
+            value = float(value)
+        else:
+            value = int(value)
+        return self.b.add(Op.FULL, (), shape=(), dtype=dtype, value=value)
+
+    def full(self, value: Any, shape: Sequence[int], dtype: torch.dtype) -> Node:
+        return self.expand(self.scalar(value, dtype), tuple(shape))
+
+    # ---------------------------------------------------------------- shape/dtype plumbing
+    def cast(self, n: Node, dtype: torch.dtype) -> Node:
+        if n.dtype == dtype:
+            return n
+        if n.op is Op.FULL and not n.shape:
+            return self.scalar(n.attr("value"), dtype)
+        return self.b.add(Op.CAST, (n,), dtype=dtype)
+
+    def reshape(self, n: Node, shape: Sequence[int]) -> Node:
+        shape = tuple(int(s) for s in shape)
+        if -1 in shape:
+            known = 1
+            for s in shape:
+                if s != -1:
+                    known *= s
+            shape = tuple(n.numel // max(known, 1) if s == -1 else s for s in shape)
+        if shape == n.shape:
+            return n
+        return self.b.add(Op.RESHAPE, (n,), shape=shape)
+
+    def expand(self, n: Node, shape: Sequence[int]) -> Node:
+        shape = tuple(int(s) for s in shape)
+        if n.shape == shape:
+            return n
+        return self.b.add(Op.EXPAND, (n,), shape=shape)
+
+    def permute(self, n: Node, dims: Sequence[int]) -> Node:
+        dims = tuple(norm_dim(d, len(n.shape)) for d in dims)
+        if dims == tuple(range(len(dims))):
+            return n
+        return self.b.add(Op.PERMUTE, (n,), dims=dims)
+
+    def operand(self, x: Any, dtype: torch.dtype, shape: tuple[int, ...]) -> Node:
+        """Turn an argument (Node or Python scalar) into a node of ``dtype`` broadcast to ``shape``."""
+        if not isinstance(x, Node):
+            return self.expand(self.scalar(x, dtype), shape)
+        return self.expand(self.cast(x, dtype), shape)
+
+    def elementwise(self, op: Op, args: Sequence[Any], compute_dtype: torch.dtype,
+                    out_dtype: torch.dtype | None = None) -> Node:
+        shapes = [a.shape for a in args if isinstance(a, Node)]
+        shape = broadcast_shapes(*shapes) if shapes else ()
+        nodes = [self.operand(a, compute_dtype, shape) for a in args]
+        out = self.b.add(op, nodes)
+        return self.cast(out, out_dtype) if out_dtype is not None else out
+
+    def binary(self, op: Op, a: Any, b: Any, dtype: torch.dtype) -> Node:
+        return self.elementwise(op, (a, b), dtype)
+
+    def reduce(self, op: Op, x: Node, axes: Sequence[int], keepdim: bool, dtype: torch.dtype | None = None) -> Node:
+        axes = tuple(sorted({norm_dim(a, len(x.shape)) for a in axes})) if x.shape else ()
+        return self.b.add(op, (x,), axes=axes, keepdim=keepdim, dtype=dtype)
+
+    # ---------------------------------------------------------------- externs
+    def extern(self, fx_node: torch.fx.Node, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
+        """Keep the ATen call as it is: one EXTERN node per tensor output."""
+        val = meta_val(fx_node)
+        self.externs.append(str(fx_node.target))
+        if isinstance(val, torch.Tensor):
+            return build_extern(self.b, fx_node.target, args, kwargs, val.shape, val.dtype)
+        if isinstance(val, (list, tuple)):
+            outs = []
+            for k, v in enumerate(val):
+                if isinstance(v, torch.Tensor):
+                    outs.append(build_extern(self.b, fx_node.target, args, kwargs, v.shape, v.dtype, k))
+                else:
+                    outs.append(v)
+            return tuple(outs)
+        raise Unsupported(f"{fx_node.target} returns {type(val).__name__}, not tensors")
+
+
+def result_dtype(*args: Any) -> torch.dtype:
+    """torch's type promotion over Nodes (by dtype and rank category) and Python scalars."""
+    probes = []
+    for a in args:
+        if isinstance(a, Node):
+            probes.append(torch.empty((1,) if a.shape else (), dtype=a.dtype))
+        elif isinstance(a, (bool, int, float)):
+            probes.append(a)
+    out = probes[0]
+    if len(probes) == 1:
+        return out.dtype if isinstance(out, torch.Tensor) else torch.tensor(out).dtype
+    dtype = torch.result_type(probes[0], probes[1])
+    for p in probes[2:]:
+        dtype = torch.result_type(torch.empty((1,), dtype=dtype), p)
+    return dtype
+
+
+def is_finite_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)

@@ -1,0 +1,135 @@
+"""Reference interpreter: runs a graph IR with eager torch ops.
+
+It defines what every op means.  ``KILN_CHECK=1`` compares it before and after every pass, constant folding
+uses it to evaluate constant subgraphs, and tests compare generated kernels against it.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import Op
+
+
+def _python_floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return torch.div(a, b, rounding_mode="floor")
+
+
+def _round_half_even(a: torch.Tensor) -> torch.Tensor:
+    return torch.round(a)
+
+
+def _relu(a: torch.Tensor) -> torch.Tensor:
+    if a.dtype == torch.bool:
+        return a
+    return torch.relu(a)
+
+
+_ELEMENTWISE: dict[Op, Callable[..., torch.Tensor]] = {
+    Op.NEG: torch.neg, Op.ABS: torch.abs, Op.EXP: torch.exp, Op.EXPM1: torch.expm1, Op.LOG: torch.log,
+    Op.LOG1P: torch.log1p, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt, Op.RECIPROCAL: torch.reciprocal,
+    Op.ERF: torch.erf, Op.TANH: torch.tanh, Op.SIGMOID: torch.sigmoid, Op.RELU: _relu, Op.SIN: torch.sin,
+    Op.COS: torch.cos, Op.FLOOR: torch.floor, Op.CEIL: torch.ceil, Op.ROUND: _round_half_even,
+    Op.TRUNC: torch.trunc, Op.SIGN: torch.sign, Op.ISNAN: torch.isnan, Op.LOGICAL_NOT: torch.logical_not,
+    Op.BITWISE_NOT: torch.bitwise_not,
+    Op.ADD: torch.add, Op.SUB: torch.sub, Op.MUL: torch.mul, Op.DIV: torch.div, Op.FLOORDIV: _python_floordiv,
+    Op.REM: torch.remainder, Op.FMOD: torch.fmod, Op.POW: torch.pow, Op.MAXIMUM: torch.maximum,
+    Op.MINIMUM: torch.minimum, Op.EQ: torch.eq, Op.NE: torch.ne, Op.LT: torch.lt, Op.LE: torch.le,
+    Op.GT: torch.gt, Op.GE: torch.ge, Op.LOGICAL_AND: torch.logical_and, Op.LOGICAL_OR: torch.logical_or,
+    Op.LOGICAL_XOR: torch.logical_xor, Op.BITWISE_AND: torch.bitwise_and, Op.BITWISE_OR: torch.bitwise_or,
+    Op.BITWISE_XOR: torch.bitwise_xor, Op.WHERE: torch.where,
+}
+
+
+def _reduce(n: Node, x: torch.Tensor) -> torch.Tensor:
+    axes, keepdim = n.attr("axes"), n.attr("keepdim")
+    if n.op in (Op.ARGMAX, Op.ARGMIN):
+        fn = torch.argmax if n.op is Op.ARGMAX else torch.argmin
+        return fn(x, dim=axes[0], keepdim=keepdim) if x.dim() else fn(x)
+    if not axes:
+        return x.clone()
+    if n.op is Op.SUM:
+        return torch.sum(x, dim=axes, keepdim=keepdim, dtype=n.dtype)
+    if n.op is Op.AMAX:
+        return torch.amax(x, dim=axes, keepdim=keepdim)
+    if n.op is Op.AMIN:
+        return torch.amin(x, dim=axes, keepdim=keepdim)
+    out = x
+    for a in sorted(axes, reverse=True):
+        out = torch.prod(out, dim=a, keepdim=True, dtype=n.dtype)
+    return out if keepdim else out.reshape(n.shape)
+
+
+def _slice(n: Node, x: torch.Tensor) -> torch.Tensor:
+    d, start, step = n.attr("dim"), n.attr("start"), n.attr("step")
+    return torch.ops.aten.slice.Tensor(x, d, start, start + step * n.shape[d], step)
+
+
+def _pad(n: Node, x: torch.Tensor) -> torch.Tensor:
+    flat: list[int] = []
+    for before, after in reversed(n.attr("pads")):
+        flat += [before, after]
+    return torch.nn.functional.pad(x, flat, value=n.attr("value"))
+
+
+def run_extern(n: Node, args: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Call an EXTERN node's ATen op on concrete tensors."""
+    from kiln.frontend.extern import call_extern
+    return call_extern(n, args)
+
+
+def eval_node(n: Node, args: Sequence[Any]) -> torch.Tensor:
+    """Evaluate one node on concrete input tensors (``args`` in ``n.inputs`` order)."""
+    op = n.op
+    if op in _ELEMENTWISE:
+        out = _ELEMENTWISE[op](*args)
+        if op is Op.DIV and not n.dtype.is_floating_point and not n.dtype.is_complex:
+            out = torch.div(*args, rounding_mode="trunc")
+        return out.to(n.dtype)
+    if op is Op.CAST:
+        return args[0].to(n.dtype)
+    if op is Op.CONSTANT:
+        return n.attr("value").tensor
+    if op is Op.FULL:
+        return torch.full(n.shape, n.attr("value"), dtype=n.dtype)
+    if op is Op.IOTA:
+        return n.attr("start") + n.attr("step") * torch.arange(n.shape[0], dtype=torch.int64).to(n.dtype)
+    if op in (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ARGMAX, Op.ARGMIN):
+        return _reduce(n, args[0])
+    if op is Op.RESHAPE:
+        return args[0].reshape(n.shape)
+    if op is Op.PERMUTE:
+        return args[0].permute(n.attr("dims"))
+    if op is Op.EXPAND:
+        return args[0].expand(n.shape)
+    if op is Op.SLICE:
+        return _slice(n, args[0])
+    if op is Op.PAD:
+        return _pad(n, args[0])
+    if op is Op.CAT:
+        return torch.cat(list(args), dim=n.attr("dim"))
+    if op is Op.TAKE:
+        x, idx = args
+        d = n.attr("dim")
+        return x.index_select(d, idx.reshape(-1)).reshape(n.shape)
+    if op is Op.GATHER:
+        return torch.gather(args[0], n.attr("dim"), args[1])
+    if op is Op.EXTERN:
+        return run_extern(n, args)
+    raise NotImplementedError(f"interp: no rule for {op.value}")
+
+
+def interpret(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Run ``graph`` on ``inputs`` with eager torch; returns the outputs in order."""
+    if len(inputs) != len(graph.inputs):
+        raise ValueError(f"interpret: graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
+    env: dict[Node, torch.Tensor] = {}
+    for node, value in zip(graph.inputs, inputs):
+        env[node] = value
+    for n in graph.nodes:
+        if n.op is Op.INPUT:
+            continue
+        env[n] = eval_node(n, [env[i] for i in n.inputs])
+    return [env[o] for o in graph.outputs]

@@ -1,0 +1,41 @@
+"""KILN_CHECK: run the reference interpreter after every pass and name the first pass that changes results."""
+from __future__ import annotations
+
+import torch
+
+from kiln.ir.graph import Graph
+from kiln.ir.interp import interpret
+
+
+class PassCheckError(AssertionError):
+    pass
+
+
+def random_inputs(graph: Graph, seed: int = 0) -> list[torch.Tensor]:
+    """Fresh random inputs (never zeros) of the graph's input types; integer inputs stay small and valid."""
+    gen = torch.Generator().manual_seed(seed)
+    out = []
+    for n in graph.inputs:
+        if n.dtype.is_floating_point:
+            out.append(torch.randn(n.shape, generator=gen, dtype=torch.float64).to(n.dtype))
+        elif n.dtype == torch.bool:
+            out.append(torch.rand(n.shape, generator=gen) > 0.5)
+        else:
+            out.append(torch.randint(0, 2, n.shape, generator=gen).to(n.dtype))
+    return out
+
+
+class Checker:
+    def __init__(self, graph: Graph, rtol: float = 1e-4, atol: float = 1e-5):
+        self.inputs = random_inputs(graph)
+        self.reference = interpret(graph, self.inputs)
+        self.rtol, self.atol = rtol, atol
+
+    def check(self, pass_name: str, graph: Graph) -> None:
+        results = interpret(graph, self.inputs)
+        for k, (got, want) in enumerate(zip(results, self.reference)):
+            if got.shape != want.shape or got.dtype != want.dtype or \
+                    not torch.allclose(got, want, rtol=self.rtol, atol=self.atol, equal_nan=True):
+                diff = (got.double() - want.double()).abs().max().item() if got.shape == want.shape else "shape"
+                raise PassCheckError(f"KILN_CHECK: pass {pass_name!r} changed output {k} (max abs diff {diff})")
+        self.reference = results

@@ -1,0 +1,62 @@
+"""Constant folding: evaluate nodes whose inputs are all known at compile time.
+
+Weights are CONSTANT nodes (frozen at capture), so anything computed only from weights - a transposed
+weight, BatchNorm's scale and shift - becomes one constant.  Scalar arithmetic on FULL nodes folds to a FULL.
+A fold that would materialise a tensor larger than its largest constant input (an ``expand`` of a weight,
+say) is skipped: computing it inside a kernel is cheaper than storing it.
+
+Before::                                         After::
+
+    %0 = constant(...) : f32[64]                     %5 = constant(...) : f32[64, 1, 1]
+    %1 = add(%0, %eps) : f32[64]
+    %2 = rsqrt(%1) : f32[64]
+    %5 = reshape(%2, shape=(64, 1, 1)) : f32[64, 1, 1]
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
+from kiln.ir.interp import eval_node
+from kiln.ir.ops import Op
+from kiln.passes.rewrite import RewriteLog, rewrite
+
+def _is_scalar_broadcast(n: Node) -> bool:
+    while n.op in (Op.EXPAND, Op.RESHAPE):
+        n = n.inputs[0]
+    return n.op is Op.FULL
+
+
+def _known(n: Node) -> bool:
+    return n.op is Op.CONSTANT or _is_scalar_broadcast(n)
+
+
+def _value(n: Node) -> torch.Tensor:
+    if n.op is Op.CONSTANT:
+        return n.attr("value").tensor
+    if n.op is Op.FULL:
+        return eval_node(n, [])
+    return eval_node(n, [_value(n.inputs[0])])
+
+
+def fold_constants(graph: Graph, log: RewriteLog | None = None, max_numel: int = 1 << 26) -> Graph:
+    def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
+        if n.op in (Op.INPUT, Op.CONSTANT, Op.FULL, Op.IOTA) or not inputs:
+            return None
+        if not all(_known(i) for i in inputs):
+            return None
+        if n.op is Op.EXTERN and not str(n.attr("target")).startswith("aten."):
+            return None
+        consts = [i.numel for i in inputs if i.op is Op.CONSTANT]
+        if consts and (n.numel > max(consts) or n.numel > max_numel):
+            return None  # e.g. expand of a weight: cheaper to compute in the kernel than to store
+        if not consts and n.shape != ():
+            return None  # scalar broadcasts stay symbolic
+        value = eval_node(n, [_value(i) for i in inputs])
+        if log:
+            log.hit(f"folded {n.op.value}")
+        if not consts:
+            return b.add(Op.FULL, (), shape=(), dtype=n.dtype, value=value.item())
+        return b.add(Op.CONSTANT, (), value=ConstRef(value.contiguous()))
+
+    return rewrite(graph, rule)

@@ -1,0 +1,115 @@
+"""Fold a per-channel affine map that follows a convolution or linear layer into its weights.
+
+This is how BatchNorm disappears in inference: the lowering turns it into ``x * scale + shift`` with
+per-channel constants, and here ``conv(x, W, b) * s + t`` becomes ``conv(x, W * s, b * s + t)``; likewise
+``addmm(b, x, Wt) * s + t`` -> ``addmm(b * s + t, x, Wt * s)`` and ``mm(x, Wt) + t`` -> ``addmm(t, x, Wt)``.
+
+Before::                                                   After::
+
+    %2 = extern(%in0, %w, %b, target=aten.convolution...)     %2 = extern(%in0, %w', %b', target=...)
+    %3 = mul(%2, expand(%scale)) ...                           (mul and add gone; %w', %b' constants)
+    %5 = add(%3, expand(%shift)) ...
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.frontend.extern import build_extern, extern_args
+from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
+from kiln.ir.ops import Op
+from kiln.passes.rewrite import RewriteLog, rewrite
+
+aten = torch.ops.aten
+
+
+def _channel_constant(n: Node, out: Node, channel_dim: int) -> torch.Tensor | None:
+    """If ``n`` is a constant broadcast that varies only along ``channel_dim`` of ``out``, its [C] values."""
+    if n.shape != out.shape:
+        return None
+    src = n.inputs[0] if n.op is Op.EXPAND else n
+    if src.op is Op.FULL:
+        value = torch.full(src.shape, src.attr("value"), dtype=out.dtype)
+    elif src.op is Op.CONSTANT:
+        value = src.attr("value").tensor
+    else:
+        return None
+    aligned = [1] * (len(out.shape) - len(src.shape)) + list(src.shape)
+    if any(s != 1 for d, s in enumerate(aligned) if d != channel_dim):
+        return None
+    return value.reshape(-1).expand(out.shape[channel_dim]).to(out.dtype).contiguous()
+
+
+def _is_const(n: Node | None) -> bool:
+    return n is None or n.op is Op.CONSTANT
+
+
+def _foldable(e: Node) -> tuple[int, list, dict] | None:
+    """Channel dim and args of a conv/addmm/mm EXTERN whose weights are constants."""
+    if e.op is not Op.EXTERN or e.attr("out_index") is not None:
+        return None
+    packet = getattr(e.attr("target"), "overloadpacket", None)
+    args, kwargs = extern_args(e)
+    if packet is aten.convolution and not args[6] and _is_const(args[1]) and _is_const(args[2]):
+        return 1, args, kwargs
+    if packet is aten.addmm and not kwargs and len(args) == 3 and _is_const(args[0]) and _is_const(args[2]):
+        return 1, args, kwargs
+    if packet is aten.mm and _is_const(args[1]):
+        return 1, args, kwargs
+    return None
+
+
+def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Tensor | None,
+             shift: torch.Tensor | None) -> Node:
+    packet = e.attr("target").overloadpacket
+    const = lambda t: b.add(Op.CONSTANT, (), value=ConstRef(t.contiguous()))  # noqa: E731
+    c = e.shape[1]
+    if packet is aten.convolution:
+        w, bias = args[1].attr("value").tensor, args[2].attr("value").tensor if args[2] is not None else None
+        bias = torch.zeros(c, dtype=e.dtype) if bias is None else bias
+        if scale is not None:
+            w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
+            bias = bias * scale
+        if shift is not None:
+            bias = bias + shift
+        args = list(args)
+        args[1], args[2] = const(w), const(bias)
+        return build_extern(b, e.attr("target"), args, kwargs, e.shape, e.dtype)
+    if packet is aten.mm:
+        x, wt = args
+        bias = torch.zeros(c, dtype=e.dtype)
+    else:
+        bias_node, x, wt = args
+        bias = bias_node.attr("value").tensor.expand(c)
+    wt = wt.attr("value").tensor
+    if scale is not None:
+        wt = wt * scale.reshape(1, -1)
+        bias = bias * scale
+    if shift is not None:
+        bias = bias + shift
+    return build_extern(b, aten.addmm.default, [const(bias), x, const(wt)], {}, e.shape, e.dtype)
+
+
+def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
+    users = graph.users()
+
+    def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
+        if n.op not in (Op.MUL, Op.ADD) or not n.dtype.is_floating_point:
+            return None
+        e, other = inputs
+        old_e = n.inputs[0]
+        if e.op is not Op.EXTERN:
+            e, other, old_e = other, e, n.inputs[1]
+        found = _foldable(e)
+        if found is None or len(users.get(old_e, ())) != 1 or e.shape != n.shape:
+            return None
+        channel_dim, args, kwargs = found
+        value = _channel_constant(other, e, channel_dim)
+        if value is None:
+            return None
+        if log:
+            log.hit(f"{'scale' if n.op is Op.MUL else 'shift'} folded into {e.attr('target').overloadpacket.__name__}")
+        new = _rebuild(b, e, args, kwargs, value if n.op is Op.MUL else None, value if n.op is Op.ADD else None)
+        users[n] = users.get(n, [])
+        return new
+
+    return rewrite(graph, rule)

@@ -1,0 +1,58 @@
+"""The graph-level pass pipeline, in order.  Each line says why the pass is where it is.
+
+With ``check=True`` (``KILN_CHECK=1``) the reference interpreter runs the graph on random inputs after every
+pass, and the first pass whose results differ from the previous graph's is named in an error.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+from kiln import config
+from kiln.ir.graph import Graph, verify
+from kiln.passes.cse import cse
+from kiln.passes.dce import dce
+from kiln.passes.fold import fold_constants
+from kiln.passes.fold_affine import fold_affine
+from kiln.passes.rewrite import RewriteLog
+from kiln.passes.simplify import simplify
+from kiln.report import CompileReport, PassRecord
+
+Pass = Callable[[Graph, RewriteLog], Graph]
+
+
+def _fold(g: Graph, log: RewriteLog) -> Graph:
+    cfg = config.get()
+    return fold_constants(g, log, cfg.max_folded_numel) if cfg.constant_folding else g
+
+
+def _fold_affine(g: Graph, log: RewriteLog) -> Graph:
+    return fold_affine(g, log) if config.get().constant_folding else g
+
+
+PIPELINE: list[tuple[str, Pass]] = [
+    ("dce", lambda g, log: dce(g)),            # drop what lowering produced but nothing uses (e.g. BN's saved stats)
+    ("simplify", simplify),                    # canonical scalars and view chains make folding and CSE see more
+    ("cse", cse),                              # merge duplicates before folding, so each constant is folded once
+    ("fold_constants", _fold),                 # weights are constants: BN scale/shift, transposed weights
+    ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
+    ("simplify_2", simplify),                  # folding exposes x*1, x+0 and new view chains
+    ("cse_2", cse),
+    ("dce_2", lambda g, log: dce(g)),          # folded constants leave their inputs dead
+]
+
+
+def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool = False) -> Graph:
+    from kiln.passes.check import Checker
+    checker = Checker(graph) if check else None
+    for name, fn in PIPELINE:
+        log = RewriteLog()
+        start = time.perf_counter()
+        before = len(graph.nodes)
+        graph = fn(graph, log)
+        verify(graph)
+        if report is not None:
+            report.passes.append(PassRecord(name, time.perf_counter() - start, before, len(graph.nodes), log.notes()))
+        if checker is not None:
+            checker.check(name, graph)
+    return graph

@@ -1,0 +1,91 @@
+"""Algebraic simplification: identity ops, view chains, x*1, x+0, x-0, x/1, -(-x), cast to the same dtype.
+
+Before::                                              After::
+
+    %1 = reshape(%in0, shape=(4, 2, 4)) : f32[4, 2, 4]    %2 = reshape(%in0, shape=(8, 4)) : f32[8, 4]
+    %2 = reshape(%1, shape=(8, 4)) : f32[8, 4]            %3 = permute(%in1, dims=(1, 0)) ...
+    %3 = permute(%in1, dims=(1, 0)) : ...                 (x * 1 and a double transpose disappear)
+    %4 = permute(%3, dims=(1, 0)) : ...
+    %6 = mul(%2, %ones) : f32[8, 4]
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.ir.ops import Op
+from kiln.passes.rewrite import RewriteLog, rewrite
+
+
+def scalar_value(n: Node) -> Any:
+    """The value of a node that is one scalar everywhere (FULL, maybe expanded/reshaped), else None."""
+    while n.op in (Op.EXPAND, Op.RESHAPE):
+        n = n.inputs[0]
+    if n.op is Op.FULL:
+        return n.attr("value")
+    return None
+
+
+def _is(n: Node, value: float) -> bool:
+    v = scalar_value(n)
+    return v is not None and not isinstance(v, bool) and v == value
+
+
+def _identity(n: Node, inputs: tuple[Node, ...]) -> Node | None:
+    """Rules whose result is one of the node's inputs (types must match exactly)."""
+    op = n.op
+    x = inputs[0] if inputs else None
+    if op in (Op.RESHAPE, Op.EXPAND, Op.CAST) and x.shape == n.shape and x.dtype == n.dtype:
+        return x
+    if op is Op.PERMUTE and n.attr("dims") == tuple(range(len(n.shape))):
+        return x
+    if op is Op.NEG and x.op is Op.NEG:
+        return x.inputs[0]
+    if op in (Op.ADD, Op.SUB) and _is(inputs[1], 0) and x.shape == n.shape and n.dtype.is_floating_point:
+        return x
+    if op is Op.ADD and _is(x, 0) and n.dtype.is_floating_point:
+        return inputs[1]
+    if op in (Op.MUL, Op.DIV) and _is(inputs[1], 1):
+        return x
+    if op is Op.MUL and _is(x, 1):
+        return inputs[1]
+    return None
+
+
+def simplify(graph: Graph, log: RewriteLog | None = None) -> Graph:
+    def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
+        same = _identity(n, inputs)
+        if same is not None and same.shape == n.shape and same.dtype == n.dtype:
+            if log:
+                log.hit(f"identity {n.op.value}")
+            return same
+        x = inputs[0] if inputs else None
+        if n.op is Op.RESHAPE and x.op is Op.RESHAPE:
+            if log:
+                log.hit("reshape chain")
+            return b.add(Op.RESHAPE, (x.inputs[0],), shape=n.shape)
+        if n.op is Op.PERMUTE and x.op is Op.PERMUTE:
+            inner, outer = x.attr("dims"), n.attr("dims")
+            dims = tuple(inner[d] for d in outer)
+            if log:
+                log.hit("permute chain")
+            if dims == tuple(range(len(dims))):
+                return x.inputs[0]
+            return b.add(Op.PERMUTE, (x.inputs[0],), dims=dims)
+        if n.op is Op.EXPAND and x.op is Op.EXPAND:
+            if log:
+                log.hit("expand chain")
+            return b.add(Op.EXPAND, (x.inputs[0],), shape=n.shape)
+        canonical = n.op is Op.EXPAND and x.op is Op.FULL and x.shape == ()
+        if n.op in (Op.RESHAPE, Op.EXPAND) and scalar_value(x) is not None and not canonical:
+            if log:
+                log.hit("scalar broadcast")
+            base = x if x.op is Op.FULL else x.inputs[0]
+            while base.op is not Op.FULL:
+                base = base.inputs[0]
+            scalar = base if base.shape == () else b.add(Op.FULL, (), shape=(), dtype=base.dtype,
+                                                          value=base.attr("value"))
+            return b.add(Op.EXPAND, (scalar,), shape=n.shape) if n.shape else scalar
+        return None
+
+    return rewrite(graph, rule)
