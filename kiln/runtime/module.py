@@ -1,16 +1,232 @@
-"""Turn an optimized graph into a callable: kernels + extern calls over planned buffers."""
+"""Turn an optimized graph into a callable: generated kernels and extern calls over planned buffers.
+
+Build: partition the graph (``passes.fuse``), build kernel IR (``passes.kernel_build``), plan the arena
+(``runtime.memory``), emit one C++ unit (``codegen.cpp``), compile or load it from the cache
+(``runtime.build``).  Run: fill the pointer table with this call's inputs and fresh outputs, then run the
+steps in order - a C++ segment call for each run of kernels, the ATen op for each extern.
+"""
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import ctypes
+import dataclasses
+from typing import Any, Callable, Sequence
 
 import torch
 
-from kiln.ir.graph import Graph
-from kiln.ir.interp import interpret
+from kiln.codegen.cpp import translation_unit
+from kiln.frontend.extern import call_extern, short_name
+from kiln.ir.graph import Graph, Node
+from kiln.ir.interp import eval_node
+from kiln.ir.kernel import Kernel
+from kiln.ir.ops import VIEW, Op
+from kiln.passes.fuse import ExternStep, Group, partition
+from kiln.passes.kernel_build import KernelBuilder, NotFusable
 from kiln.report import CompileReport
+from kiln.runtime import memory
+
+
+@dataclasses.dataclass
+class Plan:
+    steps: list[Any]                 # Kernel | ExternStep, in order
+    buffer_of: dict[Node, str]       # realized node -> buffer name
+    aliases: set[Node]
+    kernels: list[Kernel]
+
+
+def _kernel_name(index: int, group: Group) -> str:
+    ops = []
+    for m in group.members:
+        if m.op.value not in ops:
+            ops.append(m.op.value)
+    return f"kernel_{index}_" + "_".join(ops[:4])
+
+
+def _stored(steps: list[Any], graph: Graph, aliases: set[Node]) -> set[Node]:
+    """Group members that some other step (or the caller) reads."""
+    group_of: dict[Node, int] = {}
+    for k, s in enumerate(steps):
+        if isinstance(s, Group):
+            for m in s.members:
+                group_of[m] = k
+    stored = set(graph.outputs) & set(group_of)
+    for n in graph.nodes:
+        for i in n.inputs:
+            if i in group_of and group_of.get(n) != group_of[i]:
+                stored.add(i)
+    for a in aliases:
+        base = a
+        while base not in group_of and base.inputs:
+            base = base.inputs[0]
+        if base in group_of:
+            stored.add(base)
+    return stored
+
+
+def make_plan(graph: Graph) -> Plan:
+    breaks: set[Node] = set()
+    while True:
+        steps, realized, aliases = partition(graph, frozenset(breaks))
+        stored = _stored(steps, graph, aliases)
+        buffer_of: dict[Node, str] = {}
+        for n in graph.nodes:
+            if n in realized and (n.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in stored):
+                buffer_of[n] = f"buf{len(buffer_of)}"
+        try:
+            kernels = []
+            out_steps: list[Any] = []
+            for s in steps:
+                if isinstance(s, Group):
+                    k = KernelBuilder(s, _kernel_name(len(kernels), s), buffer_of, stored).build()
+                    kernels.append(k)
+                    out_steps.append(k)
+                else:
+                    out_steps.append(s)
+            return Plan(out_steps, buffer_of, aliases, kernels)
+        except NotFusable as e:
+            if e.node is None or e.node in breaks:
+                raise
+            breaks.add(e.node)
+
+
+class CompiledGraph:
+    """The callable for one graph: ``module(inputs) -> outputs``."""
+
+    def __init__(self, graph: Graph, report: CompileReport):
+        from kiln.runtime.build import load_module
+        self.graph = graph
+        plan = make_plan(graph)
+        self.plan = plan
+        report.kernels = plan.kernels
+        report.externs = [short_name(s.node.attr("target")) for s in plan.steps if isinstance(s, ExternStep)]
+        node_of = {name: n for n, name in plan.buffer_of.items()}
+        self.slot_of = {name: k for k, name in enumerate(plan.buffer_of.values())}
+        dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
+        outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
+        segments, self.program = self._program(plan)
+        source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs)
+        report.source = source
+        module = load_module(source, name="kiln_graph")
+        report.from_cache = module.from_cache
+        self.lib = module.lib
+        self._segment_fns = []
+        for i in range(len(segments)):
+            fn = getattr(self.lib, f"kiln_segment_{i}")
+            fn.argtypes = [ctypes.c_void_p]
+            fn.restype = None
+            self._segment_fns.append(fn)
+        self.lib.kiln_set_threads.argtypes = [ctypes.c_int]
+        self._threads = -1
+        self.ptrs = (ctypes.c_void_p * max(len(self.slot_of), 1))()
+        self.ptrs_addr = ctypes.addressof(self.ptrs)
+        self._plan_memory(plan, node_of, report)
+
+    # ------------------------------------------------------------------ build helpers
+    def _program(self, plan: Plan) -> tuple[list[list[str]], list[tuple[str, Any]]]:
+        segments: list[list[str]] = []
+        program: list[tuple[str, Any]] = []
+        for s in plan.steps:
+            if isinstance(s, Kernel):
+                if program and program[-1][0] == "segment":
+                    segments[-1].append(s.name)
+                else:
+                    segments.append([s.name])
+                    program.append(("segment", len(segments) - 1))
+            else:
+                program.append(("extern", s.node))
+        return segments, program
+
+    def _plan_memory(self, plan: Plan, node_of: dict[str, Node], report: CompileReport) -> None:
+        graph_outputs = set(self.graph.outputs)
+        step_index: dict[str, int] = {}
+        last_use: dict[str, int] = {}
+        for k, s in enumerate(plan.steps):
+            if isinstance(s, Kernel):
+                reads, writes = s.buffers()
+                for w in writes:
+                    step_index.setdefault(w, k)
+                for r in reads:
+                    last_use[r] = k
+            else:
+                for i in s.node.inputs:
+                    base = i
+                    while base not in plan.buffer_of:
+                        base = base.inputs[0]
+                    last_use[plan.buffer_of[base]] = k
+        intervals = []
+        for name, start in step_index.items():
+            n = node_of[name]
+            if n in graph_outputs:
+                continue
+            nbytes = n.numel * torch.empty((), dtype=n.dtype).element_size()
+            intervals.append(memory.Interval(name, nbytes, start, last_use.get(name, start)))
+        mplan = memory.plan(intervals)
+        report.memory = {"arena_bytes": mplan.arena_bytes, "naive_bytes": mplan.naive_bytes,
+                         "buffers": len(intervals), "summary": mplan.describe()}
+        self.arena = torch.empty(mplan.arena_bytes, dtype=torch.uint8)
+        self.static: dict[Node, torch.Tensor] = {}
+        for name, off in mplan.offsets.items():
+            n = node_of[name]
+            size = n.numel * torch.empty((), dtype=n.dtype).element_size()
+            t = self.arena[off:off + size].view(n.dtype).view(n.shape)
+            self.static[n] = t
+            self.ptrs[self.slot_of[name]] = t.data_ptr()
+        for n, name in plan.buffer_of.items():
+            if n.op is Op.CONSTANT:
+                t = n.attr("value").tensor.contiguous()
+                self.static[n] = t
+                self.ptrs[self.slot_of[name]] = t.data_ptr()
+        self.input_slots = [(k, self.slot_of[plan.buffer_of[n]], n) for k, n in enumerate(self.graph.inputs)
+                            if n in plan.buffer_of]
+        self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in dict.fromkeys(self.graph.outputs)
+                             if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN)]
+
+    # ------------------------------------------------------------------ run
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        threads = torch.get_num_threads()
+        if threads != self._threads:
+            self.lib.kiln_set_threads(threads)
+            self._threads = threads
+        env: dict[Node, torch.Tensor] = dict(self.static)
+        ptrs = self.ptrs
+        for k, slot, n in self.input_slots:
+            t = inputs[k]
+            if t.dtype != n.dtype or tuple(t.shape) != n.shape:
+                raise ValueError(f"kiln: input {k} expected {n.dtype} of shape {list(n.shape)}, "
+                                 f"got {t.dtype} of shape {list(t.shape)}")
+            if not t.is_contiguous():
+                t = t.contiguous()
+            env[n] = t
+            ptrs[slot] = t.data_ptr()
+        for n, slot in self.output_slots:
+            t = torch.empty(n.shape, dtype=n.dtype)
+            env[n] = t
+            ptrs[slot] = t.data_ptr()
+        for kind, item in self.program:
+            if kind == "segment":
+                self._segment_fns[item](self.ptrs_addr)
+            else:
+                self._run_extern(item, env)
+        return [self._output(o, env) for o in self.graph.outputs]
+
+    def _value(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
+        if n in env:
+            return env[n]
+        if n.op in VIEW:  # a view chain handed to an extern without a copy
+            return eval_node(n, [self._value(n.inputs[0], env)])
+        raise KeyError(f"kiln runtime: no value for {n}")
+
+    def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
+        out = call_extern(n, [self._value(i, env) for i in n.inputs])
+        if not out.is_contiguous():
+            out = out.contiguous()
+        env[n] = out
+        self.ptrs[self.slot_of[self.plan.buffer_of[n]]] = out.data_ptr()
+
+    def _output(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
+        if n.op is Op.CONSTANT:
+            return env[n].clone()
+        return env[n]
 
 
 def build_module(graph: Graph, report: CompileReport) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
-    def run(inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        return interpret(graph, inputs)
-    return run
+    return CompiledGraph(graph, report)

@@ -1,0 +1,239 @@
+"""C++17 + OpenMP code generation: one translation unit per graph.
+
+Layout of the unit: the vector-math prelude, small helpers, one ``static void kernel_N_name(void** b)`` per
+kernel (named after the ops it fuses, with a comment listing the graph nodes it covers), and one
+``extern "C" void kiln_segment_K(void** b)`` per run of kernels between two extern calls.  ``b`` is the
+runtime's table of buffer pointers.
+
+Loops: outer (row) loops run in parallel with OpenMP; the innermost loop of a pointwise kernel and every
+per-row elementwise loop carry ``#pragma omp simd``; reductions accumulate into ``VW`` independent lanes so
+GCC emits vector code without ``-ffast-math`` (the order of the sum differs from a sequential loop only by
+rounding).
+"""
+from __future__ import annotations
+
+import torch
+
+from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal
+from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
+from kiln.ir.ops import Op, numel
+
+PARALLEL_MIN_WORK = 1 << 15  # elements below which OpenMP's fork/join costs more than it saves
+
+
+def lanes(dtype: torch.dtype) -> int:
+    """Vector lanes of a 512-bit register for ``dtype`` (the schedule's vector width)."""
+    return max(1, 64 // max(torch.empty((), dtype=dtype).element_size(), 1))
+
+
+def _init(kind: Op, dtype: torch.dtype) -> str:
+    if kind is Op.SUM:
+        return literal(0, dtype)
+    if kind is Op.PROD:
+        return literal(1, dtype)
+    big = float("inf") if dtype.is_floating_point else None
+    if kind in (Op.AMAX, Op.ARGMAX):
+        if big is not None:
+            return literal(-big, dtype)
+        return {torch.int64: "INT64_MIN", torch.int32: "INT32_MIN", torch.int16: "INT16_MIN",
+                torch.int8: "INT8_MIN", torch.uint8: "uint8_t(0)", torch.bool: "false"}[dtype]
+    if big is not None:
+        return literal(big, dtype)
+    return {torch.int64: "INT64_MAX", torch.int32: "INT32_MAX", torch.int16: "INT16_MAX", torch.int8: "INT8_MAX",
+            torch.uint8: "uint8_t(255)", torch.bool: "true"}[dtype]
+
+
+def _combine(kind: Op, acc: str, v: str, dtype: torch.dtype) -> str:
+    t = ctype(dtype)
+    if kind is Op.SUM:
+        return f"{acc} + {v}"
+    if kind is Op.PROD:
+        return f"{acc} * {v}"
+    if kind is Op.AMAX:
+        return f"kiln_max<{t}>({acc}, {v})"
+    return f"kiln_min<{t}>({acc}, {v})"
+
+
+class KernelWriter:
+    def __init__(self, kernel: Kernel, slot_of: dict[str, int], dtype_of: dict[str, torch.dtype],
+                 outputs: set[str]):
+        self.k = kernel
+        self.slot_of = slot_of
+        self.dtype_of = dtype_of
+        self.outputs = outputs
+        self.lines: list[str] = []
+
+    def write(self) -> str:
+        k = self.k
+        reads, writes = k.buffers()
+        covered = " ".join(f"{n.op.value}#{n.uid}" for n in k.nodes)
+        out = [f"// {k.name}: {covered}", f"static void {k.name}(void** b) {{"]
+        for buf in sorted(reads | writes, key=lambda s: self.slot_of[s]):
+            t = ctype(self.dtype_of[buf])
+            const = "" if buf in writes else "const "
+            out.append(f"  {const}{t}* __restrict__ {buf} = ({const}{t}*)b[{self.slot_of[buf]}];")
+        if numel(k.outer) == 0 or (k.rsize == 0 and not k.phases):
+            out.append("}")
+            return "\n".join(out)
+        if k.is_reduction:
+            self._reduction_kernel()
+        else:
+            self._pointwise_kernel()
+        out.extend(self.lines)
+        out.append("}")
+        return "\n".join(out)
+
+    def _outer_loops(self, collapse_all: bool) -> str:
+        """Open the outer loops; returns the indentation inside them."""
+        k = self.k
+        n_par = len(k.outer) if collapse_all else max(len(k.outer) - 1, 0)
+        work = numel(k.outer) * max(k.rsize, 1)
+        if n_par:
+            collapse = f" collapse({n_par})" if n_par > 1 else ""
+            self.lines.append(f"  #pragma omp parallel for{collapse} schedule(static) if({work} > {PARALLEL_MIN_WORK})")
+        indent = "  "
+        for d, size in enumerate(k.outer):
+            var = f"o{d}" if k.is_reduction else f"i{d}"
+            if not collapse_all and d == len(k.outer) - 1:
+                if n_par == 0:
+                    self.lines.append(f"{indent}#pragma omp parallel for simd schedule(static) "
+                                      f"if({work} > {PARALLEL_MIN_WORK})")
+                else:
+                    self.lines.append(f"{indent}#pragma omp simd")
+            self.lines.append(f"{indent}for (int64_t {var} = 0; {var} < {size}; ++{var}) {{")
+            indent += "  "
+        return indent
+
+    def _close(self, count: int) -> None:
+        for d in range(count, 0, -1):
+            self.lines.append("  " * d + "}")
+
+    def _pointwise_kernel(self) -> None:
+        indent = self._outer_loops(collapse_all=False)
+        p = ExprPrinter(self.lines, indent)
+        for phase in self.k.phases:
+            assert isinstance(phase, FullLoop)
+            for s in phase.stores:
+                value = p.expr(s.value)
+                self.lines.append(f"{indent}{s.buf}[{p.index(s.index)}] = {value};")
+        self._close(len(self.k.outer))
+
+    def _reduction_kernel(self) -> None:
+        indent = self._outer_loops(collapse_all=True)
+        row = ExprPrinter(self.lines, indent)
+        for phase in self.k.phases:
+            if isinstance(phase, ReduceLoop):
+                self._reduce_loop(phase, row, indent)
+            elif isinstance(phase, RowAssign):
+                value = row.expr(phase.value)
+                self.lines.append(f"{indent}const {ctype(phase.value.dtype)} {phase.name} = {value};")
+            elif isinstance(phase, RowStore):
+                s = phase.store
+                self.lines.append(f"{indent}{s.buf}[{row.index(s.index)}] = {row.expr(s.value)};")
+            else:
+                self._full_loop(phase, row, indent)
+        self._close(len(self.k.outer))
+
+    def _full_loop(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
+        self.lines.append(f"{indent}#pragma omp simd")
+        self.lines.append(f"{indent}for (int64_t r = 0; r < {self.k.rsize}; ++r) {{")
+        body = row.child(self.lines, indent + "  ")
+        for s in phase.stores:
+            value = body.expr(s.value)
+            self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {value};")
+        self.lines.append(f"{indent}}}")
+
+    def _reduce_loop(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
+        if any(a.kind in (Op.ARGMAX, Op.ARGMIN) for a in phase.accs):
+            self._scalar_reduce(phase, row, indent)
+            return
+        vw = min(lanes(a.value.dtype) for a in phase.accs)
+        rs = self.k.rsize
+        for a in phase.accs:
+            self.lines.append(f"{indent}{ctype(a.dtype)} {a.name};")
+        self.lines.append(f"{indent}{{")
+        inner = indent + "  "
+        for a in phase.accs:
+            self.lines.append(f"{inner}{ctype(a.dtype)} {a.name}_l[{vw}];")
+            self.lines.append(f"{inner}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] = {_init(a.kind, a.dtype)};")
+        self.lines.append(f"{inner}int64_t r0 = 0;")
+        self.lines.append(f"{inner}for (; r0 + {vw} <= {rs}; r0 += {vw}) {{")
+        self.lines.append(f"{inner}  #pragma omp simd")
+        self.lines.append(f"{inner}  for (int64_t l = 0; l < {vw}; ++l) {{")
+        self.lines.append(f"{inner}    const int64_t r = r0 + l;")
+        self._acc_body(phase, row, inner + "    ", "[l]")
+        self.lines.append(f"{inner}  }}")
+        self.lines.append(f"{inner}}}")
+        self.lines.append(f"{inner}for (int64_t r = r0; r < {rs}; ++r) {{")
+        self._acc_body(phase, row, inner + "  ", "[0]")
+        self.lines.append(f"{inner}}}")
+        for a in phase.accs:
+            self.lines.append(f"{inner}{a.name} = {a.name}_l[0];")
+            self.lines.append(f"{inner}for (int l = 1; l < {vw}; ++l) "
+                              f"{a.name} = {_combine(a.kind, a.name, a.name + '_l[l]', a.dtype)};")
+        self.lines.append(f"{indent}}}")
+
+    def _acc_body(self, phase: ReduceLoop, row: ExprPrinter, indent: str, lane: str) -> None:
+        body = row.child(self.lines, indent)
+        for a in phase.accs:
+            v = body.expr(a.value)
+            if a.dtype != a.value.dtype:
+                v = f"static_cast<{ctype(a.dtype)}>({v})"
+            self.lines.append(f"{indent}{a.name}_l{lane} = {_combine(a.kind, a.name + '_l' + lane, v, a.dtype)};")
+
+    def _scalar_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
+        for a in phase.accs:
+            self._scalar_acc_init(a, indent)
+        self.lines.append(f"{indent}for (int64_t r = 0; r < {self.k.rsize}; ++r) {{")
+        body = row.child(self.lines, indent + "  ")
+        for a in phase.accs:
+            v = body.expr(a.value)
+            if a.kind in (Op.ARGMAX, Op.ARGMIN):
+                cmp = ">" if a.kind is Op.ARGMAX else "<"
+                self.lines.append(f"{indent}  if (({v} {cmp} {a.name}_v) || ({v} != {v} && {a.name}_v == {a.name}_v))"
+                                  f" {{ {a.name}_v = {v}; {a.name} = r; }}")
+            else:
+                self.lines.append(f"{indent}  {a.name} = {_combine(a.kind, a.name, v, a.dtype)};")
+        self.lines.append(f"{indent}}}")
+
+    def _scalar_acc_init(self, a: Acc, indent: str) -> None:
+        if a.kind in (Op.ARGMAX, Op.ARGMIN):
+            vt = a.value.dtype
+            self.lines.append(f"{indent}{ctype(vt)} {a.name}_v = {_init(a.kind, vt)};")
+            self.lines.append(f"{indent}int64_t {a.name} = 0;")
+        else:
+            self.lines.append(f"{indent}{ctype(a.dtype)} {a.name} = {_init(a.kind, a.dtype)};")
+
+
+def translation_unit(kernels: list[Kernel], segments: list[list[str]], slot_of: dict[str, int],
+                     dtype_of: dict[str, torch.dtype], outputs: set[str]) -> str:
+    """The whole C++ source for one graph."""
+    try:
+        from kiln.codegen.cpp_prelude import PRELUDE
+    except ImportError:  # pragma: no cover - bootstrap while the prelude is being written
+        PRELUDE = _FALLBACK_PRELUDE
+    parts = [PRELUDE, HELPERS]
+    for k in kernels:
+        parts.append(KernelWriter(k, slot_of, dtype_of, outputs).write())
+    for i, names in enumerate(segments):
+        calls = "\n".join(f"  {n}(b);" for n in names)
+        parts.append(f'extern "C" void kiln_segment_{i}(void** b) {{\n{calls}\n}}')
+    parts.append('extern "C" void kiln_set_threads(int n) { omp_set_num_threads(n); }')
+    return "\n\n".join(parts) + "\n"
+
+
+_FALLBACK_PRELUDE = r"""
+#include <cstdint>
+#include <cmath>
+#include <omp.h>
+static inline float k_exp(float x) { return std::exp(x); }
+static inline float k_expm1(float x) { return std::expm1(x); }
+static inline float k_log(float x) { return std::log(x); }
+static inline float k_log1p(float x) { return std::log1p(x); }
+static inline float k_erf(float x) { return std::erf(x); }
+static inline float k_tanh(float x) { return std::tanh(x); }
+static inline float k_sin(float x) { return std::sin(x); }
+static inline float k_cos(float x) { return std::cos(x); }
+static inline float k_pow(float x, float y) { return std::pow(x, y); }
+static inline float k_sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+"""

@@ -1,0 +1,178 @@
+"""C++ text for kernel expressions: types, literals, operators, and a printer that shares subexpressions.
+
+``ExprPrinter`` emits one ``const T tN = ...;`` per distinct subexpression of a loop body (hash-consing on
+the frozen ``KExpr`` trees), so a value used twice - ``x`` in ``x * sigmoid(x)`` - is computed once.  The
+branches of a ``where`` are printed inline instead: they may hold loads that are only valid when their
+condition holds (padding, concatenation), and hoisting them would read out of bounds.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import torch
+
+from kiln.ir.index import Dyn, Lin, render
+from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
+from kiln.ir.ops import Op
+
+CPP_TYPES = {
+    torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
+    torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+}
+
+# float32 functions come from the vectorizable prelude (k_*); double uses libm.
+_MATH = {
+    Op.EXP: "exp", Op.EXPM1: "expm1", Op.LOG: "log", Op.LOG1P: "log1p", Op.ERF: "erf", Op.TANH: "tanh",
+    Op.SIN: "sin", Op.COS: "cos",
+}
+_INFIX = {
+    Op.ADD: "+", Op.SUB: "-", Op.MUL: "*", Op.EQ: "==", Op.NE: "!=", Op.LT: "<", Op.LE: "<=", Op.GT: ">",
+    Op.GE: ">=", Op.LOGICAL_AND: "&&", Op.LOGICAL_OR: "||", Op.BITWISE_AND: "&", Op.BITWISE_OR: "|",
+    Op.BITWISE_XOR: "^",
+}
+
+# small helpers every translation unit carries after the prelude
+HELPERS = r"""
+template <class T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
+template <class T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
+template <class T> static inline T kiln_remf(T a, T b) {
+  T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+template <class T> static inline T kiln_remi(T a, T b) {
+  T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
+template <class T> static inline T kiln_floordivi(T a, T b) {
+  T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+"""
+
+
+def ctype(dtype: torch.dtype) -> str:
+    return CPP_TYPES[dtype]
+
+
+def literal(value: Any, dtype: torch.dtype) -> str:
+    if dtype == torch.bool:
+        return "true" if value else "false"
+    if dtype.is_floating_point:
+        suffix = "f" if dtype == torch.float32 else ""
+        v = float(value)
+        if math.isnan(v):
+            return f"{ctype(dtype)}(__builtin_nan(\"\"))"
+        if math.isinf(v):
+            return f"{'-' if v < 0 else ''}{ctype(dtype)}(__builtin_inf())"
+        return f"{v!r}{suffix}" if ("e" in repr(v) or "." in repr(v)) else f"{v!r}.0{suffix}"
+    v = int(value)
+    if dtype == torch.int64:
+        return f"INT64_C({v})" if v != -(1 << 63) else "INT64_MIN"
+    return f"{ctype(dtype)}({v})"
+
+
+def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype) -> str:
+    """C++ for one operator applied to already-printed operands."""
+    t = ctype(dtype)
+    fp = arg_dtype.is_floating_point
+    a = args[0]
+    if op in _INFIX:
+        return f"({a} {_INFIX[op]} {args[1]})"
+    if op in _MATH:
+        name = _MATH[op]
+        return f"k_{name}({a})" if arg_dtype == torch.float32 else f"std::{name}({a})"
+    if op is Op.DIV:
+        return f"({a} / {args[1]})"
+    if op is Op.FLOORDIV:
+        return f"std::floor({a} / {args[1]})" if fp else f"kiln_floordivi<{t}>({a}, {args[1]})"
+    if op is Op.REM:
+        return f"kiln_remf<{t}>({a}, {args[1]})" if fp else f"kiln_remi<{t}>({a}, {args[1]})"
+    if op is Op.FMOD:
+        return f"std::fmod({a}, {args[1]})" if fp else f"({a} % {args[1]})"
+    if op is Op.POW:
+        return f"k_pow({a}, {args[1]})" if arg_dtype == torch.float32 else f"{t}(std::pow({a}, {args[1]}))"
+    if op is Op.MAXIMUM:
+        return f"kiln_max<{t}>({a}, {args[1]})"
+    if op is Op.MINIMUM:
+        return f"kiln_min<{t}>({a}, {args[1]})"
+    if op is Op.LOGICAL_XOR:
+        return f"(bool({a}) != bool({args[1]}))"
+    if op is Op.WHERE:
+        return f"({a} ? {args[1]} : {args[2]})"
+    if op is Op.CAST:
+        return f"({a} != 0)" if dtype == torch.bool else f"static_cast<{t}>({a})"
+    if op is Op.NEG:
+        return f"(-{a})"
+    if op is Op.ABS:
+        return f"std::fabs({a})" if fp else f"({a} < 0 ? {t}(-{a}) : {a})"
+    if op is Op.SQRT:
+        return f"std::sqrt({a})"
+    if op is Op.RSQRT:
+        return f"({t}(1) / std::sqrt({a}))"
+    if op is Op.RECIPROCAL:
+        return f"({t}(1) / {a})"
+    if op is Op.SIGMOID:
+        return f"k_sigmoid({a})" if arg_dtype == torch.float32 else f"({t}(1) / ({t}(1) + std::exp(-{a})))"
+    if op is Op.RELU:
+        return f"(({a} > 0 || {a} != {a}) ? {a} : {t}(0))" if fp else f"({a} > 0 ? {a} : {t}(0))"
+    if op in (Op.FLOOR, Op.CEIL, Op.TRUNC):
+        return f"std::{op.value}({a})"
+    if op is Op.ROUND:
+        return f"std::nearbyint({a})"
+    if op is Op.SIGN:
+        if fp:
+            return f"({a} > 0 ? {t}(1) : ({a} < 0 ? {t}(-1) : {a}))"
+        return f"{t}(({a} > 0) - ({a} < 0))"
+    if op is Op.ISNAN:
+        return f"({a} != {a})"
+    if op is Op.LOGICAL_NOT:
+        return f"(!{a})"
+    if op is Op.BITWISE_NOT:
+        return f"{t}(~{a})"
+    raise NotImplementedError(f"C++ codegen: no rule for {op.value}")
+
+
+class ExprPrinter:
+    """Prints expressions of one loop body, emitting shared subexpressions as temporaries."""
+
+    def __init__(self, lines: list[str], indent: str, names: dict[KExpr, str] | None = None,
+                 counter: list[int] | None = None):
+        self.lines = lines
+        self.indent = indent
+        self.names: dict[KExpr, str] = dict(names or {})
+        self.counter = counter if counter is not None else [0]
+
+    def child(self, lines: list[str], indent: str) -> "ExprPrinter":
+        """A printer for a nested loop body: sees the outer temporaries, adds its own."""
+        return ExprPrinter(lines, indent, self.names, self.counter)
+
+    def index(self, e: Lin, inline: bool = False) -> str:
+        return render(e, lambda d: self._dyn(d, inline))
+
+    def _dyn(self, d: Dyn, inline: bool) -> str:
+        return self.expr(d.expr, inline)
+
+    def expr(self, e: KExpr, inline: bool = False) -> str:
+        if e in self.names:
+            return self.names[e]
+        if isinstance(e, KConst):
+            return literal(e.value, e.dtype)
+        if isinstance(e, KVar):
+            return e.name
+        if isinstance(e, KIndex):
+            text = f"int64_t({self.index(e.index, inline)})"
+            return text if inline or e.index.is_const() else self._bind(e, text)
+        if isinstance(e, KLoad):
+            text = f"{e.buf}[{self.index(e.index, inline)}]"
+        else:
+            assert isinstance(e, KOp)
+            if e.op is Op.WHERE:
+                cond = self.expr(e.args[0], inline)
+                text = f"({cond} ? {self.expr(e.args[1], True)} : {self.expr(e.args[2], True)})"
+            else:
+                args = [self.expr(a, inline) for a in e.args]
+                arg_dtype = e.args[0].dtype if e.args else e.dtype
+                text = op_text(e.op, args, e.dtype, arg_dtype)
+        return text if inline else self._bind(e, text)
+
+    def _bind(self, e: KExpr, text: str) -> str:
+        name = f"t{self.counter[0]}"
+        self.counter[0] += 1
+        self.lines.append(f"{self.indent}const {ctype(e.dtype)} {name} = {text};")
+        self.names[e] = name
+        return name

@@ -1,0 +1,242 @@
+"""Integer index expressions for kernel loads and stores, with the simplifier that keeps views cheap.
+
+An expression is a ``Lin``: ``const + sum(coef * atom)``.  Atoms are loop variables (``Var``, with a known
+range ``[0, size)``), ``FloorDiv(lin, k)``, ``Mod(lin, k)`` and ``Dyn`` (a value loaded at run time, for
+gathers).  Views compose into these expressions; the simplifier removes the div/mod that a reshape introduces
+whenever ranges prove them redundant, e.g. for a reshape [B, H*W] -> [B, H, W] -> [B, H*W]::
+
+    (p // W) * W + p % W        ->  p
+    (b * H + p // W) % H        ->  p // W      (since 0 <= p // W < H)
+    (b * HW + p) // HW          ->  b           (since 0 <= p < HW)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Iterable
+
+
+@dataclasses.dataclass(frozen=True)
+class Var:
+    name: str
+    size: int
+
+    def bounds(self) -> tuple[int, int]:
+        return 0, max(self.size - 1, 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class FloorDiv:
+    arg: "Lin"
+    k: int
+
+    def bounds(self) -> tuple[int, int]:
+        lo, hi = self.arg.bounds()
+        return lo // self.k, hi // self.k
+
+
+@dataclasses.dataclass(frozen=True)
+class Mod:
+    arg: "Lin"
+    k: int
+
+    def bounds(self) -> tuple[int, int]:
+        lo, hi = self.arg.bounds()
+        if lo >= 0 and hi < self.k:
+            return lo, hi
+        return 0, self.k - 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Dyn:
+    """An index read from memory at run time (gather/take); assumed within [0, size)."""
+    expr: Any
+    size: int
+
+    def bounds(self) -> tuple[int, int]:
+        return 0, max(self.size - 1, 0)
+
+
+Atom = Var | FloorDiv | Mod | Dyn
+
+
+@dataclasses.dataclass(frozen=True)
+class Lin:
+    const: int = 0
+    terms: tuple[tuple[Atom, int], ...] = ()   # sorted by repr of atom, coefficients non-zero
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def of(x: "Lin | Atom | int") -> "Lin":
+        if isinstance(x, Lin):
+            return x
+        if isinstance(x, int):
+            return Lin(x)
+        return Lin(0, ((x, 1),))
+
+    def __add__(self, other: "Lin | Atom | int") -> "Lin":
+        o = Lin.of(other)
+        acc: dict[Atom, int] = dict(self.terms)
+        for a, c in o.terms:
+            acc[a] = acc.get(a, 0) + c
+        return _make(self.const + o.const, acc)
+
+    __radd__ = __add__
+
+    def __mul__(self, k: int) -> "Lin":
+        if k == 0:
+            return Lin(0)
+        return _make(self.const * k, {a: c * k for a, c in self.terms})
+
+    __rmul__ = __mul__
+
+    def __sub__(self, other: "Lin | Atom | int") -> "Lin":
+        return self + Lin.of(other) * -1
+
+    def floordiv(self, k: int) -> "Lin":
+        return floordiv(self, k)
+
+    def mod(self, k: int) -> "Lin":
+        return mod(self, k)
+
+    # ------------------------------------------------------------------ analysis
+    def bounds(self) -> tuple[int, int]:
+        lo = hi = self.const
+        for a, c in self.terms:
+            alo, ahi = a.bounds()
+            lo += min(c * alo, c * ahi)
+            hi += max(c * alo, c * ahi)
+        return lo, hi
+
+    def coefficient(self, atom: Atom) -> int:
+        for a, c in self.terms:
+            if a == atom:
+                return c
+        return 0
+
+    def atoms(self) -> Iterable[Atom]:
+        return (a for a, _ in self.terms)
+
+    def is_const(self) -> bool:
+        return not self.terms
+
+    def substitute(self, mapping: dict[Var, "Lin"]) -> "Lin":
+        out = Lin(self.const)
+        for a, c in self.terms:
+            out = out + _subst_atom(a, mapping) * c
+        return out
+
+    def __str__(self) -> str:
+        return render(self, lambda d: f"<{d.expr}>")
+
+
+def _subst_atom(a: Atom, mapping: dict[Var, Lin]) -> Lin:
+    if isinstance(a, Var):
+        return mapping.get(a, Lin.of(a))
+    if isinstance(a, FloorDiv):
+        return floordiv(a.arg.substitute(mapping), a.k)
+    if isinstance(a, Mod):
+        return mod(a.arg.substitute(mapping), a.k)
+    return Lin.of(a)
+
+
+def _make(const: int, acc: dict[Atom, int]) -> Lin:
+    acc = {a: c for a, c in acc.items() if c != 0}
+    acc = _recombine(acc)
+    return Lin(const, tuple(sorted(acc.items(), key=lambda t: repr(t[0]))))
+
+
+def _recombine(acc: dict[Atom, int]) -> dict[Atom, int]:
+    """c*k*(x // k) + c*(x % k)  ->  c*x : undoes the split that a reshape round trip introduces."""
+    changed = True
+    while changed:
+        changed = False
+        for a, c in list(acc.items()):
+            if not isinstance(a, Mod) or a.arg.const:
+                continue
+            q = floordiv(a.arg, a.k)
+            if q.const or len(q.terms) != 1 or q.terms[0][1] != 1:
+                continue
+            partner = q.terms[0][0]
+            if acc.get(partner) == c * a.k:
+                del acc[a], acc[partner]
+                for b, d in a.arg.terms:
+                    acc[b] = acc.get(b, 0) + d * c
+                acc = {b: d for b, d in acc.items() if d != 0}
+                changed = True
+                break
+    return acc
+
+
+def floordiv(e: Lin, k: int) -> Lin:
+    """floor(e / k) for k > 0, simplified using term divisibility and ranges."""
+    assert k > 0
+    if k == 1:
+        return e
+    q_terms = {a: c // k for a, c in e.terms if c % k == 0}
+    r = Lin(e.const % k, tuple((a, c) for a, c in e.terms if c % k != 0))
+    q = _make(e.const // k, q_terms)
+    lo, hi = r.bounds()
+    if lo >= 0 and hi < k:
+        return q
+    if len(r.terms) == 1 and r.const == 0:
+        atom, c = r.terms[0]
+        if isinstance(atom, FloorDiv) and c == 1:
+            return q + Lin.of(FloorDiv(atom.arg, atom.k * k))
+    return q + Lin.of(FloorDiv(r, k))
+
+
+def mod(e: Lin, k: int) -> Lin:
+    """e mod k (non-negative e), dropping multiples of k and proving the remainder already in range."""
+    assert k > 0
+    if k == 1:
+        return Lin(0)
+    r = Lin(e.const % k, tuple((a, c) for a, c in e.terms if c % k != 0))
+    lo, hi = r.bounds()
+    if lo >= 0 and hi < k:
+        return r
+    return Lin.of(Mod(r, k))
+
+
+def linearize(index: Iterable[Lin], strides: Iterable[int]) -> Lin:
+    out = Lin(0)
+    for i, s in zip(index, strides):
+        out = out + i * s
+    return out
+
+
+def unflatten(flat: Lin, shape: tuple[int, ...]) -> list[Lin]:
+    """Multi-index of a row-major flat index over ``shape``."""
+    out: list[Lin] = []
+    stride = 1
+    strides = []
+    for s in reversed(shape):
+        strides.append(stride)
+        stride *= s
+    strides.reverse()
+    for d, (s, st) in enumerate(zip(shape, strides)):
+        v = floordiv(flat, st)
+        if d > 0:
+            v = mod(v, s)
+        out.append(v if s != 1 else Lin(0))
+    return out
+
+
+def render(e: Lin, dyn: Callable[[Dyn], str]) -> str:
+    """C-like text (valid C++ and Triton/Python for non-negative operands)."""
+    parts: list[str] = []
+    for a, c in e.terms:
+        s = _render_atom(a, dyn)
+        parts.append(s if c == 1 else f"{c}*{s}")
+    if e.const or not parts:
+        parts.append(str(e.const))
+    return " + ".join(parts).replace("+ -", "- ")
+
+
+def _render_atom(a: Atom, dyn: Callable[[Dyn], str]) -> str:
+    if isinstance(a, Var):
+        return a.name
+    if isinstance(a, FloorDiv):
+        return f"(({render(a.arg, dyn)}) / {a.k})"
+    if isinstance(a, Mod):
+        return f"(({render(a.arg, dyn)}) % {a.k})"
+    return dyn(a)

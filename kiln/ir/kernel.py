@@ -1,0 +1,202 @@
+"""Kernel IR: what one generated kernel computes, independent of the target language.
+
+A kernel iterates an outer domain (``outer``: loop extents, run in parallel) and, for reduction kernels, a
+flat inner reduction range of ``rsize`` elements per outer point ("row").  Its body is a list of phases run
+in order for each row:
+
+- ``ReduceLoop``: one pass over the row updating accumulators (sum/prod/max/min/argmax/argmin);
+- ``RowAssign``: a per-row scalar computed from accumulators (mean, rstd, ...);
+- ``FullLoop``: one pass over the row storing elementwise results (the epilogue);
+- ``RowStore``: one value per row stored.
+
+Pointwise kernels have ``rsize == 0`` and a single ``FullLoop`` over ``outer``.  Values are ``KExpr`` trees
+(hash-consed by structure so code generators can share subexpressions); indices are ``kiln.ir.index.Lin``.
+
+Text form (``kiln.explain``)::
+
+    kernel_2_softmax  outer=[512] rsize=256  covers %52 %54 %55 %56 %58
+      reduce acc0 = amax(load(buf3, 256*o0 + r))
+      reduce acc1 = sum(exp(load(buf3, 256*o0 + r) - acc0))
+      loop   buf7[256*o0 + r] = exp(load(buf3, 256*o0 + r) - acc0) / acc1
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Union
+
+import torch
+
+from kiln.ir.graph import Node, dtype_name
+from kiln.ir.index import Dyn, Lin, render
+from kiln.ir.ops import Op
+
+
+@dataclasses.dataclass(frozen=True)
+class KConst:
+    value: Any
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class KLoad:
+    buf: str
+    index: Lin
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class KIndex:
+    """An index expression used as a value (iota, pad/cat bounds)."""
+    index: Lin
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class KVar:
+    """A per-row scalar: an accumulator or a RowAssign result."""
+    name: str
+    dtype: torch.dtype
+
+
+@dataclasses.dataclass(frozen=True)
+class KOp:
+    op: Op
+    args: tuple["KExpr", ...]
+    dtype: torch.dtype
+
+
+KExpr = Union[KConst, KLoad, KIndex, KVar, KOp]
+
+
+@dataclasses.dataclass
+class Acc:
+    name: str
+    kind: Op            # SUM, PROD, AMAX, AMIN, ARGMAX, ARGMIN
+    value: KExpr        # element value over the row (uses the reduction variable)
+    dtype: torch.dtype  # accumulator/result dtype
+
+
+@dataclasses.dataclass
+class Store:
+    buf: str
+    index: Lin
+    value: KExpr
+
+
+@dataclasses.dataclass
+class ReduceLoop:
+    accs: list[Acc]
+
+
+@dataclasses.dataclass
+class RowAssign:
+    name: str
+    value: KExpr
+
+
+@dataclasses.dataclass
+class FullLoop:
+    stores: list[Store]
+
+
+@dataclasses.dataclass
+class RowStore:
+    store: Store
+
+
+Phase = Union[ReduceLoop, RowAssign, FullLoop, RowStore]
+
+
+@dataclasses.dataclass
+class Kernel:
+    name: str
+    outer: tuple[int, ...]      # extents of the outer loop variables o0, o1, ... (pointwise: the store shape)
+    rsize: int                  # reduction extent per row (0 for pointwise kernels)
+    phases: list[Phase]
+    nodes: list[Node]           # graph nodes this kernel computes (stored or inlined)
+    reason: str = ""            # why these nodes were fused
+    schedule: Any = None        # codegen schedule (kiln.schedule), filled in by heuristics
+
+    @property
+    def is_reduction(self) -> bool:
+        return self.rsize > 0
+
+    def buffers(self) -> tuple[set[str], set[str]]:
+        """(buffers read, buffers written)."""
+        reads: set[str] = set()
+        writes: set[str] = set()
+
+        def visit(e: KExpr) -> None:
+            if isinstance(e, KLoad):
+                reads.add(e.buf)
+                _visit_index(e.index, visit)
+            elif isinstance(e, KIndex):
+                _visit_index(e.index, visit)
+            elif isinstance(e, KOp):
+                for a in e.args:
+                    visit(a)
+
+        for p in self.phases:
+            for e in phase_exprs(p):
+                visit(e)
+            for s in phase_stores(p):
+                writes.add(s.buf)
+                _visit_index(s.index, visit)
+        return reads, writes
+
+    def format(self) -> str:
+        head = f"{self.name}  outer={list(self.outer)}" + (f" rsize={self.rsize}" if self.rsize else "")
+        lines = [head]
+        for p in self.phases:
+            if isinstance(p, ReduceLoop):
+                for a in p.accs:
+                    lines.append(f"  reduce {a.name} = {a.kind.value}({format_expr(a.value)})")
+            elif isinstance(p, RowAssign):
+                lines.append(f"  row    {p.name} = {format_expr(p.value)}")
+            elif isinstance(p, FullLoop):
+                for s in p.stores:
+                    lines.append(f"  loop   {s.buf}[{s.index}] = {format_expr(s.value)}")
+            else:
+                s = p.store
+                lines.append(f"  rowout {s.buf}[{s.index}] = {format_expr(s.value)}")
+        return "\n".join(lines)
+
+
+def phase_exprs(p: Phase) -> list[KExpr]:
+    if isinstance(p, ReduceLoop):
+        return [a.value for a in p.accs]
+    if isinstance(p, RowAssign):
+        return [p.value]
+    if isinstance(p, FullLoop):
+        return [s.value for s in p.stores]
+    return [p.store.value]
+
+
+def phase_stores(p: Phase) -> list[Store]:
+    if isinstance(p, FullLoop):
+        return p.stores
+    if isinstance(p, RowStore):
+        return [p.store]
+    return []
+
+
+def _visit_index(index: Lin, visit: Any) -> None:
+    for atom in index.atoms():
+        if isinstance(atom, Dyn):
+            visit(atom.expr)
+        elif hasattr(atom, "arg"):
+            _visit_index(atom.arg, visit)
+
+
+def format_expr(e: KExpr) -> str:
+    if isinstance(e, KConst):
+        return repr(e.value)
+    if isinstance(e, KLoad):
+        return f"{e.buf}[{render(e.index, lambda d: format_expr(d.expr))}]"
+    if isinstance(e, KIndex):
+        return f"index({render(e.index, lambda d: format_expr(d.expr))})"
+    if isinstance(e, KVar):
+        return e.name
+    if e.op is Op.CAST:
+        return f"{dtype_name(e.dtype)}({format_expr(e.args[0])})"
+    return f"{e.op.value}({', '.join(format_expr(a) for a in e.args)})"

@@ -1,0 +1,140 @@
+"""Fusion: partition the optimized graph into kernels and extern calls.
+
+[Note: how kiln fuses]
+1. *Realization.*  Every node is either realized (written to a buffer) or inlined into its consumers as an
+   index function.  Realized: inputs, constants, extern results and their arguments, reductions, graph
+   outputs, and shared producers whose recomputation would cost more than a store and a load (the cost model
+   below).  Views are never realized for a kernel: they are index maps.
+2. *Grouping.*  Realized nodes are visited in order; each joins the kernel being built when their iteration
+   spaces agree, else opens a new kernel:
+   - pointwise kernel over shape T  <- pointwise node of shape T        (elementwise chains, horizontal)
+   - pointwise kernel over shape S  <- reduction of an S-shaped input    (the chain becomes its prologue)
+   - reduction kernel (S, axes)     <- reduction with the same S and axes (softmax's max and sum, mean & var)
+   - reduction kernel (S, axes)     <- pointwise node of shape S         (epilogue: normalise, scale)
+   - reduction kernel (S, axes)     <- pointwise node with one value per row (mean = sum / n, rstd)
+   The kernel builder then checks that every per-row value is read at its own row; if not, the node opens
+   a kernel of its own.
+3. An extern's elementwise epilogue (bias, activation, residual) is simply the next kernel: the extern writes
+   its buffer, one kernel reads it once.
+
+Cost model: a shared producer is recomputed in each consumer kernel unless its inlined cost (1 per cheap op,
+8 per transcendental) exceeds ``RECOMPUTE_LIMIT``, i.e. unless recomputing it costs more than the 8 bytes a
+store plus load of one fp32 element moves.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Union
+
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import INLINABLE, REDUCTION, TRANSCENDENTAL, VIEW, Op, numel
+
+RECOMPUTE_LIMIT = 8
+
+
+@dataclasses.dataclass
+class Group:
+    """Nodes computed by one kernel. ``axes`` is None for pointwise kernels."""
+    shape: tuple[int, ...]
+    axes: tuple[int, ...] | None
+    members: list[Node]
+    reason: list[str] = dataclasses.field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return numel(tuple(s for d, s in enumerate(self.shape) if d not in (self.axes or ())))
+
+    def accepts(self, n: Node) -> str | None:
+        """Why ``n`` can join this group (None if it cannot)."""
+        if n.op in REDUCTION:
+            src = n.inputs[0]
+            if self.axes is None and src.shape == self.shape:
+                return f"{n.op.value} over the pointwise kernel's iteration space (prologue fused)"
+            if self.axes is not None and src.shape == self.shape and n.attr("axes") == self.axes:
+                return f"{n.op.value} over the same rows"
+            return None
+        if n.shape == self.shape:
+            return "same iteration space" if self.axes is None else "elementwise epilogue over the rows"
+        if self.axes is not None and n.numel == self.rows:
+            return "one value per row"
+        return None
+
+
+@dataclasses.dataclass
+class ExternStep:
+    node: Node
+
+
+Step = Union[Group, ExternStep]
+
+
+def distinct_users(graph: Graph) -> dict[Node, list[Node]]:
+    users: dict[Node, list[Node]] = {n: [] for n in graph.nodes}
+    for n in graph.nodes:
+        for i in set(n.inputs):
+            users[i].append(n)
+    return users
+
+
+def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
+    """(realized nodes, alias nodes).  Alias nodes are view chains passed to externs without a copy."""
+    users = distinct_users(graph)
+    realized: set[Node] = set(graph.outputs)
+    aliases: set[Node] = set()
+    for n in graph.nodes:
+        if n.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n.op in REDUCTION:
+            realized.add(n)
+        if n.op is Op.EXTERN:
+            for i in n.inputs:
+                base = i
+                while base.op in VIEW and base not in realized:
+                    base = base.inputs[0]
+                if base is not i and (base.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or base.op in REDUCTION
+                                      or base in realized or base.op not in INLINABLE):
+                    aliases.add(i)
+                    realized.add(base)
+                else:
+                    realized.add(i)
+    cost: dict[Node, int] = {}
+    for n in graph.nodes:
+        if n in realized or n.op not in INLINABLE:
+            cost[n] = 0
+            continue
+        own = 8 if n.op in TRANSCENDENTAL else (0 if n.op in VIEW else 1)
+        cost[n] = own + sum(cost[i] for i in set(n.inputs) if i not in realized)
+        if len(users[n]) > 1 and cost[n] > RECOMPUTE_LIMIT and n.op not in (Op.FULL, Op.IOTA):
+            realized.add(n)
+            cost[n] = 0
+    aliases -= set(graph.outputs)
+    return realized - aliases, aliases
+
+
+def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list[Step], set[Node], set[Node]]:
+    """Kernel groups and extern calls in execution order, plus the realized and alias node sets.
+
+    Nodes in ``breaks`` always open a new kernel (the kernel builder asks for that when a node's per-row
+    values do not line up with the kernel's rows).
+    """
+    realized, aliases = decide_realized(graph)
+    steps: list[Step] = []
+    for n in graph.nodes:
+        if n.op in (Op.INPUT, Op.CONSTANT) or n in aliases:
+            continue
+        if n.op is Op.EXTERN:
+            steps.append(ExternStep(n))
+            continue
+        if n not in realized:
+            continue
+        last = steps[-1] if steps and isinstance(steps[-1], Group) else None
+        why = last.accepts(n) if last is not None and n not in breaks else None
+        if last is not None and why is not None:
+            if n.op in REDUCTION and last.axes is None:
+                last.axes = n.attr("axes")
+            last.members.append(n)
+            last.reason.append(f"{n.op.value}: {why}")
+            continue
+        if n.op in REDUCTION:
+            steps.append(Group(n.inputs[0].shape, n.attr("axes"), [n], [f"{n.op.value}: starts a reduction kernel"]))
+        else:
+            steps.append(Group(n.shape, None, [n], [f"{n.op.value}: starts a pointwise kernel"]))
+    return steps, realized, aliases

@@ -1,0 +1,226 @@
+"""Build kernel IR for one fused group: inline producers as index functions, place reductions in passes.
+
+Views compose into index expressions (``kiln.ir.index``); realized producers become loads; reductions and
+per-row values become named scalars.  A member whose per-row inputs are not read at its own row raises
+``NotFusable`` and the partitioner starts a new kernel at that member.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.ir.graph import Node
+from kiln.ir.index import Dyn, Lin, Var, linearize, unflatten
+from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad, KOp, KVar, ReduceLoop,
+                            RowAssign, RowStore, Store)
+from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides
+from kiln.passes.fuse import Group
+
+
+class NotFusable(Exception):
+    def __init__(self, node: Node, why: str):
+        super().__init__(why)
+        self.node = node
+
+
+def _kvars(e: KExpr, out: set[str]) -> set[str]:
+    if isinstance(e, KVar):
+        out.add(e.name)
+    elif isinstance(e, KOp):
+        for a in e.args:
+            _kvars(a, out)
+    elif isinstance(e, (KLoad, KIndex)):
+        for atom in e.index.atoms():
+            if isinstance(atom, Dyn):
+                _kvars(atom.expr, out)
+    return out
+
+
+class KernelBuilder:
+    def __init__(self, group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node]):
+        self.group = group
+        self.name = name
+        self.buffer_of = buffer_of
+        self.stored = stored
+        self.members = set(group.members)
+        self.rowvars: dict[Node, KVar] = {}
+        self.current: Node | None = None
+        shape, axes = group.shape, group.axes
+        if axes is None:
+            self.outer_vars = [Var(f"i{d}", s) for d, s in enumerate(shape)]
+            self.full_index = [Lin.of(v) for v in self.outer_vars]
+            self.rsize = 0
+            self.o_flat = linearize(self.full_index, contiguous_strides(shape))
+        else:
+            kept = [d for d in range(len(shape)) if d not in axes]
+            reduced = [shape[d] for d in axes]
+            self.rsize = 1
+            for s in reduced:
+                self.rsize *= s
+            self.outer_vars = [Var(f"o{k}", shape[d]) for k, d in enumerate(kept)]
+            r_parts = unflatten(Lin.of(Var("r", self.rsize)), tuple(reduced))
+            index: list[Lin] = [Lin(0)] * len(shape)
+            for k, d in enumerate(kept):
+                index[d] = Lin.of(self.outer_vars[k])
+            for k, d in enumerate(axes):
+                index[d] = r_parts[k]
+            self.full_index = index
+            self.o_flat = linearize([Lin.of(v) for v in self.outer_vars],
+                                    contiguous_strides(tuple(shape[d] for d in kept)))
+        self.memo: dict[tuple[int, tuple[Lin, ...]], KExpr] = {}
+
+    # ------------------------------------------------------------------ values
+    def value(self, n: Node, idx: list[Lin]) -> KExpr:
+        key = (n.uid, tuple(idx))
+        if key not in self.memo:
+            self.memo[key] = self._value(n, idx)
+        return self.memo[key]
+
+    def _value(self, n: Node, idx: list[Lin]) -> KExpr:
+        if n in self.rowvars:
+            if linearize(idx, contiguous_strides(n.shape)) != self.o_flat:
+                raise NotFusable(self.current, f"{n} is read outside its own row")
+            return self.rowvars[n]
+        if n in self.members:
+            if n.op in REDUCTION:
+                raise NotFusable(self.current, f"{n} used before it is computed")
+            return self.define(n, idx)
+        if n in self.buffer_of:
+            return KLoad(self.buffer_of[n], linearize(idx, contiguous_strides(n.shape)), n.dtype)
+        return self.define(n, idx)
+
+    def define(self, n: Node, idx: list[Lin]) -> KExpr:
+        """The value of ``n`` at ``idx`` computed from its inputs (inlining)."""
+        op = n.op
+        if op is Op.FULL:
+            return KConst(n.attr("value"), n.dtype)
+        if op is Op.IOTA:
+            i = KOp(Op.CAST, (KIndex(idx[0], torch.int64),), n.dtype)
+            start, step = n.attr("start"), n.attr("step")
+            if step != 1:
+                i = KOp(Op.MUL, (i, KConst(step, n.dtype)), n.dtype)
+            return KOp(Op.ADD, (i, KConst(start, n.dtype)), n.dtype) if start else i
+        if op in ELEMENTWISE:
+            return KOp(op, tuple(self.value(i, idx) for i in n.inputs), n.dtype)
+        if op is Op.RESHAPE:
+            x = n.inputs[0]
+            flat = linearize(idx, contiguous_strides(n.shape))
+            return self.value(x, unflatten(flat, x.shape))
+        if op is Op.PERMUTE:
+            src: list[Lin] = [Lin(0)] * len(idx)
+            for d, p in enumerate(n.attr("dims")):
+                src[p] = idx[d]
+            return self.value(n.inputs[0], src)
+        if op is Op.EXPAND:
+            x = n.inputs[0]
+            off = len(n.shape) - len(x.shape)
+            src = [Lin(0) if x.shape[j] == 1 and n.shape[j + off] != 1 else idx[j + off] for j in range(len(x.shape))]
+            return self.value(x, src)
+        if op is Op.SLICE:
+            d = n.attr("dim")
+            src = list(idx)
+            src[d] = idx[d] * n.attr("step") + n.attr("start")
+            return self.value(n.inputs[0], src)
+        if op is Op.PAD:
+            return self._pad(n, idx)
+        if op is Op.CAT:
+            return self._cat(n, idx)
+        if op in (Op.TAKE, Op.GATHER):
+            return self._indirect(n, idx)
+        raise NotFusable(self.current, f"cannot inline {n}")
+
+    def _in_range(self, i: Lin, lo: int, hi: int) -> KExpr:
+        iv = KIndex(i, torch.int64)
+        return KOp(Op.LOGICAL_AND, (KOp(Op.GE, (iv, KConst(lo, torch.int64)), torch.bool),
+                                    KOp(Op.LT, (iv, KConst(hi, torch.int64)), torch.bool)), torch.bool)
+
+    def _pad(self, n: Node, idx: list[Lin]) -> KExpr:
+        x = n.inputs[0]
+        cond: KExpr | None = None
+        src = []
+        for d, (before, _after) in enumerate(n.attr("pads")):
+            src.append(idx[d] - before)
+            if n.shape[d] != x.shape[d]:
+                c = self._in_range(idx[d], before, before + x.shape[d])
+                cond = c if cond is None else KOp(Op.LOGICAL_AND, (cond, c), torch.bool)
+        inner = self.value(x, src)
+        if cond is None:
+            return inner
+        return KOp(Op.WHERE, (cond, inner, KConst(n.attr("value"), n.dtype)), n.dtype)
+
+    def _cat(self, n: Node, idx: list[Lin]) -> KExpr:
+        d = n.attr("dim")
+        offsets = []
+        start = 0
+        for part in n.inputs:
+            offsets.append(start)
+            start += part.shape[d]
+        result: KExpr | None = None
+        for part, off in reversed(list(zip(n.inputs, offsets))):
+            src = list(idx)
+            src[d] = idx[d] - off
+            v = self.value(part, src)
+            if result is None:
+                result = v
+            else:
+                cond = KOp(Op.LT, (KIndex(idx[d], torch.int64), KConst(off + part.shape[d], torch.int64)), torch.bool)
+                result = KOp(Op.WHERE, (cond, v, result), n.dtype)
+        assert result is not None
+        return result
+
+    def _indirect(self, n: Node, idx: list[Lin]) -> KExpr:
+        x, index = n.inputs
+        d = n.attr("dim")
+        if n.op is Op.TAKE:
+            k = len(index.shape)
+            raw = self.value(index, idx[d:d + k])
+            rest_before, rest_after = idx[:d], idx[d + k:]
+        else:
+            raw = self.value(index, idx)
+            rest_before, rest_after = idx[:d], idx[d + 1:]
+        size = x.shape[d]
+        wrapped = KOp(Op.WHERE, (KOp(Op.LT, (raw, KConst(0, torch.int64)), torch.bool),
+                                 KOp(Op.ADD, (raw, KConst(size, torch.int64)), torch.int64), raw), torch.int64)
+        return self.value(x, list(rest_before) + [Lin.of(Dyn(wrapped, size))] + list(rest_after))
+
+    # ------------------------------------------------------------------ kernel
+    def build(self) -> Kernel:
+        phases: list[Any] = []
+        defined_at: dict[str, int] = {}
+        full_stores: list[Store] = []
+        counter = 0
+        for m in self.group.members:
+            self.current = m
+            if m.op in REDUCTION:
+                expr = self.value(m.inputs[0], self.full_index)
+                name = f"acc{counter}"
+                counter += 1
+                need = max((defined_at[v] for v in _kvars(expr, set())), default=-1)
+                last = phases[-1] if phases else None
+                if isinstance(last, ReduceLoop) and need < len(phases) - 1:
+                    last.accs.append(Acc(name, m.op, expr, m.dtype))
+                else:
+                    phases.append(ReduceLoop([Acc(name, m.op, expr, m.dtype)]))
+                defined_at[name] = len(phases) - 1
+                self.rowvars[m] = KVar(name, m.dtype)
+                if m in self.stored:
+                    phases.append(RowStore(Store(self.buffer_of[m], self.o_flat, self.rowvars[m])))
+            elif self.rsize and m.numel == self.group.rows and m.shape != self.group.shape:
+                expr = self.define(m, unflatten(self.o_flat, m.shape))
+                name = f"row{counter}"
+                counter += 1
+                phases.append(RowAssign(name, expr))
+                defined_at[name] = len(phases) - 1
+                self.rowvars[m] = KVar(name, m.dtype)
+                if m in self.stored:
+                    phases.append(RowStore(Store(self.buffer_of[m], self.o_flat, self.rowvars[m])))
+            elif m in self.stored:
+                if m.shape != self.group.shape:
+                    raise NotFusable(m, "shape differs from the kernel's iteration space")
+                full_stores.append(Store(self.buffer_of[m], linearize(self.full_index, contiguous_strides(m.shape)),
+                                         self.define(m, self.full_index)))
+        if full_stores:
+            phases.append(FullLoop(full_stores))
+        outer = tuple(v.size for v in self.outer_vars)
+        return Kernel(self.name, outer, self.rsize, phases, list(self.group.members), "; ".join(self.group.reason))
