@@ -121,6 +121,8 @@ class KernelWriter:
     def _reduction_kernel(self) -> None:
         indent = self._outer_loops(collapse_all=True)
         row = ExprPrinter(self.lines, indent)
+        for name, dtype in self.k.scratch.items():
+            self.lines.append(f"{indent}{ctype(dtype)} {name}[{self.k.rsize}];  // row scratch")
         for phase in self.k.phases:
             if isinstance(phase, ReduceLoop):
                 self._reduce_loop(phase, row, indent)
@@ -180,6 +182,8 @@ class KernelWriter:
             if a.dtype != a.value.dtype:
                 v = f"static_cast<{ctype(a.dtype)}>({v})"
             self.lines.append(f"{indent}{a.name}_l{lane} = {_combine(a.kind, a.name + '_l' + lane, v, a.dtype)};")
+        for s in phase.stores:
+            self.lines.append(f"{indent}{s.buf}[{body.index(s.index)}] = {body.expr(s.value)};")
 
     def _scalar_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
         for a in phase.accs:

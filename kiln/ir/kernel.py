@@ -86,6 +86,7 @@ class Store:
 @dataclasses.dataclass
 class ReduceLoop:
     accs: list[Acc]
+    stores: list[Store] = dataclasses.field(default_factory=list)  # row-scratch writes (see Kernel.scratch)
 
 
 @dataclasses.dataclass
@@ -116,6 +117,9 @@ class Kernel:
     nodes: list[Node]           # graph nodes this kernel computes (stored or inlined)
     reason: str = ""            # why these nodes were fused
     schedule: Any = None        # codegen schedule (kiln.schedule), filled in by heuristics
+    # per-row scratch arrays (name -> dtype): an expensive value computed in one pass over the row and
+    # read back by later passes instead of being recomputed
+    scratch: dict[str, torch.dtype] = dataclasses.field(default_factory=dict)
 
     @property
     def is_reduction(self) -> bool:
@@ -142,7 +146,7 @@ class Kernel:
             for s in phase_stores(p):
                 writes.add(s.buf)
                 _visit_index(s.index, visit)
-        return reads, writes
+        return reads - set(self.scratch), writes - set(self.scratch)
 
     def format(self) -> str:
         head = f"{self.name}  outer={list(self.outer)}" + (f" rsize={self.rsize}" if self.rsize else "")
@@ -151,6 +155,8 @@ class Kernel:
             if isinstance(p, ReduceLoop):
                 for a in p.accs:
                     lines.append(f"  reduce {a.name} = {a.kind.value}({format_expr(a.value)})")
+                for s in p.stores:
+                    lines.append(f"  keep   {s.buf}[{s.index}] = {format_expr(s.value)}")
             elif isinstance(p, RowAssign):
                 lines.append(f"  row    {p.name} = {format_expr(p.value)}")
             elif isinstance(p, FullLoop):
@@ -164,7 +170,7 @@ class Kernel:
 
 def phase_exprs(p: Phase) -> list[KExpr]:
     if isinstance(p, ReduceLoop):
-        return [a.value for a in p.accs]
+        return [a.value for a in p.accs] + [s.value for s in p.stores]
     if isinstance(p, RowAssign):
         return [p.value]
     if isinstance(p, FullLoop):
@@ -173,7 +179,7 @@ def phase_exprs(p: Phase) -> list[KExpr]:
 
 
 def phase_stores(p: Phase) -> list[Store]:
-    if isinstance(p, FullLoop):
+    if isinstance(p, (FullLoop, ReduceLoop)):
         return p.stores
     if isinstance(p, RowStore):
         return [p.store]

@@ -18,6 +18,9 @@ from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides
 from kiln.passes.fuse import Group
 
 
+SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)
+
+
 class NotFusable(Exception):
     def __init__(self, node: Node, why: str):
         super().__init__(why)
@@ -69,9 +72,17 @@ class KernelBuilder:
             self.o_flat = linearize([Lin.of(v) for v in self.outer_vars],
                                     contiguous_strides(tuple(shape[d] for d in kept)))
         self.memo: dict[tuple[int, tuple[Lin, ...]], KExpr] = {}
+        # [Note: row scratch] A realized full-row member (realized because it is expensive and shared) that
+        # several passes over the row read is computed once per row into a stack array and re-read later.
+        self.cacheable = {m for m in group.members if self.rsize and m.op not in REDUCTION and m not in stored
+                          and m.shape == group.shape and 0 < self.rsize <= SCRATCH_MAX}
+        self.scratch: dict[Node, str] = {}
+        self.pending: list[Store] = []
 
     # ------------------------------------------------------------------ values
     def value(self, n: Node, idx: list[Lin]) -> KExpr:
+        if n in self.cacheable:
+            return self._value(n, idx)
         key = (n.uid, tuple(idx))
         if key not in self.memo:
             self.memo[key] = self._value(n, idx)
@@ -82,6 +93,14 @@ class KernelBuilder:
             if linearize(idx, contiguous_strides(n.shape)) != self.o_flat:
                 raise NotFusable(self.current, f"{n} is read outside its own row")
             return self.rowvars[n]
+        if n in self.cacheable and list(idx) == list(self.full_index):
+            if n in self.scratch:
+                return KLoad(self.scratch[n], Lin.of(Var("r", self.rsize)), n.dtype)
+            expr = self.define(n, idx)
+            name = f"scr{len(self.scratch)}"
+            self.scratch[n] = name
+            self.pending.append(Store(name, Lin.of(Var("r", self.rsize)), expr))
+            return expr
         if n in self.members:
             if n.op in REDUCTION:
                 raise NotFusable(self.current, f"{n} used before it is computed")
@@ -192,7 +211,9 @@ class KernelBuilder:
         counter = 0
         for m in self.group.members:
             self.current = m
+            self.memo.clear()  # values are shared within one pass over the row, not across passes
             if m.op in REDUCTION:
+                self.pending = []
                 expr = self.value(m.inputs[0], self.full_index)
                 name = f"acc{counter}"
                 counter += 1
@@ -200,8 +221,9 @@ class KernelBuilder:
                 last = phases[-1] if phases else None
                 if isinstance(last, ReduceLoop) and need < len(phases) - 1:
                     last.accs.append(Acc(name, m.op, expr, m.dtype))
+                    last.stores.extend(self.pending)
                 else:
-                    phases.append(ReduceLoop([Acc(name, m.op, expr, m.dtype)]))
+                    phases.append(ReduceLoop([Acc(name, m.op, expr, m.dtype)], list(self.pending)))
                 defined_at[name] = len(phases) - 1
                 self.rowvars[m] = KVar(name, m.dtype)
                 if m in self.stored:
@@ -218,9 +240,14 @@ class KernelBuilder:
             elif m in self.stored:
                 if m.shape != self.group.shape:
                     raise NotFusable(m, "shape differs from the kernel's iteration space")
+                self.pending = []
+                value = self.value(m, self.full_index)
                 full_stores.append(Store(self.buffer_of[m], linearize(self.full_index, contiguous_strides(m.shape)),
-                                         self.define(m, self.full_index)))
+                                         value))
+                full_stores.extend(self.pending)
         if full_stores:
             phases.append(FullLoop(full_stores))
         outer = tuple(v.size for v in self.outer_vars)
-        return Kernel(self.name, outer, self.rsize, phases, list(self.group.members), "; ".join(self.group.reason))
+        scratch = {name: n.dtype for n, name in self.scratch.items()}
+        return Kernel(self.name, outer, self.rsize, phases, list(self.group.members), "; ".join(self.group.reason),
+                      scratch=scratch)

@@ -1,0 +1,411 @@
+"""Benchmark eager PyTorch, Inductor and kiln on the suite's models, in one process, on the same inputs.
+
+    python -m benchmarks.runner                                  # the whole suite, 1 thread
+    python -m benchmarks.runner --models gpt,chain --threads 2 --json out.json
+    python -m benchmarks.runner --backends eager,inductor --small --repeats 2   # quick smoke run
+    python -m benchmarks.runner --fresh-caches                   # cold compile times
+
+Method, per model: build the model and its inputs once; for each backend, compile it and time the first call
+(cold compile time, wall clock, Dynamo tracing included); compare its output with eager's; warm up; then run
+``--repeats`` interleaved rounds in which every backend (in a rotating order) is timed for ``--calls`` calls.
+Each round yields a median per backend; the reported time is the median of the round medians and the
+speedup is eager's round median over the backend's, per round, then the median of those ratios (ratios
+taken within a round are robust to a noisy machine).  Everything runs under ``torch.inference_mode()``.
+
+Environment (thread counts, cache directories) is set before torch is imported, so this module imports
+torch lazily.  A backend that fails on a model is recorded (with its traceback in the JSON) and skipped.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import gc
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+if TYPE_CHECKING:
+    from torch import Tensor, nn
+
+REPO = Path(__file__).resolve().parents[1]
+if __package__ in (None, ""):  # run as ``python benchmarks/runner.py``
+    sys.path.insert(0, str(REPO))
+
+BACKENDS = ("eager", "inductor", "kiln")
+DEFAULT_SUITE = ("seed", "mlp", "resnet18", "gpt", "chain")  # mirrors benchmarks.models.SUITE (no torch import)
+
+
+# ------------------------------------------------------------------------------------------ command line
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    """The runner's command line."""
+    p = argparse.ArgumentParser(prog="python -m benchmarks.runner", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--models", default=",".join(DEFAULT_SUITE), help="comma-separated models (default: the suite)")
+    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated subset of eager,inductor,kiln")
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (torch and OpenMP); default 1")
+    p.add_argument("--repeats", type=int, default=10, help="interleaved timing rounds (default 10)")
+    p.add_argument("--calls", type=int, default=5, help="timed calls per backend per round (default 5)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls per backend after the first (default 3)")
+    p.add_argument("--kiln-mode", default="default", help="mode passed to kiln.compile (default 'default')")
+    p.add_argument("--small", action="store_true", help="small shapes, for a quick smoke run")
+    p.add_argument("--tol", type=float, default=1e-3, help="max relative error before a result is a MISMATCH")
+    p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write all raw numbers here")
+    p.add_argument("--fresh-caches", action="store_true",
+                   help="use new, empty Inductor and kiln cache directories (cold compile times); deleted at exit")
+    p.add_argument("--cache-dir-inductor", type=Path, default=None, metavar="DIR",
+                   help="TORCHINDUCTOR_CACHE_DIR to use (e.g. reuse one for warm-cache measurements)")
+    p.add_argument("--cache-dir-kiln", type=Path, default=None, metavar="DIR", help="KILN_CACHE_DIR to use")
+    args = p.parse_args(argv)
+    args.models = _split(args.models)
+    args.backends = _split(args.backends)
+    unknown = sorted(set(args.backends) - set(BACKENDS))
+    if unknown:
+        p.error(f"unknown backend(s) {unknown}; choose from {list(BACKENDS)}")
+    for name in ("threads", "repeats", "calls"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name} must be at least 1")
+    if args.warmup < 0:
+        p.error("--warmup must be non-negative")
+    return args
+
+
+def _split(csv: str) -> list[str]:
+    return [item.strip() for item in csv.split(",") if item.strip()]
+
+
+# ----------------------------------------------------------------------------------------- environment
+
+
+def setup_environment(args: argparse.Namespace) -> list[Path]:
+    """Set thread counts and cache directories in ``os.environ``; returns the temporary dirs to delete at exit.
+
+    Must run before torch (and torch._inductor, kiln) is imported.
+    """
+    os.environ["OMP_NUM_THREADS"] = str(args.threads)
+    temporary: list[Path] = []
+    for flag, env in ((args.cache_dir_inductor, "TORCHINDUCTOR_CACHE_DIR"), (args.cache_dir_kiln, "KILN_CACHE_DIR")):
+        if flag is not None:
+            flag.mkdir(parents=True, exist_ok=True)
+            os.environ[env] = str(flag.resolve())
+        elif args.fresh_caches:
+            fresh = Path(tempfile.mkdtemp(prefix=f"bench-{env.lower()}-"))
+            temporary.append(fresh)
+            os.environ[env] = str(fresh)
+    return temporary
+
+
+def machine_info(args: argparse.Namespace) -> dict[str, Any]:
+    """CPU, software versions, threads, date and command line, for the JSON record."""
+    import torch
+    return {
+        "cpu": _cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "kiln": _kiln_version(),
+        "git_commit": _git_commit(),
+        "threads": torch.get_num_threads(),
+        "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        "command": shlex.join([sys.executable, *sys.argv]),
+        "caches": {env: os.environ.get(env) for env in ("TORCHINDUCTOR_CACHE_DIR", "KILN_CACHE_DIR")},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+    }
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def _kiln_version() -> str | None:
+    try:
+        import kiln
+        return kiln.__version__
+    except Exception:  # noqa: BLE001 - any import failure just means "no kiln"
+        return None
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"], capture_output=True,
+                             text=True, timeout=10, check=True)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+# -------------------------------------------------------------------------------------------- backends
+
+
+def make_backend(name: str, model: nn.Module, kiln_mode: str) -> Callable[..., Any]:
+    """Return the callable that runs ``model`` on backend ``name`` (compilation happens at the first call)."""
+    import torch
+    if name == "eager":
+        return model
+    if name == "inductor":
+        return torch.compile(model)
+    if name == "kiln":
+        import kiln
+        return kiln.compile(model, mode=kiln_mode)
+    raise ValueError(f"unknown backend {name!r}")
+
+
+@dataclasses.dataclass
+class BackendResult:
+    """Everything measured for one (model, backend) pair; times in milliseconds unless named ``_s``."""
+
+    backend: str
+    first_call_s: float | None = None
+    max_abs_err: float | None = None
+    max_rel_err: float | None = None
+    status: str = "ok"  # ok | MISMATCH | ERROR
+    error: str | None = None
+    traceback: str | None = None
+    calls_ms: list[list[float]] = dataclasses.field(default_factory=list)  # per round, per call
+    round_median_ms: list[float] = dataclasses.field(default_factory=list)
+    speedup_rounds: list[float] = dataclasses.field(default_factory=list)
+    median_ms: float | None = None
+    speedup: float | None = None
+    fn: Callable[..., Any] | None = dataclasses.field(default=None, repr=False)
+
+    def fail(self, stage: str, exc: BaseException) -> None:
+        """Record ``exc`` (raised while ``stage``) and take this backend out of the run."""
+        self.status = "ERROR"
+        self.error = f"{stage}: {type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
+        self.traceback = traceback.format_exc()
+        self.fn = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "fn"}
+
+
+# ----------------------------------------------------------------------------------------- measurement
+
+
+def compare(out: Any, ref: Any) -> tuple[float, float]:
+    """Max absolute error and max relative error of ``out`` against ``ref`` (any pytree of tensors).
+
+    The relative error is ``max|out - ref| / max|ref|`` per tensor (then the max over tensors): it is not
+    inflated by reference values near zero.  Non-finite differences give ``nan``; shape mismatches raise.
+    """
+    import torch
+    from torch.utils._pytree import tree_leaves
+    outs, refs = tree_leaves(out), tree_leaves(ref)
+    if len(outs) != len(refs):
+        raise ValueError(f"output has {len(outs)} tensors, eager's has {len(refs)}")
+    max_abs = max_rel = 0.0
+    for o, r in zip(outs, refs):
+        if not isinstance(r, torch.Tensor):
+            continue
+        if tuple(o.shape) != tuple(r.shape):
+            raise ValueError(f"output shape {tuple(o.shape)} differs from eager's {tuple(r.shape)}")
+        if r.numel() == 0:
+            continue
+        o64, r64 = o.detach().to(torch.float64), r.detach().to(torch.float64)
+        diff = (o64 - r64).abs().max().item() if not torch.equal(o64, r64) else 0.0  # equal() handles inf == inf
+        scale = r64.abs().max().item()
+        max_abs = max(max_abs, diff) if not math.isnan(diff) else math.nan
+        rel = diff / scale if scale > 0 else (0.0 if diff == 0 else math.inf)
+        max_rel = max(max_rel, rel) if not math.isnan(rel) else math.nan
+    return max_abs, max_rel
+
+
+def time_calls(fn: Callable[..., Any], inputs: tuple[Tensor, ...], calls: int) -> list[float]:
+    """Wall-clock milliseconds of each of ``calls`` calls of ``fn(*inputs)``."""
+    times = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        fn(*inputs)
+        times.append((time.perf_counter() - start) * 1e3)
+    return times
+
+
+def first_call(result: BackendResult, model: nn.Module, inputs: tuple[Tensor, ...], ref: Any,
+               args: argparse.Namespace) -> None:
+    """Compile ``result.backend``, time its first call, check it against ``ref`` and warm it up."""
+    try:
+        fn = make_backend(result.backend, model, args.kiln_mode)
+        start = time.perf_counter()
+        out = fn(*inputs)
+        result.first_call_s = time.perf_counter() - start
+    except Exception as exc:  # noqa: BLE001 - a failing backend is a result, not a crash
+        result.fail("compile", exc)
+        return
+    try:
+        result.max_abs_err, result.max_rel_err = compare(out, ref)
+        if not result.max_rel_err <= args.tol:  # also catches nan
+            result.status = "MISMATCH"
+        del out
+        time_calls(fn, inputs, args.warmup)
+        result.fn = fn
+    except Exception as exc:  # noqa: BLE001
+        result.fail("check" if result.max_abs_err is None else "warmup", exc)
+
+
+def timing_rounds(results: list[BackendResult], inputs: tuple[Tensor, ...], args: argparse.Namespace) -> None:
+    """Interleaved rounds: every live backend runs ``args.calls`` timed calls per round, in rotating order."""
+    gc.collect()
+    gc.disable()
+    try:
+        for round_index in range(args.repeats):
+            live = [r for r in results if r.fn is not None]
+            if not live:
+                return
+            shift = round_index % len(live)
+            for result in live[shift:] + live[:shift]:
+                try:
+                    times = time_calls(result.fn, inputs, args.calls)
+                except Exception as exc:  # noqa: BLE001
+                    result.fail(f"timing round {round_index}", exc)
+                    continue
+                result.calls_ms.append(times)
+                result.round_median_ms.append(statistics.median(times))
+    finally:
+        gc.enable()
+
+
+def summarize(results: list[BackendResult]) -> None:
+    """Median time over rounds, and per-round speedups over eager (then their median)."""
+    eager = next((r for r in results if r.backend == "eager" and r.round_median_ms), None)
+    for result in results:
+        if result.round_median_ms:
+            result.median_ms = statistics.median(result.round_median_ms)
+        if eager is None or not result.round_median_ms or result.status == "ERROR":
+            continue
+        rounds = min(len(eager.round_median_ms), len(result.round_median_ms))
+        result.speedup_rounds = [eager.round_median_ms[i] / result.round_median_ms[i] for i in range(rounds)]
+        result.speedup = statistics.median(result.speedup_rounds)
+
+
+def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """Build, compile, check and time model ``name`` on every requested backend."""
+    import torch
+    from benchmarks import models
+
+    record: dict[str, Any] = {"model": name, "error": None, "backends": {}}
+    torch._dynamo.reset()
+    try:
+        model, inputs = models.build(name, small=args.small)
+        record["inputs"] = [{"shape": list(x.shape), "dtype": str(x.dtype)} for x in inputs]
+        with torch.inference_mode():
+            ref = model(*inputs)
+    except Exception as exc:  # noqa: BLE001
+        record["error"] = f"{type(exc).__name__}: {exc}"
+        record["traceback"] = traceback.format_exc()
+        return record
+    results = [BackendResult(backend) for backend in args.backends]
+    with torch.inference_mode():
+        for result in results:
+            _progress(f"  {name}: {result.backend} first call ...")
+            first_call(result, model, inputs, ref, args)
+            _progress(f"  {name}: {result.backend} {result.status}"
+                      + (f" ({result.first_call_s:.2f} s)" if result.first_call_s is not None else "")
+                      + (f" {result.error}" if result.error else ""))
+        timing_rounds(results, inputs, args)
+    summarize(results)
+    record["backends"] = {r.backend: r.to_json() for r in results}
+    del model, inputs, ref, results
+    torch._dynamo.reset()
+    gc.collect()
+    return record
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+# ----------------------------------------------------------------------------------------------- report
+
+
+def geomean(values: Sequence[float]) -> float | None:
+    """Geometric mean of positive values (``None`` when there are none)."""
+    values = [v for v in values if v is not None and v > 0 and math.isfinite(v)]
+    return math.exp(sum(map(math.log, values)) / len(values)) if values else None
+
+
+def geomeans(records: list[dict[str, Any]], backends: Sequence[str]) -> dict[str, float | None]:
+    """Per backend, the geomean of its speedups over the models where it ran without error."""
+    return {b: geomean([rec["backends"][b]["speedup"] for rec in records
+                        if b in rec["backends"] and rec["backends"][b]["speedup"] is not None]) for b in backends}
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def format_table(records: list[dict[str, Any]], backends: Sequence[str]) -> str:
+    """A Markdown table (readable as plain text) of every result, then the geomean speedups."""
+    header = ["model", "backend", "median ms", "speedup", "compile s", "max abs err", "max rel err", "status"]
+    rows = []
+    for rec in records:
+        if rec["error"]:
+            rows.append([rec["model"], "-", "-", "-", "-", "-", "-", f"ERROR {rec['error']}"])
+            continue
+        for backend, r in rec["backends"].items():
+            status = r["status"] + (f" ({r['error']})" if r["error"] else "")
+            compile_s = None if backend == "eager" else r["first_call_s"]
+            rows.append([rec["model"], backend, _fmt(r["median_ms"], ".3f"), _fmt(r["speedup"], ".2f") + "x",
+                         _fmt(compile_s, ".2f"), _fmt(r["max_abs_err"], ".2e"), _fmt(r["max_rel_err"], ".2e"),
+                         status])
+    for backend, value in geomeans(records, backends).items():
+        rows.append(["geomean", backend, "", _fmt(value, ".2f") + "x", "", "", "", ""])
+    widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
+    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in [header, *rows]]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------- main
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the benchmark; returns the process exit status (0 unless nothing could be measured)."""
+    args = parse_args(argv)
+    temporary = setup_environment(args)
+    try:
+        import torch
+        torch.set_num_threads(args.threads)
+        info = machine_info(args)
+        _progress(f"benchmarks: {info['cpu']}, torch {info['torch']}, kiln {info['kiln']}, "
+                  f"{info['threads']} thread(s), backends {args.backends}")
+        records = []
+        for name in args.models:
+            _progress(f"{name}:")
+            records.append(bench_model(name, args))
+        table = format_table(records, args.backends)
+        print(f"\n{info['date']}  {info['cpu']}  torch {info['torch']}  threads {info['threads']}\n")
+        print(table)
+        if args.json is not None:
+            payload = {"machine": info, "results": records, "geomean_speedup": geomeans(records, args.backends),
+                       "table": table}
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+            _progress(f"wrote {args.json}")
+        return 0 if any(rec["backends"] for rec in records) else 1
+    finally:
+        for path in temporary:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,56 @@
+"""``kiln.explain``: the graph IR after capture and after the passes, each kernel with the nodes it fuses and
+why, the extern calls, the memory plan and the generated C++."""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+from kiln.ir.graph import format_graph
+from kiln.report import CompileReport
+
+
+def format_report(r: CompileReport, *, source: bool = True) -> str:
+    out = [f"=== kiln report: graph {r.name!r}, mode {r.mode}, compiled in {r.compile_seconds:.2f} s"
+           f"{' (module from cache)' if r.from_cache else ''}"]
+    if r.fallback:
+        out.append(f"!!! fell back to eager: {r.fallback}")
+    if r.captured is not None:
+        out += ["", "--- graph IR after capture", format_graph(r.captured)]
+    if r.passes:
+        out += ["", "--- passes"]
+        for p in r.passes:
+            notes = f"  [{', '.join(p.notes)}]" if p.notes else ""
+            out.append(f"  {p.name:<16} {p.nodes_before:>4} -> {p.nodes_after:<4} nodes {p.seconds * 1e3:7.2f} ms{notes}")
+    if r.optimized is not None:
+        out += ["", "--- graph IR after the passes", format_graph(r.optimized)]
+    if r.kernels:
+        out += ["", f"--- {len(r.kernels)} generated kernels"]
+        for k in r.kernels:
+            out.append(k.format())
+            out.append(f"  why: {k.reason}")
+    out += ["", f"--- extern calls ({len(r.externs)}): " + (", ".join(r.externs) if r.externs else "none")]
+    if r.memory:
+        out.append(f"--- memory: {r.memory.get('summary', '')}")
+    if source and r.source:
+        out += ["", "--- generated C++ (without the math prelude)", _strip_prelude(r.source)]
+    return "\n".join(out)
+
+
+def _strip_prelude(src: str) -> str:
+    marker = src.find("// kernel_")
+    return src[marker:] if marker >= 0 else src
+
+
+def explain(model_or_fn: Callable, *example_inputs: Any, **options: Any) -> str:
+    import torch
+
+    import kiln
+    from kiln.report import mark, reports_since
+
+    torch._dynamo.reset()
+    position = mark()
+    compiled = kiln.compile(model_or_fn, **options)
+    with torch.inference_mode():
+        compiled(*example_inputs)
+    text = "\n\n".join(format_report(r) for r in reports_since(position)) or "kiln: nothing was compiled"
+    print(text)
+    return text
