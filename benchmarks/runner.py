@@ -33,6 +33,7 @@ import sys
 import tempfile
 import time
 import traceback
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -44,6 +45,8 @@ if __package__ in (None, ""):  # run as ``python benchmarks/runner.py``
     sys.path.insert(0, str(REPO))
 
 BACKENDS = ("eager", "inductor", "kiln")
+# Warnings not worth recording (torch's own deprecation notices while tracing).
+_NOISE_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 DEFAULT_SUITE = ("seed", "mlp", "resnet18", "gpt", "chain")  # mirrors benchmarks.models.SUITE (no torch import)
 
 
@@ -53,6 +56,7 @@ DEFAULT_SUITE = ("seed", "mlp", "resnet18", "gpt", "chain")  # mirrors benchmark
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     """The runner's command line."""
     p = argparse.ArgumentParser(prog="python -m benchmarks.runner", description=__doc__.split("\n\n")[0],
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--models", default=",".join(DEFAULT_SUITE), help="comma-separated models (default: the suite)")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated subset of eager,inductor,kiln")
@@ -181,6 +185,7 @@ class BackendResult:
     status: str = "ok"  # ok | MISMATCH | ERROR
     error: str | None = None
     traceback: str | None = None
+    warnings: list[str] = dataclasses.field(default_factory=list)  # raised while compiling (e.g. fallbacks)
     calls_ms: list[list[float]] = dataclasses.field(default_factory=list)  # per round, per call
     round_median_ms: list[float] = dataclasses.field(default_factory=list)
     speedup_rounds: list[float] = dataclasses.field(default_factory=list)
@@ -244,13 +249,18 @@ def first_call(result: BackendResult, model: nn.Module, inputs: tuple[Tensor, ..
                args: argparse.Namespace) -> None:
     """Compile ``result.backend``, time its first call, check it against ``ref`` and warm it up."""
     try:
-        fn = make_backend(result.backend, model, args.kiln_mode)
-        start = time.perf_counter()
-        out = fn(*inputs)
-        result.first_call_s = time.perf_counter() - start
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            fn = make_backend(result.backend, model, args.kiln_mode)
+            start = time.perf_counter()
+            out = fn(*inputs)
+            result.first_call_s = time.perf_counter() - start
     except Exception as exc:  # noqa: BLE001 - a failing backend is a result, not a crash
         result.fail("compile", exc)
         return
+    finally:
+        result.warnings = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught
+                                             if not issubclass(w.category, _NOISE_WARNINGS)))
     try:
         result.max_abs_err, result.max_rel_err = compare(out, ref)
         if not result.max_rel_err <= args.tol:  # also catches nan
@@ -344,13 +354,17 @@ def geomean(values: Sequence[float]) -> float | None:
 
 
 def geomeans(records: list[dict[str, Any]], backends: Sequence[str]) -> dict[str, float | None]:
-    """Per backend, the geomean of its speedups over the models where it ran without error."""
+    """Per backend, the geomean of its speedups over the models where it ran correctly (status ``ok``)."""
     return {b: geomean([rec["backends"][b]["speedup"] for rec in records
-                        if b in rec["backends"] and rec["backends"][b]["speedup"] is not None]) for b in backends}
+                        if b in rec["backends"] and rec["backends"][b]["status"] == "ok"]) for b in backends}
 
 
-def _fmt(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
+def _fmt(value: float | None, spec: str, suffix: str = "") -> str:
+    return "-" if value is None else format(value, spec) + suffix
+
+
+def _clip(text: str, width: int = 70) -> str:
+    return text if len(text) <= width else text[:width - 3] + "..."
 
 
 def format_table(records: list[dict[str, Any]], backends: Sequence[str]) -> str:
@@ -359,16 +373,17 @@ def format_table(records: list[dict[str, Any]], backends: Sequence[str]) -> str:
     rows = []
     for rec in records:
         if rec["error"]:
-            rows.append([rec["model"], "-", "-", "-", "-", "-", "-", f"ERROR {rec['error']}"])
+            rows.append([rec["model"], "-", "-", "-", "-", "-", "-", _clip(f"ERROR ({rec['error']})")])
             continue
         for backend, r in rec["backends"].items():
-            status = r["status"] + (f" ({r['error']})" if r["error"] else "")
+            status = r["status"] + (f" [{len(r['warnings'])} warning(s)]" if r["warnings"] else "")
+            status = _clip(status + (f" ({r['error']})" if r["error"] else ""))
             compile_s = None if backend == "eager" else r["first_call_s"]
-            rows.append([rec["model"], backend, _fmt(r["median_ms"], ".3f"), _fmt(r["speedup"], ".2f") + "x",
+            rows.append([rec["model"], backend, _fmt(r["median_ms"], ".3f"), _fmt(r["speedup"], ".2f", "x"),
                          _fmt(compile_s, ".2f"), _fmt(r["max_abs_err"], ".2e"), _fmt(r["max_rel_err"], ".2e"),
                          status])
     for backend, value in geomeans(records, backends).items():
-        rows.append(["geomean", backend, "", _fmt(value, ".2f") + "x", "", "", "", ""])
+        rows.append(["geomean", backend, "", _fmt(value, ".2f", "x"), "", "", "", ""])
     widths = [max(len(str(row[i])) for row in [header, *rows]) for i in range(len(header))]
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(row, widths)) + " |" for row in [header, *rows]]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")

@@ -177,13 +177,13 @@ class KernelWriter:
 
     def _acc_body(self, phase: ReduceLoop, row: ExprPrinter, indent: str, lane: str) -> None:
         body = row.child(self.lines, indent)
+        for s in phase.stores:  # row-scratch writes first: reads later in this iteration see them
+            self.lines.append(f"{indent}{s.buf}[{body.index(s.index)}] = {body.expr(s.value)};")
         for a in phase.accs:
             v = body.expr(a.value)
             if a.dtype != a.value.dtype:
                 v = f"static_cast<{ctype(a.dtype)}>({v})"
             self.lines.append(f"{indent}{a.name}_l{lane} = {_combine(a.kind, a.name + '_l' + lane, v, a.dtype)};")
-        for s in phase.stores:
-            self.lines.append(f"{indent}{s.buf}[{body.index(s.index)}] = {body.expr(s.value)};")
 
     def _scalar_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
         for a in phase.accs:

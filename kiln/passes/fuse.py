@@ -79,22 +79,21 @@ def distinct_users(graph: Graph) -> dict[Node, list[Node]]:
 def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
     """(realized nodes, alias nodes).  Alias nodes are view chains passed to externs without a copy."""
     users = distinct_users(graph)
-    realized: set[Node] = set(graph.outputs)
+    realized: set[Node] = {o for o in graph.outputs if o.op not in VIEW}
     aliases: set[Node] = set()
     for n in graph.nodes:
         if n.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n.op in REDUCTION:
             realized.add(n)
         if n.op is Op.EXTERN:
             for i in n.inputs:
+                # an extern reads a view of a computed tensor without a copy: realize the computed tensor
+                # (so it can fuse with its producers) and hand the view to the library at run time
                 base = i
                 while base.op in VIEW and base not in realized:
                     base = base.inputs[0]
-                if base is not i and (base.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or base.op in REDUCTION
-                                      or base in realized or base.op not in INLINABLE):
+                if base is not i:
                     aliases.add(i)
-                    realized.add(base)
-                else:
-                    realized.add(i)
+                realized.add(base)
     cost: dict[Node, int] = {}
     for n in graph.nodes:
         if n in realized or n.op not in INLINABLE:
@@ -105,7 +104,16 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
         if len(users[n]) > 1 and cost[n] > RECOMPUTE_LIMIT and n.op not in (Op.FULL, Op.IOTA):
             realized.add(n)
             cost[n] = 0
-    aliases -= set(graph.outputs)
+    for o in graph.outputs:
+        # an output that is a view of an extern's fresh result is returned as that view, not copied
+        base = o
+        while base.op in VIEW:
+            base = base.inputs[0]
+        if o in aliases or (base is not o and base.op is Op.EXTERN):
+            aliases.add(o)
+            realized.add(base)
+        else:
+            realized.add(o)
     return realized - aliases, aliases
 
 

@@ -208,6 +208,7 @@ class KernelBuilder:
         phases: list[Any] = []
         defined_at: dict[str, int] = {}
         full_stores: list[Store] = []
+        scratch_stores: list[Store] = []
         counter = 0
         for m in self.group.members:
             self.current = m
@@ -244,9 +245,10 @@ class KernelBuilder:
                 value = self.value(m, self.full_index)
                 full_stores.append(Store(self.buffer_of[m], linearize(self.full_index, contiguous_strides(m.shape)),
                                          value))
-                full_stores.extend(self.pending)
+                scratch_stores.extend(self.pending)
         if full_stores:
-            phases.append(FullLoop(full_stores))
+            # scratch writes go first in the loop body: a later read in the same iteration sees them
+            phases.append(FullLoop(scratch_stores + full_stores))
         outer = tuple(v.size for v in self.outer_vars)
         scratch = {name: n.dtype for n, name in self.scratch.items()}
         return Kernel(self.name, outer, self.rsize, phases, list(self.group.members), "; ".join(self.group.reason),

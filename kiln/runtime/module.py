@@ -189,7 +189,7 @@ class CompiledGraph:
         self.input_slots = [(k, self.slot_of[plan.buffer_of[n]], n) for k, n in enumerate(self.graph.inputs)
                             if n in plan.buffer_of]
         self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in dict.fromkeys(self.graph.outputs)
-                             if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN)]
+                             if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) and n in plan.buffer_of]
         self._pools: list[list[torch.Tensor]] = [[] for _ in self.output_slots]
 
     # ------------------------------------------------------------------ run
@@ -256,7 +256,7 @@ class CompiledGraph:
     def _output(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n.op is Op.CONSTANT:
             return env[n].clone()
-        return env[n]
+        return self._value(n, env)
 
 
 def build_module(graph: Graph, report: CompileReport) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:

@@ -1,0 +1,85 @@
+"""Fusion guards: the kernels that matter stay one kernel each (a regression fails here, not in a benchmark)."""
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.ir.ops import Op
+from kiln.report import mark, reports_since
+
+
+def compile_and_check(fn, *inputs, rtol=1.3e-5, atol=1.5e-5):
+    position = mark()
+    with torch.inference_mode():
+        expected = fn(*inputs)
+        got = kiln.compile(fn, fallback=False)(*inputs)
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
+    reports = reports_since(position)
+    assert len(reports) == 1, "expected one graph (no graph break)"
+    return reports[0]
+
+
+def test_softmax_is_one_kernel():
+    r = compile_and_check(lambda x: torch.softmax(x * 2.0, dim=-1), torch.randn(32, 100))
+    assert len(r.kernels) == 1 and not r.externs
+
+
+def test_log_softmax_is_one_kernel():
+    r = compile_and_check(lambda x: torch.log_softmax(x, dim=1), torch.randn(16, 77))
+    assert len(r.kernels) == 1
+
+
+def test_layer_norm_is_one_kernel():
+    ln = nn.LayerNorm(96).eval()
+    with torch.no_grad():
+        ln.weight.uniform_(0.5, 1.5)
+        ln.bias.uniform_(-0.5, 0.5)
+    r = compile_and_check(ln, torch.randn(4, 10, 96))
+    assert len(r.kernels) == 1
+
+
+def test_mean_variance_normalisation_is_one_kernel():
+    def rms(a, b):
+        x = torch.sigmoid(a) * torch.tanh(b) + torch.nn.functional.silu(a - b)
+        x = x - x.mean(-1, keepdim=True)
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6)
+    r = compile_and_check(rms, torch.randn(24, 130), torch.randn(24, 130))
+    assert len(r.kernels) == 1
+    assert r.kernels[0].scratch, "the shared prologue should be kept in a row scratch, not recomputed"
+
+
+def test_conv_bn_relu_is_conv_plus_one_kernel():
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).eval()
+    with torch.no_grad():
+        bn = model[1]
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 2)
+        bn.bias.uniform_(-1, 1)
+    r = compile_and_check(model, torch.randn(2, 3, 12, 12), rtol=1e-4, atol=1e-5)
+    assert r.externs == ["convolution"]
+    assert len(r.kernels) <= 1
+    assert not any(n.op is Op.EXTERN and "batch_norm" in str(n.attr("target")) for n in r.optimized.nodes)
+
+
+def test_linear_gelu_epilogue_single_kernel():
+    model = nn.Sequential(nn.Linear(16, 32), nn.GELU()).eval()
+    r = compile_and_check(model, torch.randn(8, 16), rtol=1e-4, atol=1e-5)
+    assert r.externs == ["addmm"]
+    assert len(r.kernels) == 1
+
+
+def test_elementwise_chain_one_kernel_with_broadcast():
+    r = compile_and_check(lambda x, b: torch.relu(x * 2 + b).exp() - 1, torch.randn(8, 33), torch.randn(33))
+    assert len(r.kernels) == 1
+
+
+@pytest.mark.parametrize("shape,dim", [((6, 40), 0), ((3, 5, 7), (0, 2)), ((4, 9), None)])
+def test_reductions_over_any_axes(shape, dim):
+    fn = (lambda x: x.sum() + x.amax()) if dim is None else (lambda x: x.sum(dim) * 2 + x.amax(dim))
+    compile_and_check(fn, torch.randn(*shape), rtol=1e-5, atol=1e-5)
+
+
+def test_views_are_index_maps_not_copies():
+    r = compile_and_check(lambda x: (x.permute(1, 0).reshape(-1, 4) * 3).sum(-1), torch.randn(8, 6))
+    assert len(r.kernels) == 1
