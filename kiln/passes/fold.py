@@ -1,7 +1,8 @@
 """Constant folding: evaluate nodes whose inputs are all known at compile time.
 
-Weights are CONSTANT nodes (frozen at capture), so anything computed only from weights - a transposed
-weight, BatchNorm's scale and shift - becomes one constant.  Scalar arithmetic on FULL nodes folds to a FULL.
+Weights are CONSTANT nodes (frozen at capture), so anything computed only from weights - BatchNorm's scale
+and shift - becomes one constant.  Views of weights (a transposed linear weight) stay views: they are free,
+and the GEMM library is tuned for the layout the model was written with.  Scalar arithmetic on FULL nodes folds to a FULL.
 A fold that would materialise a tensor larger than its largest constant input (an ``expand`` of a weight,
 say) is skipped: computing it inside a kernel is cheaper than storing it.
 
@@ -18,7 +19,7 @@ import torch
 
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
-from kiln.ir.ops import Op
+from kiln.ir.ops import VIEW, Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 def _is_scalar_broadcast(n: Node) -> bool:
@@ -48,6 +49,8 @@ def fold_constants(graph: Graph, log: RewriteLog | None = None, max_numel: int =
         if n.op is Op.EXTERN and not str(n.attr("target")).startswith("aten."):
             return None
         consts = [i.numel for i in inputs if i.op is Op.CONSTANT]
+        if consts and n.op in VIEW:
+            return None  # a view of a weight costs nothing; materialising it would change the library's layout
         if consts and (n.numel > max(consts) or n.numel > max_numel):
             return None  # e.g. expand of a weight: cheaper to compute in the kernel than to store
         if not consts and n.shape != ():

@@ -16,7 +16,8 @@ import torch
 
 from kiln.frontend.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
-from kiln.ir.ops import Op
+from kiln.ir.interp import eval_node
+from kiln.ir.ops import VIEW, Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 aten = torch.ops.aten
@@ -40,7 +41,16 @@ def _channel_constant(n: Node, out: Node, channel_dim: int) -> torch.Tensor | No
 
 
 def _is_const(n: Node | None) -> bool:
+    """A constant, or a view of one (a transposed weight)."""
+    while n is not None and n.op in VIEW:
+        n = n.inputs[0]
     return n is None or n.op is Op.CONSTANT
+
+
+def _const_value(n: Node) -> torch.Tensor:
+    if n.op is Op.CONSTANT:
+        return n.attr("value").tensor
+    return eval_node(n, [_const_value(n.inputs[0])])
 
 
 def _foldable(e: Node) -> tuple[int, list, dict] | None:
@@ -64,7 +74,7 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
     const = lambda t: b.add(Op.CONSTANT, (), value=ConstRef(t.contiguous()))  # noqa: E731
     c = e.shape[1]
     if packet is aten.convolution:
-        w, bias = args[1].attr("value").tensor, args[2].attr("value").tensor if args[2] is not None else None
+        w, bias = _const_value(args[1]), _const_value(args[2]) if args[2] is not None else None
         bias = torch.zeros(c, dtype=e.dtype) if bias is None else bias
         if scale is not None:
             w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
@@ -79,8 +89,8 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
         bias = torch.zeros(c, dtype=e.dtype)
     else:
         bias_node, x, wt = args
-        bias = bias_node.attr("value").tensor.expand(c)
-    wt = wt.attr("value").tensor
+        bias = _const_value(bias_node).expand(c)
+    wt = _const_value(wt)
     if scale is not None:
         wt = wt * scale.reshape(1, -1)
         bias = bias * scale
