@@ -212,10 +212,7 @@ class KernelWriter:
 def translation_unit(kernels: list[Kernel], segments: list[list[str]], slot_of: dict[str, int],
                      dtype_of: dict[str, torch.dtype], outputs: set[str]) -> str:
     """The whole C++ source for one graph."""
-    try:
-        from kiln.codegen.cpp_prelude import PRELUDE
-    except ImportError:  # pragma: no cover - bootstrap while the prelude is being written
-        PRELUDE = _FALLBACK_PRELUDE
+    from kiln.codegen.cpp_prelude import PRELUDE
     parts = [PRELUDE, HELPERS]
     for k in kernels:
         parts.append(KernelWriter(k, slot_of, dtype_of, outputs).write())
@@ -225,19 +222,3 @@ def translation_unit(kernels: list[Kernel], segments: list[list[str]], slot_of: 
     parts.append('extern "C" void kiln_set_threads(int n) { omp_set_num_threads(n); }')
     return "\n\n".join(parts) + "\n"
 
-
-_FALLBACK_PRELUDE = r"""
-#include <cstdint>
-#include <cmath>
-#include <omp.h>
-static inline float k_exp(float x) { return std::exp(x); }
-static inline float k_expm1(float x) { return std::expm1(x); }
-static inline float k_log(float x) { return std::log(x); }
-static inline float k_log1p(float x) { return std::log1p(x); }
-static inline float k_erf(float x) { return std::erf(x); }
-static inline float k_tanh(float x) { return std::tanh(x); }
-static inline float k_sin(float x) { return std::sin(x); }
-static inline float k_cos(float x) { return std::cos(x); }
-static inline float k_pow(float x, float y) { return std::pow(x, y); }
-static inline float k_sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-"""

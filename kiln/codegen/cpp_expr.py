@@ -34,6 +34,7 @@ _INFIX = {
 
 # small helpers every translation unit carries after the prelude
 HELPERS = r"""
+using namespace kiln_rt;
 template <class T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
 template <class T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
 template <class T> static inline T kiln_remf(T a, T b) {

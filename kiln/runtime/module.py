@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln.codegen.cpp import translation_unit
-from kiln.frontend.extern import call_extern, short_name
+from kiln.frontend.extern import call_extern, short_name, substitute
 from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.kernel import Kernel
@@ -27,6 +27,16 @@ from kiln.runtime import memory
 
 
 RECYCLE_MIN_BYTES = 1 << 16  # below this, malloc serves outputs from its free lists without page faults
+
+
+# library ops whose ``.out`` variant writes into a buffer we provide (so their results live in the arena)
+_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.convolution})
+
+
+def _writes_into_arena(n: Node, graph_outputs: set[Node]) -> bool:
+    target = n.attr("target")
+    return (getattr(target, "overloadpacket", None) in _OUT_VARIANTS and n.attr("out_index") is None
+            and n not in graph_outputs and n.dtype.is_floating_point)
 
 
 def _storage_uses(t: torch.Tensor) -> int:
@@ -158,6 +168,8 @@ class CompiledGraph:
                 for r in reads:
                     last_use[r] = k
             else:
+                if _writes_into_arena(s.node, graph_outputs):
+                    step_index.setdefault(plan.buffer_of[s.node], k)
                 for i in s.node.inputs:
                     base = i
                     while base not in plan.buffer_of:
@@ -247,6 +259,10 @@ class CompiledGraph:
         raise KeyError(f"kiln runtime: no value for {n}")
 
     def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
+        if n in self.static:  # planned: the library writes straight into the arena
+            args, kwargs = substitute(n.attr("template"), [self._value(i, env) for i in n.inputs])
+            n.attr("target").overloadpacket.out(*args, **kwargs, out=self.static[n])
+            return
         out = call_extern(n, [self._value(i, env) for i in n.inputs])
         if not out.is_contiguous():
             out = out.contiguous()

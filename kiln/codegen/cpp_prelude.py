@@ -1,0 +1,469 @@
+"""C++ prelude pasted at the top of every kiln-generated translation unit.
+
+Generated kernels are plain scalar C++ loops (``#pragma omp simd`` on the inner
+loop) that GCC auto-vectorizes.  Calls into libm (``std::exp``, ``std::tanh``,
+``erff``, ...) block that, because without ``-ffast-math`` GCC has no vector
+variants for them.  The prelude therefore provides our own float math:
+
+* every function is ``static inline`` + ``always_inline`` and branch-free
+  (only ``?:`` selects, which GCC if-converts into vector blends), so a loop
+  calling it is vectorized after inlining -- no ``#pragma omp declare simd``
+  is needed (and we avoid it: simd clones cost compile time);
+* bit manipulation goes through ``std::memcpy`` (vectorizes as a plain
+  register reinterpretation);
+* results are robust to the default ``-ffp-contract=fast`` of g++ (FMA
+  contraction): no formula relies on a separate rounding of ``a*b``;
+* special values follow torch / C99 (overflow -> inf, underflow -> 0,
+  NaN propagation, ``log(0) = -inf``, ``log(<0) = NaN``, signed zeros for
+  odd functions, C99 ``pow`` special cases).
+
+Accuracy (float32, measured against torch float64 on dense sweeps, see
+``tests/cpu/test_cpp_prelude.py``): a few ulp, or an absolute error below 1e-7
+where the result is tiny.  ``k_sin``/``k_cos`` do a full-range (Payne-Hanek
+style, table-free) argument reduction in double precision, so they are
+accurate for every finite float input.
+
+Double overloads simply call ``std::`` (double math is rare in generated code
+and those loops are not expected to vectorize).
+
+Public API (namespace ``kiln_rt``), float and double overloads:
+
+  k_exp k_expm1 k_log k_log1p k_tanh k_sigmoid k_erf k_erfc k_sin k_cos
+  k_pow(x, y) k_rsqrt k_gelu_erf k_gelu_tanh k_silu k_relu
+  k_maximum(a, b) k_minimum(a, b)      (templates; NaN if either is NaN)
+
+Compiled with ``g++ -O3 -march=native -fopenmp -shared -fPIC -std=c++17
+-fno-math-errno -fno-trapping-math``.  Only ``<cstdint> <cmath> <cstring>
+<omp.h>`` are included to keep the per-graph compile time low.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS"]
+
+#: Bump whenever the text of PRELUDE changes (it is part of kernel cache keys).
+PRELUDE_VERSION = "1"
+
+#: Names of the public float math functions defined in namespace ``kiln_rt``.
+PRELUDE_FUNCTIONS = (
+    "k_exp", "k_expm1", "k_log", "k_log1p", "k_tanh", "k_sigmoid", "k_erf", "k_erfc",
+    "k_sin", "k_cos", "k_pow", "k_rsqrt", "k_gelu_erf", "k_gelu_tanh", "k_silu",
+    "k_relu", "k_maximum", "k_minimum",
+)
+
+PRELUDE = r"""// ===== kiln runtime prelude v""" + PRELUDE_VERSION + r""" (kiln/codegen/cpp_prelude.py) =====
+#include <cstdint>
+#include <cmath>
+#include <cstring>
+#include <omp.h>
+
+#if defined(__GNUC__)
+#define KILN_INLINE static inline __attribute__((always_inline))
+#else
+#define KILN_INLINE static inline
+#endif
+
+namespace kiln_rt {
+namespace detail {
+
+KILN_INLINE uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, sizeof u); return u; }
+KILN_INLINE float u2f(uint32_t u) { float f; std::memcpy(&f, &u, sizeof f); return f; }
+KILN_INLINE uint64_t d2u(double f) { uint64_t u; std::memcpy(&u, &f, sizeof u); return u; }
+KILN_INLINE double u2d(uint64_t u) { double f; std::memcpy(&f, &u, sizeof f); return f; }
+
+// |r| with the sign of s (r must be >= 0 or NaN).
+KILN_INLINE float with_sign_of(float r, float s) {
+  return u2f(f2u(r) | (f2u(s) & 0x80000000u));
+}
+
+// x*x == hi + lo exactly (x >= 0, x*x finite and not tiny).
+KILN_INLINE void exact_square(float x, float& hi, float& lo) {
+  hi = x * x;
+#if defined(__FMA__) || defined(__FP_FAST_FMAF) || defined(__aarch64__)
+  lo = __builtin_fmaf(x, x, -hi);
+#else  // Dekker split; without FMA hardware nothing can be contracted.
+  const float c = 4097.0f * x;
+  const float xh = c - (c - x);
+  const float xl = x - xh;
+  lo = ((xh * xh - hi) + 2.0f * xh * xl) + xl * xl;
+#endif
+}
+
+constexpr float kLn2Hi = 0.693145751953125f;    // 15 significant bits: k*kLn2Hi is exact
+constexpr float kLn2Lo = 1.428606765330187e-06f;
+constexpr float kLog2e = 1.44269504f;
+constexpr float kRound = 12582912.0f;           // 1.5*2^23: x + kRound rounds x to an integer
+
+// x = n*ln2 + r, |r| <= ln2/2 (plus rounding); requires |x| < 2^21.
+KILN_INLINE float exp_reduce(float x, int32_t& n) {
+  float kf = x * kLog2e + kRound;
+  n = (int32_t)(f2u(kf) - 0x4B400000u);
+  kf = kf - kRound;
+  float r = x - kf * kLn2Hi;     // exact
+  return r - kf * kLn2Lo;
+}
+
+// expm1(r) for |r| <= 0.35 (minimax, ~0.25 ulp).
+KILN_INLINE float expm1_poly(float r) {
+  float q = 0.00138706958f;
+  q = q * r + 0.00836627185f;
+  q = q * r + 0.0416674353f;
+  q = q * r + 0.166665465f;
+  q = q * r + 0.49999997f;
+  return r + (r * r) * q;
+}
+
+KILN_INLINE float pow2i(int32_t e) {  // 2^e for -126 <= e <= 127
+  return u2f((uint32_t)(e + 127) << 23);
+}
+
+// log(1 + f) for f = m - 1, m in [sqrt(1/2), sqrt(2)):
+// with s = f/(2+f), log(1+f) = 2 atanh(s) = f - f^2/2 + s*(f^2/2 + R(s^2)).
+KILN_INLINE float log_core(float f) {
+  const float s = f / (2.0f + f);
+  const float z = s * s;
+  float R = 0.298714697f;
+  R = R * z + 0.399775684f;
+  R = R * z + 0.666667759f;
+  R = R * z;
+  const float hfsq = 0.5f * f * f;
+  return f + (s * (hfsq + R) - hfsq);
+}
+
+// erf(a) for 0 <= a <= 0.875: a + a*P(a^2).
+KILN_INLINE float erf_small(float a) {
+  const float z = a * a;
+  float p = 7.86240707e-05f;
+  p = p * z + -0.000802566996f;
+  p = p * z + 0.00519090937f;
+  p = p * z + -0.0268553607f;
+  p = p * z + 0.112836227f;
+  p = p * z + -0.376126289f;
+  p = p * z + 0.128379166f;
+  return a + a * p;
+}
+
+}  // namespace detail
+
+// ------------------------------------------------------------------ exp family
+KILN_INLINE float k_exp(float x) {
+  float xc = x > 88.8f ? 88.8f : x;          // NaN passes through both clamps
+  xc = xc < -104.0f ? -104.0f : xc;
+  int32_t n;
+  const float r = detail::exp_reduce(xc, n);
+  const float p = 1.0f + detail::expm1_poly(r);
+  const int32_t n1 = n >> 1;                 // two-step scaling: exact for
+  const int32_t n2 = n - n1;                 // overflow and denormal results
+  return p * detail::pow2i(n1) * detail::pow2i(n2);
+}
+
+KILN_INLINE float k_expm1(float x) {
+  float xc = x > 88.8f ? 88.8f : x;
+  xc = xc < -26.0f ? -26.0f : xc;            // expm1(x) == -1.0f below ~-17.4
+  int32_t n;
+  const float r = detail::exp_reduce(xc, n);
+  const float p = detail::expm1_poly(r);
+  // expm1(x) = 2^n*(1+p) - 1 = t*p + (t - 1), with 2^n = t*u, u in {1, 2}
+  const int32_t nt = n > 127 ? 127 : n;
+  const float t = detail::pow2i(nt);
+  const float u = detail::pow2i(n - nt);
+  float y = t * p + (t - 1.0f);
+  y = y * u + (u - 1.0f);
+  return x == 0.0f ? x : y;                  // keep the sign of -0
+}
+
+KILN_INLINE float k_sigmoid(float x) {
+  const float e = k_exp(-std::fabs(x));     // in (0, 1]: no overflow
+  return (x >= 0.0f ? 1.0f : e) / (1.0f + e);
+}
+
+KILN_INLINE float k_silu(float x) {
+  const float e = k_exp(-std::fabs(x));
+  return (x >= 0.0f ? x : x * e) / (1.0f + e);
+}
+
+// ------------------------------------------------------------------ log family
+KILN_INLINE float k_log(float x) {
+  const bool sub = x < 1.17549435e-38f;      // denormal (or <= 0): rescale
+  const float xs = sub ? x * 8388608.0f : x;
+  const int32_t ix = (int32_t)(detail::f2u(xs) - 0x3f3504f3u);
+  const int32_t k = ix >> 23;
+  const float m = detail::u2f(((uint32_t)ix & 0x007fffffu) + 0x3f3504f3u);
+  const float kf = (float)k - (sub ? 23.0f : 0.0f);
+  float r = detail::log_core(m - 1.0f);
+  r = kf * detail::kLn2Hi + (r + kf * detail::kLn2Lo);
+  r = x == 0.0f ? -INFINITY : r;
+  r = x < 0.0f ? NAN : r;
+  r = x == INFINITY ? INFINITY : r;
+  return x != x ? x : r;
+}
+
+KILN_INLINE float k_log1p(float x) {
+  const float u = 1.0f + x;
+  const float c = x - (u - 1.0f);            // rounding error of 1 + x (exact)
+  float r = k_log(u) + c / u;
+  r = x == -1.0f ? -INFINITY : r;
+  r = x == INFINITY ? INFINITY : r;
+  return x == 0.0f ? x : r;                  // also keeps -0
+}
+
+// ------------------------------------------------------------------ tanh
+KILN_INLINE float k_tanh(float x) {
+  const float a = std::fabs(x);
+  const float z = a * a;
+  float p = 0.00215268391f;
+  p = p * z + -0.00819001347f;
+  p = p * z + 0.021706894f;
+  p = p * z + -0.0539481789f;
+  p = p * z + 0.133332208f;
+  p = p * z + -0.333333313f;
+  const float small = a + a * (z * p);
+  const float big = 1.0f - 2.0f / (k_exp(2.0f * a) + 1.0f);
+  return detail::with_sign_of(a < 0.625f ? small : big, x);
+}
+
+// ------------------------------------------------------------------ erf family
+namespace detail {
+// erfc(a) for a >= 0.5 given a^2 = sq_hi + sq_lo:  exp(-a^2) * t * P(t), t = 1/(1+a)
+KILN_INLINE float erfc_big(float a, float sq_hi, float sq_lo) {
+  const float t = 1.0f / (1.0f + a);
+  float p = -1.76908636f;
+  p = p * t + 6.36599112f;
+  p = p * t + -9.14790058f;
+  p = p * t + 6.00098324f;
+  p = p * t + -0.904308796f;
+  p = p * t + -0.700618207f;
+  p = p * t + -0.259392798f;
+  p = p * t + 0.278002024f;
+  p = p * t + 0.564497888f;
+  p = p * t + 0.564180791f;
+  float e = k_exp(-sq_hi);
+  e = e - e * sq_lo;                         // exp(-hi-lo) ~= exp(-hi)*(1-lo)
+  return e * (t * p);
+}
+}  // namespace detail
+
+KILN_INLINE float k_erf(float x) {
+  float a = std::fabs(x);
+  a = a > 12.0f ? 12.0f : a;
+  float hi, lo;
+  detail::exact_square(a, hi, lo);
+  const float r = a < 0.875f ? detail::erf_small(a) : 1.0f - detail::erfc_big(a, hi, lo);
+  return detail::with_sign_of(r, x);
+}
+
+KILN_INLINE float k_erfc(float x) {
+  float a = std::fabs(x);
+  a = a > 12.0f ? 12.0f : a;
+  float hi, lo;
+  detail::exact_square(a, hi, lo);
+  const float s = detail::erf_small(a);
+  const float c = detail::erfc_big(a, hi, lo);
+  const float pos = a < 0.5f ? 1.0f - s : c;
+  const float neg = a < 0.5f ? 1.0f + s : 2.0f - c;
+  return x >= 0.0f ? pos : neg;
+}
+
+// gelu(x) = x * Phi(x), Phi(x) = 0.5*erfc(-x/sqrt(2)); the tail uses exp(-x^2/2)
+// with x^2 split exactly, so gelu is accurate (relative) also for x << 0.
+KILN_INLINE float k_gelu_erf(float x) {
+  float ax = std::fabs(x);
+  ax = ax > 17.0f ? 17.0f : ax;
+  float hi, lo;
+  detail::exact_square(ax, hi, lo);
+  const float a = ax * 0.707106781f;
+  const float s = detail::erf_small(a);
+  const float c = detail::erfc_big(a, 0.5f * hi, 0.5f * lo);
+  const float pos = a < 0.5f ? 0.5f + 0.5f * s : 1.0f - 0.5f * c;
+  const float neg = a < 0.5f ? 0.5f - 0.5f * s : 0.5f * c;
+  return x * (x >= 0.0f ? pos : neg);
+}
+
+// 0.5*x*(1 + tanh(sqrt(2/pi)*(x + 0.044715 x^3))) == x * sigmoid(2*inner)
+KILN_INLINE float k_gelu_tanh(float x) {
+  const float v = x * (1.59576912f + 0.0713548162f * (x * x));
+  const float e = k_exp(-std::fabs(v));
+  return (v >= 0.0f ? x : x * e) / (1.0f + e);
+}
+
+// ------------------------------------------------------------------ sin / cos
+namespace detail {
+// For a >= 0 (or NaN): a = (q + f) * pi/2 with integer q (returned mod 4 in q)
+// and |f| <= 1/2.  a*2/pi mod 4 is computed exactly-enough in double from
+// 24-bit chunks of 2/pi (each product a*chunk is exact), so the reduction is
+// correct for every finite float.  Returns r = f*pi/2 and z = r^2.
+KILN_INLINE float trig_reduce(float a, int32_t& q, float& z) {
+  const double x = a;
+  double t0 = x * 0x1.45f306p-1;
+  double t1 = x * 0x1.b93910p-26;
+  double t2 = x * 0x1.529fc0p-52;
+  double t3 = x * 0x1.3abe88p-75;
+  double t4 = x * 0x1.ea69bap-97;
+  double t5 = x * 0x1.81b6c4p-121;
+  const double t6 = x * 0x1.2b3278p-145;
+  const double t7 = x * 0x1.0e4104p-170;
+  t0 = t0 - 4.0 * std::floor(t0 * 0.25);     // all exact
+  t1 = t1 - 4.0 * std::floor(t1 * 0.25);
+  t2 = t2 - 4.0 * std::floor(t2 * 0.25);
+  t3 = t3 - 4.0 * std::floor(t3 * 0.25);
+  t4 = t4 - 4.0 * std::floor(t4 * 0.25);
+  t5 = t5 - 4.0 * std::floor(t5 * 0.25);
+  double y = t0 + t1;
+  y = y - 4.0 * std::floor(y * 0.25);
+  y = y + (t2 + (t3 + (t4 + (t5 + (t6 + t7)))));
+  const double k = std::floor(y + 0.5);
+  const double rd = (y - k) * 1.5707963267948966;
+  q = (int32_t)k;
+  z = (float)(rd * rd);
+  return (float)rd;
+}
+
+KILN_INLINE float sin_poly(float r, float z) {  // |r| <= pi/4
+  float p = -0.000195179062f;
+  p = p * z + 0.00833218731f;
+  p = p * z + -0.166666552f;
+  return r + r * (z * p);
+}
+
+KILN_INLINE float cos_poly(float z) {
+  float p = -2.88784491e-07f;
+  p = p * z + 2.48220076e-05f;
+  p = p * z + -0.001388898f;
+  p = p * z + 0.0416666679f;
+  return 1.0f + z * (z * p - 0.5f);
+}
+
+KILN_INLINE float trig_quadrant(int32_t q, float s, float c) {
+  const float v = (q & 1) ? c : s;
+  return (q & 2) ? -v : v;
+}
+}  // namespace detail
+
+KILN_INLINE float k_sin(float x) {
+  int32_t q;
+  float z;
+  const float r = detail::trig_reduce(std::fabs(x), q, z);
+  const float v = detail::trig_quadrant(q, detail::sin_poly(r, z), detail::cos_poly(z));
+  return detail::u2f(detail::f2u(v) ^ (detail::f2u(x) & 0x80000000u));
+}
+
+KILN_INLINE float k_cos(float x) {
+  int32_t q;
+  float z;
+  const float r = detail::trig_reduce(std::fabs(x), q, z);
+  return detail::trig_quadrant(q + 1, detail::sin_poly(r, z), detail::cos_poly(z));
+}
+
+// ------------------------------------------------------------------ pow
+namespace detail {
+// log(a) in double, relative error ~1e-12, for a > 0 finite (float input).
+KILN_INLINE double log_d(float a) {
+  const bool sub = a < 1.17549435e-38f;
+  const float as = sub ? a * 8388608.0f : a;
+  const int32_t ix = (int32_t)(f2u(as) - 0x3f3504f3u);
+  const int32_t k = ix >> 23;
+  const double m = (double)u2f(((uint32_t)ix & 0x007fffffu) + 0x3f3504f3u);
+  const double kd = (double)k - (sub ? 23.0 : 0.0);
+  const double f = m - 1.0;
+  const double s = f / (2.0 + f);
+  const double z = s * s;
+  double p = 1.0 / 13.0;
+  p = p * z + 1.0 / 11.0;
+  p = p * z + 1.0 / 9.0;
+  p = p * z + 1.0 / 7.0;
+  p = p * z + 1.0 / 5.0;
+  p = p * z + 1.0 / 3.0;
+  return kd * 0.6931471805599453 + (2.0 * s + 2.0 * s * (z * p));
+}
+
+// exp(t) rounded to float; relative error ~1e-11 before the final rounding.
+KILN_INLINE float exp_d_to_f(double t) {
+  double tc = t > 130.0 ? 130.0 : t;
+  tc = tc < -160.0 ? -160.0 : tc;
+  double kd = tc * 1.4426950408889634 + 6755399441055744.0;  // 1.5*2^52
+  const int64_t n = (int64_t)(d2u(kd) - 0x4338000000000000ull);
+  kd = kd - 6755399441055744.0;
+  const double r = tc - kd * 0.6931471805599453;
+  double p = 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  return (float)(p * u2d((uint64_t)(n + 1023) << 52));
+}
+}  // namespace detail
+
+// std::pow semantics (C99 Annex F special cases), ~1 ulp.
+KILN_INLINE float k_pow(float x, float y) {
+  const float ax = std::fabs(x);
+  float r = detail::exp_d_to_f((double)y * detail::log_d(ax));
+  r = ax == 0.0f ? (y > 0.0f ? 0.0f : INFINITY) : r;
+  r = ax == INFINITY ? (y > 0.0f ? INFINITY : 0.0f) : r;
+  r = (ax == 1.0f && std::fabs(y) == INFINITY) ? 1.0f : r;    // pow(-1, +-inf) = 1
+  r = y != y ? y : r;
+  r = x != x ? x : r;
+  const bool y_int = std::trunc(y) == y;                        // true for +-inf
+  const bool y_odd = y_int && std::trunc(y * 0.5f) * 2.0f != y;
+  r = (x < 0.0f && x > -INFINITY && !y_int) ? NAN : r;
+  const bool neg = (detail::f2u(x) >> 31) != 0u && y_odd;
+  r = neg ? -r : r;
+  r = x == 1.0f ? 1.0f : r;
+  return y == 0.0f ? 1.0f : r;
+}
+
+// ------------------------------------------------------------------ misc
+KILN_INLINE float k_rsqrt(float x) { return 1.0f / std::sqrt(x); }
+
+template <class T>
+KILN_INLINE T k_relu(T x) { return x < T(0) ? T(0) : x; }   // relu(NaN) = NaN
+
+template <class T>
+KILN_INLINE T k_maximum(T a, T b) {
+  T r = a > b ? a : b;
+  r = b != b ? b : r;
+  return a != a ? a : r;
+}
+
+template <class T>
+KILN_INLINE T k_minimum(T a, T b) {
+  T r = a < b ? a : b;
+  r = b != b ? b : r;
+  return a != a ? a : r;
+}
+
+// ------------------------------------------------------------------ double
+// Double math is rare in generated kernels: defer to libm (not vectorized).
+KILN_INLINE double k_exp(double x) { return std::exp(x); }
+KILN_INLINE double k_expm1(double x) { return std::expm1(x); }
+KILN_INLINE double k_log(double x) { return std::log(x); }
+KILN_INLINE double k_log1p(double x) { return std::log1p(x); }
+KILN_INLINE double k_tanh(double x) { return std::tanh(x); }
+KILN_INLINE double k_erf(double x) { return std::erf(x); }
+KILN_INLINE double k_erfc(double x) { return std::erfc(x); }
+KILN_INLINE double k_sin(double x) { return std::sin(x); }
+KILN_INLINE double k_cos(double x) { return std::cos(x); }
+KILN_INLINE double k_pow(double x, double y) { return std::pow(x, y); }
+KILN_INLINE double k_rsqrt(double x) { return 1.0 / std::sqrt(x); }
+KILN_INLINE double k_sigmoid(double x) {
+  const double e = std::exp(-std::fabs(x));
+  return (x >= 0.0 ? 1.0 : e) / (1.0 + e);
+}
+KILN_INLINE double k_silu(double x) {
+  const double e = std::exp(-std::fabs(x));
+  return (x >= 0.0 ? x : x * e) / (1.0 + e);
+}
+KILN_INLINE double k_gelu_erf(double x) { return 0.5 * x * std::erfc(-x * 0.70710678118654752); }
+KILN_INLINE double k_gelu_tanh(double x) {
+  const double v = x * (1.5957691216057308 + 0.071354816272924625 * (x * x));
+  const double e = std::exp(-std::fabs(v));
+  return (v >= 0.0 ? x : x * e) / (1.0 + e);
+}
+
+}  // namespace kiln_rt
+// ===== end of kiln runtime prelude =====
+"""
