@@ -12,6 +12,7 @@ whenever ranges prove them redundant, e.g. for a reshape [B, H*W] -> [B, H, W] -
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterable
 
 
@@ -182,7 +183,24 @@ def floordiv(e: Lin, k: int) -> Lin:
         atom, c = r.terms[0]
         if isinstance(atom, FloorDiv) and c == 1:
             return q + Lin.of(FloorDiv(atom.arg, atom.k * k))
+    split = _split_common_factor(r, k)
+    if split is not None:  # (g*A + B) // k == A // (k/g)  when 0 <= B < g
+        a, _b, g = split
+        return q + floordiv(a, k // g)
     return q + Lin.of(FloorDiv(r, k))
+
+
+def _split_common_factor(r: Lin, k: int) -> tuple[Lin, Lin, int] | None:
+    """Write r = g*A + B with g | k, g > 1 and 0 <= B < g, for the largest such g."""
+    for g in sorted({math.gcd(k, c) for _, c in r.terms}, reverse=True):
+        if g <= 1 or g == k:
+            continue
+        a = _make(r.const // g, {t: c // g for t, c in r.terms if c % g == 0})
+        b = Lin(r.const % g, tuple((t, c) for t, c in r.terms if c % g != 0))
+        lo, hi = b.bounds()
+        if lo >= 0 and hi < g:
+            return a, b, g
+    return None
 
 
 def mod(e: Lin, k: int) -> Lin:
@@ -194,6 +212,10 @@ def mod(e: Lin, k: int) -> Lin:
     lo, hi = r.bounds()
     if lo >= 0 and hi < k:
         return r
+    split = _split_common_factor(r, k)
+    if split is not None:  # (g*A + B) % k == g*(A % (k/g)) + B  when 0 <= B < g
+        a, b, g = split
+        return mod(a, k // g) * g + b
     return Lin.of(Mod(r, k))
 
 
