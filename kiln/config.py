@@ -45,6 +45,8 @@ class Config:
     constant_folding: bool = True
     # Largest constant (in elements) that constant folding may create.
     max_folded_numel: int = 1 << 26
+    # Measure GEMM libraries (MKL via aten.addmm, oneDNN) per linear-layer shape and call the faster one.
+    library_selection: bool = True
     # Fall back to eager (with a warning) when code generation or compilation fails, instead of raising.
     fallback: bool = True
 
@@ -56,6 +58,7 @@ class Config:
         "fusion": ("KILN_FUSION", bool),
         "constant_folding": ("KILN_CONSTANT_FOLDING", bool),
         "fallback": ("KILN_FALLBACK", bool),
+        "library_selection": ("KILN_LIBRARY_SELECTION", bool),
     }
 
     @classmethod

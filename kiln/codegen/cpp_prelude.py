@@ -407,11 +407,11 @@ KILN_INLINE float k_pow(float x, float y) {
   r = (ax == 1.0f && std::fabs(y) == INFINITY) ? 1.0f : r;    // pow(-1, +-inf) = 1
   r = y != y ? y : r;
   r = x != x ? x : r;
-  const bool y_int = std::trunc(y) == y;                        // true for +-inf
-  const bool y_odd = y_int && std::trunc(y * 0.5f) * 2.0f != y;
-  r = (x < 0.0f && x > -INFINITY && !y_int) ? NAN : r;
-  const bool neg = (detail::f2u(x) >> 31) != 0u && y_odd;
-  r = neg ? -r : r;
+  const float yt = std::trunc(y);                               // yt == y also for +-inf
+  const bool y_odd = yt == y && std::trunc(y * 0.5f) * 2.0f != y;
+  r = (x < 0.0f && x > -INFINITY && yt != y) ? NAN : r;
+  // negative base (incl. -0, -inf) with odd integer exponent: flip the sign
+  r = detail::u2f(detail::f2u(r) ^ (detail::f2u(x) & (y_odd ? 0x80000000u : 0u)));
   r = x == 1.0f ? 1.0f : r;
   return y == 0.0f ? 1.0f : r;
 }

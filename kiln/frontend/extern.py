@@ -39,8 +39,11 @@ def call_extern(node: Any, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
 
 def short_name(target: Any) -> str:
     """``aten.convolution.default`` -> ``convolution``, for kernel names and reports."""
-    name = getattr(target, "__name__", None) or str(target)
-    return name.split(".")[0]
+    name = (getattr(target, "__name__", None) or str(target)).split(".")[0]
+    return _FRIENDLY.get(name, name)
+
+
+_FRIENDLY = {"_linear_pointwise": "onednn_linear", "_convolution_pointwise": "onednn_convolution"}
 
 
 def build_extern(b: Any, target: Any, args: Sequence[Any], kwargs: dict[str, Any], shape: Sequence[int],

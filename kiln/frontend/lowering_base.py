@@ -14,7 +14,7 @@ import torch.fx
 
 from kiln.frontend.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
-from kiln.ir.ops import Op, broadcast_shapes
+from kiln.ir.ops import Op, broadcast_shapes, numel, reduced_shape
 
 # dtypes the generated kernels compute in; anything else runs as an EXTERN ATen call
 KERNEL_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
@@ -107,7 +107,26 @@ class Lowerer:
 
     def reduce(self, op: Op, x: Node, axes: Sequence[int], keepdim: bool, dtype: torch.dtype | None = None) -> Node:
         axes = tuple(sorted({norm_dim(a, len(x.shape)) for a in axes})) if x.shape else ()
+        if x.numel == 0:
+            # Nothing to reduce: the result is the reduction's identity (no kernel loops over zero elements).
+            shape = reduced_shape(x.shape, axes, keepdim)
+            out_dtype = dtype or (torch.int64 if op in (Op.ARGMAX, Op.ARGMIN) else x.dtype)
+            if numel(shape) == 0:
+                return self.full(0, shape, out_dtype)
+            if op is Op.SUM:
+                return self.full(0, shape, out_dtype)
+            if op is Op.PROD:
+                return self.full(1, shape, out_dtype)
+            raise Unsupported(f"{op.value} over zero elements")
         return self.b.add(op, (x,), axes=axes, keepdim=keepdim, dtype=dtype)
+
+    def wrap_index(self, index: Node, size: int) -> Node:
+        """An int64 index tensor with negative entries wrapped (``i < 0 ? i + size : i``), as ATen indexing does.
+
+        Out-of-range entries are not checked here: eager raises for them, so no valid program has them."""
+        index = self.cast(index, torch.int64)
+        neg = self.binary(Op.LT, index, 0, torch.int64)
+        return self.b.add(Op.WHERE, (neg, self.binary(Op.ADD, index, size, torch.int64), index))
 
     # ---------------------------------------------------------------- externs
     def extern(self, fx_node: torch.fx.Node, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:

@@ -1,0 +1,92 @@
+"""Pick the GEMM library per linear layer, by measurement.
+
+On CPUs the library, not the compiler, decides GEMM-heavy models (see shared/ANCHORS.md: on the AMD CPUs we
+run on, oneDNN's fp32 GEMM is about 2x MKL's, which is what ``aten.addmm`` calls).  For each
+``addmm(b, x, W.t())`` / ``mm(x, W.t())`` with a frozen weight, both candidates run a few times on random
+inputs of the real shape and the faster one is kept; the choice is memoised per shape and thread count.
+
+Before::                                                     After (when oneDNN measured faster)::
+
+    %3 = permute(%w, dims=(1, 0)) : f32[1024, 4096]              %4 = extern(%x, %w, %b,
+    %4 = extern(%b, %x, %3, target=aten.addmm.default)                 target=mkldnn._linear_pointwise.default)
+"""
+from __future__ import annotations
+
+import time
+
+import torch
+
+from kiln.frontend.extern import build_extern, extern_args
+from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.ir.ops import Op
+from kiln.passes.rewrite import RewriteLog, rewrite
+
+aten = torch.ops.aten
+_choices: dict[tuple[int, int, int, int], str] = {}
+MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the library
+
+
+def onednn_available() -> bool:
+    return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+
+
+def _best_of(fn, reps: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def choose(m: int, k: int, n: int) -> str:
+    """'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape."""
+    key = (m, k, n, torch.get_num_threads())
+    if key not in _choices:
+        gen = torch.Generator().manual_seed(0)
+        x = torch.randn(m, k, generator=gen)
+        w = torch.randn(n, k, generator=gen)
+        b = torch.randn(n, generator=gen)
+        with torch.inference_mode():
+            t_aten = _best_of(lambda: torch.addmm(b, x, w.t()))
+            t_onednn = _best_of(lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""))
+        _choices[key] = "onednn" if t_onednn < 0.95 * t_aten else "aten"
+    return _choices[key]
+
+
+def _weight(n: Node) -> Node | None:
+    """The [N, K] constant whose transpose ``n`` is."""
+    if n.op is Op.PERMUTE and n.attr("dims") == (1, 0) and n.inputs[0].op is Op.CONSTANT:
+        return n.inputs[0]
+    return None
+
+
+def select_gemm(graph: Graph, log: RewriteLog | None = None) -> Graph:
+    if not onednn_available():
+        return graph
+
+    def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
+        if node.op is not Op.EXTERN or node.dtype != torch.float32 or node.attr("out_index") is not None:
+            return None
+        packet = getattr(node.attr("target"), "overloadpacket", None)
+        if packet not in (aten.addmm, aten.mm):
+            return None
+        new = Node(node.op, inputs, node.attrs, node.shape, node.dtype)  # args with rewritten inputs
+        args, kwargs = extern_args(new)
+        if kwargs:
+            return None
+        bias, x, wt = (args if packet is aten.addmm else [None, *args])
+        w = _weight(wt)
+        if w is None or len(x.shape) != 2 or (bias is not None and bias.shape != (node.shape[1],)):
+            return None
+        m, k = x.shape
+        n = node.shape[1]
+        if 2 * m * k * n < MIN_FLOPS or choose(m, k, n) != "onednn":
+            return None
+        if log:
+            log.hit(f"{packet.__name__} -> oneDNN linear")
+        return build_extern(b, torch.ops.mkldnn._linear_pointwise.default, [x, w, bias, "none", [], ""], {},
+                            node.shape, node.dtype)
+
+    return rewrite(graph, rule)

@@ -1,0 +1,30 @@
+"""GEMM library selection: either library gives eager's results; the measured choice is memoised."""
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.passes import select_gemm
+from kiln.report import mark, reports_since
+
+pytestmark = pytest.mark.skipif(not select_gemm.onednn_available(), reason="oneDNN not built into torch")
+
+
+@pytest.mark.parametrize("choice,extern", [("onednn", "onednn_linear"), ("aten", "addmm")])
+def test_linear_runs_with_either_library(monkeypatch, choice, extern):
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: choice)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128, bias=False)).eval()
+    x = torch.randn(64, 256)
+    position = mark()
+    with torch.inference_mode():
+        torch.testing.assert_close(kiln.compile(model, fallback=False)(x), model(x), rtol=1e-4, atol=1e-5)
+    externs = reports_since(position)[-1].externs
+    assert externs.count(extern) == 2, externs
+
+
+def test_choice_is_measured_once_per_shape(monkeypatch):
+    select_gemm._choices.clear()
+    first = select_gemm.choose(32, 64, 48)
+    assert first in ("onednn", "aten")
+    monkeypatch.setattr(select_gemm, "_best_of", lambda fn, reps=3: pytest.fail("measured twice"))
+    assert select_gemm.choose(32, 64, 48) == first
