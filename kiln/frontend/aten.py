@@ -21,9 +21,24 @@ LOWERINGS: dict[Any, Callable[..., Any]] = {}
 
 
 def register(*packets: Any) -> Callable:
+    """Register ``fn`` as the lowering of ``packets``.  Results with zero elements become FULL nodes: they have
+    no values to compute, and kernels never loop over empty index spaces."""
     def deco(fn: Callable) -> Callable:
+        def lower(L: Lowerer, n: Any, *args: Any, **kwargs: Any) -> Any:
+            val = meta_val(n)
+            vals = list(val) if isinstance(val, (list, tuple)) else [val]
+            if vals and all(isinstance(v, torch.Tensor) and v.numel() == 0 for v in vals):
+                empties = [L.full(0, tuple(v.shape), v.dtype) for v in vals]
+                return empties[0] if isinstance(val, torch.Tensor) else tuple(empties)
+            out = fn(L, n, *args, **kwargs)
+            if isinstance(val, (list, tuple)) and isinstance(out, (list, tuple)) and len(out) == len(val):
+                out = tuple(L.full(0, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) and v.numel() == 0
+                            and isinstance(o, Node) else o for o, v in zip(out, val))
+            return out
+        lower.__name__ = fn.__name__
+        lower.__wrapped__ = fn  # type: ignore[attr-defined]
         for p in packets:
-            LOWERINGS[p] = fn
+            LOWERINGS[p] = lower
         return fn
     return deco
 
@@ -42,7 +57,7 @@ _UNARY = {
     aten.neg: Op.NEG, aten.abs: Op.ABS, aten.exp: Op.EXP, aten.expm1: Op.EXPM1, aten.log: Op.LOG,
     aten.log1p: Op.LOG1P, aten.sqrt: Op.SQRT, aten.rsqrt: Op.RSQRT, aten.reciprocal: Op.RECIPROCAL,
     aten.erf: Op.ERF, aten.tanh: Op.TANH, aten.sigmoid: Op.SIGMOID, aten.relu: Op.RELU, aten.sin: Op.SIN,
-    aten.cos: Op.COS, aten.floor: Op.FLOOR, aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC, aten.sign: Op.SIGN,
+    aten.cos: Op.COS, aten.floor: Op.FLOOR, aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC,
     aten.bitwise_not: Op.BITWISE_NOT,
 }
 
@@ -54,7 +69,7 @@ def _unary(op: Op) -> Callable:
             return x
         if op is Op.BITWISE_NOT and dtype == torch.bool:
             return L.elementwise(Op.LOGICAL_NOT, (x,), torch.bool)
-        if op is Op.SIGN and dtype == torch.bool:
+        if op is Op.ABS and dtype == torch.bool:
             return x
         return L.elementwise(op, (x,), dtype)
     return lower
@@ -66,9 +81,116 @@ for _packet, _op in _UNARY.items():
 
 @register(aten.round)
 def _round(L: Lowerer, n: Any, x: Node, decimals: int = 0) -> Node:
-    if decimals:
-        raise Unsupported("round with decimals")
-    return x if not out_dtype(n).is_floating_point else L.elementwise(Op.ROUND, (x,), out_dtype(n))
+    dtype = out_dtype(n)
+    if not dtype.is_floating_point:
+        if decimals:
+            raise Unsupported("round of integers with decimals")
+        return x
+    if not decimals:
+        return L.elementwise(Op.ROUND, (x,), dtype)
+    # ATen: nearbyint(x * 10^d) / 10^d, or nearbyint(x / 10^-d) * 10^-d for d < 0, in the tensor's dtype
+    ten_pow = float(10.0 ** abs(decimals))
+    if decimals > 0:
+        return L.binary(Op.DIV, L.b.add(Op.ROUND, (L.binary(Op.MUL, x, ten_pow, dtype),)), ten_pow, dtype)
+    return L.binary(Op.MUL, L.b.add(Op.ROUND, (L.binary(Op.DIV, x, ten_pow, dtype),)), ten_pow, dtype)
+
+
+@register(aten.sign)
+def _sign(L: Lowerer, n: Any, x: Node) -> Node:
+    """ATen's ``(0 < x) - (x < 0)``: NaN gives 0 (the SIGN op's NaN behaviour differs between back ends)."""
+    dtype = out_dtype(n)
+    if dtype == torch.bool:
+        return x
+    pos = L.cast(L.binary(Op.GT, x, 0, x.dtype), dtype)
+    neg = L.cast(L.binary(Op.LT, x, 0, x.dtype), dtype)
+    return L.b.add(Op.SUB, (pos, neg))
+
+
+@register(aten.isinf)
+def _isinf(L: Lowerer, n: Any, x: Node) -> Node:
+    if not x.dtype.is_floating_point:
+        return L.full(False, x.shape, torch.bool)
+    return L.binary(Op.EQ, L.b.add(Op.ABS, (x,)), math.inf, x.dtype)
+
+
+def _float_unary(L: Lowerer, n: Any, x: Node) -> tuple[Node, torch.dtype]:
+    dtype = out_dtype(n)
+    if not dtype.is_floating_point:
+        raise Unsupported(f"{n.target} with a {dtype} result")
+    return L.cast(x, dtype), dtype
+
+
+@register(aten.log2, aten.log10)
+def _log_base(L: Lowerer, n: Any, x: Node) -> Node:
+    x, dtype = _float_unary(L, n, x)
+    base = 2.0 if n.target.overloadpacket is aten.log2 else 10.0
+    return L.binary(Op.MUL, L.b.add(Op.LOG, (x,)), 1.0 / math.log(base), dtype)
+
+
+@register(aten.exp2)
+def _exp2(L: Lowerer, n: Any, x: Node) -> Node:
+    x, dtype = _float_unary(L, n, x)
+    return L.binary(Op.POW, 2.0, x, dtype)
+
+
+@register(aten.tan)
+def _tan(L: Lowerer, n: Any, x: Node) -> Node:
+    x, dtype = _float_unary(L, n, x)
+    return L.b.add(Op.DIV, (L.b.add(Op.SIN, (x,)), L.b.add(Op.COS, (x,))))
+
+
+def _odd(L: Lowerer, x: Node, magnitude: Node, dtype: torch.dtype) -> Node:
+    """``magnitude`` (a function of |x|) with the sign of x; NaN stays NaN."""
+    return L.b.add(Op.WHERE, (L.binary(Op.LT, x, 0, dtype), L.b.add(Op.NEG, (magnitude,)), magnitude))
+
+
+@register(aten.sinh, aten.cosh)
+def _sinh_cosh(L: Lowerer, n: Any, x: Node) -> Node:
+    """sinh |x| = (expm1(|x|) - expm1(-|x|)) / 2 (no cancellation near 0), cosh = (e^|x| + e^-|x|) / 2;
+    for |x| >= 20 both are (e/2) * e with e = exp(|x|/2), which stays finite up to the true overflow."""
+    x, dtype = _float_unary(L, n, x)
+    ax = L.b.add(Op.ABS, (x,))
+    nax = L.b.add(Op.NEG, (ax,))
+    e = L.b.add(Op.EXP, (L.binary(Op.MUL, ax, 0.5, dtype),))
+    big = L.b.add(Op.MUL, (L.binary(Op.MUL, e, 0.5, dtype), e))
+    if n.target.overloadpacket is aten.sinh:
+        small = L.binary(Op.MUL, L.b.add(Op.SUB, (L.b.add(Op.EXPM1, (ax,)), L.b.add(Op.EXPM1, (nax,)))), 0.5, dtype)
+    else:
+        small = L.binary(Op.MUL, L.b.add(Op.ADD, (L.b.add(Op.EXP, (ax,)), L.b.add(Op.EXP, (nax,)))), 0.5, dtype)
+    mag = L.b.add(Op.WHERE, (L.binary(Op.LT, ax, 20.0, dtype), small, big))
+    return _odd(L, x, mag, dtype) if n.target.overloadpacket is aten.sinh else mag
+
+
+@register(aten.asinh)
+def _asinh(L: Lowerer, n: Any, x: Node) -> Node:
+    """asinh |x| = log1p(|x| + x^2 / (1 + sqrt(x^2 + 1))); log(|x|) + log 2 beyond 1e4 (where x^2 may overflow)."""
+    x, dtype = _float_unary(L, n, x)
+    ax = L.b.add(Op.ABS, (x,))
+    sq = L.b.add(Op.MUL, (ax, ax))
+    root = L.binary(Op.ADD, L.b.add(Op.SQRT, (L.binary(Op.ADD, sq, 1.0, dtype),)), 1.0, dtype)
+    small = L.b.add(Op.LOG1P, (L.b.add(Op.ADD, (ax, L.b.add(Op.DIV, (sq, root)))),))
+    big = L.binary(Op.ADD, L.b.add(Op.LOG, (ax,)), math.log(2.0), dtype)
+    mag = L.b.add(Op.WHERE, (L.binary(Op.GT, ax, 1e4, dtype), big, small))
+    return _odd(L, x, mag, dtype)
+
+
+@register(aten.acosh)
+def _acosh(L: Lowerer, n: Any, x: Node) -> Node:
+    """acosh x = log1p((x - 1) + sqrt((x - 1)(x + 1))); log(x) + log 2 beyond 1e4.  x < 1 gives NaN (sqrt)."""
+    x, dtype = _float_unary(L, n, x)
+    xm1 = L.binary(Op.SUB, x, 1.0, dtype)
+    root = L.b.add(Op.SQRT, (L.b.add(Op.MUL, (xm1, L.binary(Op.ADD, x, 1.0, dtype))),))
+    small = L.b.add(Op.LOG1P, (L.b.add(Op.ADD, (xm1, root)),))
+    big = L.binary(Op.ADD, L.b.add(Op.LOG, (x,)), math.log(2.0), dtype)
+    return L.b.add(Op.WHERE, (L.binary(Op.GT, x, 1e4, dtype), big, small))
+
+
+@register(aten.atanh)
+def _atanh(L: Lowerer, n: Any, x: Node) -> Node:
+    """atanh x = (log1p(x) - log1p(-x)) / 2: exact near 0, +-inf at +-1, NaN beyond."""
+    x, dtype = _float_unary(L, n, x)
+    diff = L.b.add(Op.SUB, (L.b.add(Op.LOG1P, (x,)), L.b.add(Op.LOG1P, (L.b.add(Op.NEG, (x,)),))))
+    return L.binary(Op.MUL, diff, 0.5, dtype)
 
 
 @register(aten.isnan)
@@ -271,6 +393,10 @@ def _identity(L: Lowerer, n: Any, x: Node, *args: Any, **kwargs: Any) -> Node:
 def _dims(x: Node, dim: Any) -> tuple[int, ...]:
     if dim is None or dim == [] or dim == ():
         return tuple(range(len(x.shape)))
+    if not x.shape:  # a 0-d tensor accepts dim 0 / -1 and has nothing to reduce over
+        for d in ([dim] if isinstance(dim, int) else dim):
+            norm_dim(d, 0)
+        return ()
     if isinstance(dim, int):
         dim = [dim]
     return tuple(norm_dim(d, len(x.shape)) for d in dim)

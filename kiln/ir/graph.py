@@ -75,8 +75,8 @@ def _hashable(v: Any) -> Any:
         return tuple(_hashable(x) for x in v)
     if isinstance(v, dict):
         return tuple(sorted((k, _hashable(x)) for k, x in v.items()))
-    if isinstance(v, float) and v != v:
-        return "nan"
+    if isinstance(v, float) and (v != v or v == 0):
+        return repr(v)  # "nan" equals itself; 0.0 and -0.0 are different values
     try:
         hash(v)
         return v

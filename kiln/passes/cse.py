@@ -8,9 +8,16 @@ Before::                                  After::
 """
 from __future__ import annotations
 
+import torch
+
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, copy_with_inputs
+
+
+def is_random(n: Node) -> bool:
+    """An EXTERN whose every call gives new values (rand_like, dropout, ...): never merged or folded."""
+    return n.op is Op.EXTERN and torch.Tag.nondeterministic_seeded in getattr(n.attr("target"), "tags", ())
 
 
 def cse(graph: Graph, log: RewriteLog | None = None) -> Graph:
@@ -19,7 +26,7 @@ def cse(graph: Graph, log: RewriteLog | None = None) -> Graph:
     seen: dict[tuple, Node] = {}
     for n in graph.nodes:
         new = copy_with_inputs(n, tuple(mapping[i] for i in n.inputs), b)
-        if n.op is Op.INPUT:
+        if n.op is Op.INPUT or is_random(n):
             mapping[n] = new
             continue
         key = new.key()

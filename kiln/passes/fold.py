@@ -20,6 +20,7 @@ import torch
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import VIEW, Op
+from kiln.passes.cse import is_random
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 def _is_scalar_broadcast(n: Node) -> bool:
@@ -46,7 +47,7 @@ def fold_constants(graph: Graph, log: RewriteLog | None = None, max_numel: int =
             return None
         if not all(_known(i) for i in inputs):
             return None
-        if n.op is Op.EXTERN and not str(n.attr("target")).startswith("aten."):
+        if n.op is Op.EXTERN and (not str(n.attr("target")).startswith("aten.") or is_random(n)):
             return None
         consts = [i.numel for i in inputs if i.op is Op.CONSTANT]
         if consts and n.op in VIEW:

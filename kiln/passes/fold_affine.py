@@ -30,8 +30,8 @@ def _channel_constant(n: Node, out: Node, channel_dim: int) -> torch.Tensor | No
     src = n.inputs[0] if n.op is Op.EXPAND else n
     if src.op is Op.FULL:
         value = torch.full(src.shape, src.attr("value"), dtype=out.dtype)
-    elif src.op is Op.CONSTANT:
-        value = src.attr("value").tensor
+    elif _is_const(src):   # a constant or a view of one (BatchNorm's reshape(scale, [C, 1, 1]))
+        value = _const_value(src)
     else:
         return None
     aligned = [1] * (len(out.shape) - len(src.shape)) + list(src.shape)
@@ -61,7 +61,8 @@ def _foldable(e: Node) -> tuple[int, list, dict] | None:
     args, kwargs = extern_args(e)
     if packet is aten.convolution and not args[6] and _is_const(args[1]) and _is_const(args[2]):
         return 1, args, kwargs
-    if packet is aten.addmm and not kwargs and len(args) == 3 and _is_const(args[0]) and _is_const(args[2]):
+    if packet is aten.addmm and not kwargs and len(args) == 3 and _is_const(args[0]) and _is_const(args[2]) \
+            and all(s == 1 for s in args[0].shape[:-1]):  # the bias must be the same for every row
         return 1, args, kwargs
     if packet is aten.mm and _is_const(args[1]):
         return 1, args, kwargs
@@ -89,7 +90,7 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
         bias = torch.zeros(c, dtype=e.dtype)
     else:
         bias_node, x, wt = args
-        bias = _const_value(bias_node).expand(c)
+        bias = _const_value(bias_node).reshape(-1).expand(c)
     wt = _const_value(wt)
     if scale is not None:
         wt = wt * scale.reshape(1, -1)
@@ -101,6 +102,8 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
 
 def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
     users = graph.users()
+    for o in graph.outputs:
+        users[o].append(o)  # a graph output is a use: folding into it would compute the extern twice
 
     def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         if n.op not in (Op.MUL, Op.ADD) or not n.dtype.is_floating_point:

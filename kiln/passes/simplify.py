@@ -63,7 +63,8 @@ def simplify(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if n.op is Op.RESHAPE and x.op is Op.RESHAPE:
             if log:
                 log.hit("reshape chain")
-            return b.add(Op.RESHAPE, (x.inputs[0],), shape=n.shape)
+            src = x.inputs[0]
+            return src if src.shape == n.shape else b.add(Op.RESHAPE, (src,), shape=n.shape)
         if n.op is Op.PERMUTE and x.op is Op.PERMUTE:
             inner, outer = x.attr("dims"), n.attr("dims")
             dims = tuple(inner[d] for d in outer)

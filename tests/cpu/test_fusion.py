@@ -60,6 +60,8 @@ def test_conv_bn_relu_is_conv_plus_one_kernel():
     assert r.externs == ["convolution"]
     assert len(r.kernels) <= 1
     assert not any(n.op is Op.EXTERN and "batch_norm" in str(n.attr("target")) for n in r.optimized.nodes)
+    # BatchNorm is folded into the convolution's weights: no per-channel mul/add survives
+    assert not any(n.op in (Op.MUL, Op.ADD) for n in r.optimized.nodes), str(r.optimized)
 
 
 def test_linear_gelu_epilogue_single_kernel():
