@@ -12,17 +12,24 @@ Before::                                                     After (when oneDNN 
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
+import platform
 import time
+from pathlib import Path
 
 import torch
 
+from kiln import config
 from kiln.frontend.extern import build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 aten = torch.ops.aten
-_choices: dict[tuple[int, int, int, int], str] = {}
+_choices: dict[tuple[int, ...], str] = {}
+_loaded = False
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the library
 
 
@@ -40,8 +47,47 @@ def _best_of(fn, reps: int = 3) -> float:
     return best
 
 
+def _store_path() -> Path:
+    return Path(config.get().cache_dir) / f"gemm_choices-{_machine_key()}.json"
+
+
+def _machine_key() -> str:
+    """Choices hold for one CPU model and torch build."""
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return hashlib.sha256(f"{cpu}|{torch.__version__}".encode()).hexdigest()[:16]
+
+
+def _load() -> None:
+    global _loaded
+    _loaded = True
+    try:
+        for key, value in json.loads(_store_path().read_text()).items():
+            _choices.setdefault(tuple(int(v) for v in key.split(",")), value)
+    except (OSError, ValueError):
+        pass  # no store yet, or a damaged one: measure again
+
+
+def _save() -> None:
+    path = _store_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps({",".join(map(str, k)): v for k, v in _choices.items()}))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+
+
 def choose(m: int, k: int, n: int) -> str:
-    """'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape."""
+    """'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape and machine
+    (kept on disk beside the module cache, so a new process measures nothing)."""
+    if not _loaded:
+        _load()
     key = (m, k, n, torch.get_num_threads())
     if key not in _choices:
         gen = torch.Generator().manual_seed(0)
@@ -52,6 +98,7 @@ def choose(m: int, k: int, n: int) -> str:
             t_aten = _best_of(lambda: torch.addmm(b, x, w.t()))
             t_onednn = _best_of(lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], ""))
         _choices[key] = "onednn" if t_onednn < 0.95 * t_aten else "aten"
+        _save()
     return _choices[key]
 
 
