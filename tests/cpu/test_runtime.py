@@ -1,0 +1,67 @@
+"""Runtime: output recycling never overwrites what the caller holds; the arena reuses memory; input checks."""
+import pytest
+import torch
+
+import kiln
+from kiln.ir.graph import GraphBuilder
+from kiln.ir.ops import Op
+from kiln.report import CompileReport, mark, reports_since
+from kiln.runtime.memory import Interval, plan
+from kiln.runtime.module import CompiledGraph
+
+
+def _f(x):
+    return torch.exp(x) * 2 + 1
+
+
+def test_outputs_held_by_the_caller_are_never_overwritten():
+    fn = kiln.compile(_f)
+    xs = [torch.randn(128, 256) for _ in range(4)]
+    with torch.inference_mode():
+        outs = [fn(x) for x in xs]
+        views = [fn(x)[3] for x in xs]
+        for x, out, view in zip(xs, outs, views):
+            torch.testing.assert_close(out, _f(x))
+            torch.testing.assert_close(view, _f(x)[3])
+
+
+def test_dropped_outputs_are_recycled():
+    fn = kiln.compile(_f)
+    x = torch.randn(128, 256)
+    with torch.inference_mode():
+        fn(x)  # the compiling call: Dynamo may keep its result alive
+        first = fn(x)
+        address = first.data_ptr()
+        del first
+        second = fn(x + 1)
+    assert second.data_ptr() == address
+    torch.testing.assert_close(second, _f(x + 1))
+
+
+def test_arena_reuses_dead_buffers():
+    iv = [Interval("a", 4096, 0, 1), Interval("b", 4096, 1, 2), Interval("c", 4096, 2, 3)]
+    p = plan(iv)
+    assert p.offsets["a"] == p.offsets["c"] != p.offsets["b"]
+    assert p.arena_bytes == 8192 and p.naive_bytes == 12288
+
+
+def test_model_arena_smaller_than_buffers():
+    def deep(x, w):
+        for _ in range(4):
+            x = torch.relu(x @ w) + 1
+        return x
+    position = mark()
+    with torch.inference_mode():
+        kiln.compile(deep)(torch.randn(64, 64), torch.randn(64, 64))
+    memory = reports_since(position)[-1].memory
+    assert memory["arena_bytes"] < memory["naive_bytes"]
+
+
+def test_wrong_input_names_the_expected_type():
+    b = GraphBuilder()
+    x = b.add(Op.INPUT, (), shape=(4,), dtype=torch.float32, index=0)
+    graph = b.finish([b.add(Op.EXP, (x,))])
+    module = CompiledGraph(graph, CompileReport("t"))
+    with pytest.raises(ValueError, match=r"expected torch.float32 of shape \[4\]"):
+        module([torch.randn(5)])
+    torch.testing.assert_close(module([torch.ones(4)])[0], torch.ones(4).exp())
