@@ -19,6 +19,7 @@ from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStor
 from kiln.ir.ops import Op, numel
 
 PARALLEL_MIN_WORK = 1 << 15  # elements below which OpenMP's fork/join costs more than it saves
+MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 
 
 def lanes(dtype: torch.dtype) -> int:
@@ -149,31 +150,69 @@ class KernelWriter:
         if any(a.kind in (Op.ARGMAX, Op.ARGMIN) for a in phase.accs):
             self._scalar_reduce(phase, row, indent)
             return
-        vw = min(lanes(a.value.dtype) for a in phase.accs)
-        rs = self.k.rsize
         for a in phase.accs:
             self.lines.append(f"{indent}{ctype(a.dtype)} {a.name};")
+        if self._split_reduction(phase):
+            self._parallel_reduce(phase, row, indent)
+            return
+        self.lines.append(f"{indent}{{")
+        self._lane_reduce(phase, row, indent + "  ", "0", str(self.k.rsize), "")
+        self.lines.append(f"{indent}}}")
+
+    def _split_reduction(self, phase: ReduceLoop) -> bool:
+        """One row only (a full reduction), long enough to share among threads, nothing else in the kernel.
+
+        [Note: split reduction] Each thread reduces a contiguous chunk into its own slot; the slots are then
+        combined in thread order, so the result does not depend on scheduling (deterministic for a fixed
+        thread count)."""
+        return (not self.k.outer and self.k.rsize >= PARALLEL_MIN_WORK and not phase.stores
+                and all(isinstance(p, (ReduceLoop, RowStore)) for p in self.k.phases)
+                and sum(isinstance(p, ReduceLoop) for p in self.k.phases) == 1)
+
+    def _parallel_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
+        rs = self.k.rsize
+        for a in phase.accs:
+            self.lines.append(f"{indent}{ctype(a.dtype)} {a.name}_part[{MAX_THREADS}];")
+        self.lines.append(f"{indent}int kiln_nt = omp_get_max_threads() < {MAX_THREADS} ? omp_get_max_threads() : "
+                          f"{MAX_THREADS};")
+        self.lines.append(f"{indent}#pragma omp parallel num_threads(kiln_nt)")
         self.lines.append(f"{indent}{{")
         inner = indent + "  "
+        self.lines.append(f"{inner}const int tid = omp_get_thread_num(), nt = omp_get_num_threads();")
+        self.lines.append(f"{inner}const int64_t lo = {rs}LL * tid / nt, hi = {rs}LL * (tid + 1) / nt;")
+        self._lane_reduce(phase, row, inner, "lo", "hi", "_t")
+        for a in phase.accs:
+            self.lines.append(f"{inner}{a.name}_part[tid] = {a.name}_t;")
+        self.lines.append(f"{inner}if (tid == 0) kiln_nt = nt;")
+        self.lines.append(f"{indent}}}")
+        for a in phase.accs:
+            self.lines.append(f"{indent}{a.name} = {a.name}_part[0];")
+            self.lines.append(f"{indent}for (int t = 1; t < kiln_nt; ++t) "
+                              f"{a.name} = {_combine(a.kind, a.name, a.name + '_part[t]', a.dtype)};")
+
+    def _lane_reduce(self, phase: ReduceLoop, row: ExprPrinter, inner: str, lo: str, hi: str, suffix: str) -> None:
+        """Reduce r in [lo, hi) into ``VW`` lanes, then into ``<acc><suffix>``."""
+        vw = min(lanes(a.value.dtype) for a in phase.accs)
         for a in phase.accs:
             self.lines.append(f"{inner}{ctype(a.dtype)} {a.name}_l[{vw}];")
             self.lines.append(f"{inner}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] = {_init(a.kind, a.dtype)};")
-        self.lines.append(f"{inner}int64_t r0 = 0;")
-        self.lines.append(f"{inner}for (; r0 + {vw} <= {rs}; r0 += {vw}) {{")
+        self.lines.append(f"{inner}int64_t r0 = {lo};")
+        self.lines.append(f"{inner}for (; r0 + {vw} <= {hi}; r0 += {vw}) {{")
         self.lines.append(f"{inner}  #pragma omp simd")
         self.lines.append(f"{inner}  for (int64_t l = 0; l < {vw}; ++l) {{")
         self.lines.append(f"{inner}    const int64_t r = r0 + l;")
         self._acc_body(phase, row, inner + "    ", "[l]")
         self.lines.append(f"{inner}  }}")
         self.lines.append(f"{inner}}}")
-        self.lines.append(f"{inner}for (int64_t r = r0; r < {rs}; ++r) {{")
+        self.lines.append(f"{inner}for (int64_t r = r0; r < {hi}; ++r) {{")
         self._acc_body(phase, row, inner + "  ", "[0]")
         self.lines.append(f"{inner}}}")
         for a in phase.accs:
-            self.lines.append(f"{inner}{a.name} = {a.name}_l[0];")
+            name = a.name + suffix
+            decl = f"{ctype(a.dtype)} " if suffix else ""
+            self.lines.append(f"{inner}{decl}{name} = {a.name}_l[0];")
             self.lines.append(f"{inner}for (int l = 1; l < {vw}; ++l) "
-                              f"{a.name} = {_combine(a.kind, a.name, a.name + '_l[l]', a.dtype)};")
-        self.lines.append(f"{indent}}}")
+                              f"{name} = {_combine(a.kind, name, a.name + '_l[l]', a.dtype)};")
 
     def _acc_body(self, phase: ReduceLoop, row: ExprPrinter, indent: str, lane: str) -> None:
         body = row.child(self.lines, indent)

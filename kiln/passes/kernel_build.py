@@ -40,6 +40,15 @@ def _kvars(e: KExpr, out: set[str]) -> set[str]:
     return out
 
 
+def _loads(e: KExpr, out: set[str]) -> set[str]:
+    if isinstance(e, KLoad):
+        out.add(e.buf)
+    elif isinstance(e, KOp):
+        for a in e.args:
+            _loads(a, out)
+    return out
+
+
 class KernelBuilder:
     def __init__(self, group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node]):
         self.group = group
@@ -204,11 +213,17 @@ class KernelBuilder:
         return self.value(x, list(rest_before) + [Lin.of(Dyn(wrapped, size))] + list(rest_after))
 
     # ------------------------------------------------------------------ kernel
+    def _reads_scratch_of_later(self, expr: KExpr, phases: list[Any], target: int) -> bool:
+        """Would ``expr`` in pass ``target`` read a row scratch that a later pass writes?"""
+        later = {s.buf for p in phases[target + 1:] if isinstance(p, ReduceLoop) for s in p.stores}
+        return bool(later & _loads(expr, set()))
+
     def build(self) -> Kernel:
         phases: list[Any] = []
         defined_at: dict[str, int] = {}
         full_stores: list[Store] = []
         scratch_stores: list[Store] = []
+        row_stores: list[RowStore] = []
         counter = 0
         for m in self.group.members:
             self.current = m
@@ -219,16 +234,18 @@ class KernelBuilder:
                 name = f"acc{counter}"
                 counter += 1
                 need = max((defined_at[v] for v in _kvars(expr, set())), default=-1)
-                last = phases[-1] if phases else None
-                if isinstance(last, ReduceLoop) and need < len(phases) - 1:
-                    last.accs.append(Acc(name, m.op, expr, m.dtype))
-                    last.stores.extend(self.pending)
+                # join the first pass over the row that runs after everything this reduction reads
+                target = next((k for k in range(need + 1, len(phases)) if isinstance(phases[k], ReduceLoop)), None)
+                if target is not None and not self._reads_scratch_of_later(expr, phases, target):
+                    phases[target].accs.append(Acc(name, m.op, expr, m.dtype))
+                    phases[target].stores.extend(self.pending)
                 else:
                     phases.append(ReduceLoop([Acc(name, m.op, expr, m.dtype)], list(self.pending)))
-                defined_at[name] = len(phases) - 1
+                    target = len(phases) - 1
+                defined_at[name] = target
                 self.rowvars[m] = KVar(name, m.dtype)
                 if m in self.stored:
-                    phases.append(RowStore(Store(self.buffer_of[m], self.o_flat, self.rowvars[m])))
+                    row_stores.append(RowStore(Store(self.buffer_of[m], self.o_flat, self.rowvars[m])))
             elif self.rsize and m.numel == self.group.rows and m.shape != self.group.shape:
                 expr = self.define(m, unflatten(self.o_flat, m.shape))
                 name = f"row{counter}"
@@ -237,7 +254,7 @@ class KernelBuilder:
                 defined_at[name] = len(phases) - 1
                 self.rowvars[m] = KVar(name, m.dtype)
                 if m in self.stored:
-                    phases.append(RowStore(Store(self.buffer_of[m], self.o_flat, self.rowvars[m])))
+                    row_stores.append(RowStore(Store(self.buffer_of[m], self.o_flat, self.rowvars[m])))
             elif m in self.stored:
                 if m.shape != self.group.shape:
                     raise NotFusable(m, "shape differs from the kernel's iteration space")
@@ -246,6 +263,7 @@ class KernelBuilder:
                 full_stores.append(Store(self.buffer_of[m], linearize(self.full_index, contiguous_strides(m.shape)),
                                          value))
                 scratch_stores.extend(self.pending)
+        phases.extend(row_stores)
         if full_stores:
             # scratch writes go first in the loop body: a later read in the same iteration sees them
             phases.append(FullLoop(scratch_stores + full_stores))
