@@ -85,3 +85,15 @@ def test_reductions_over_any_axes(shape, dim):
 def test_views_are_index_maps_not_copies():
     r = compile_and_check(lambda x: (x.permute(1, 0).reshape(-1, 4) * 3).sum(-1), torch.randn(8, 6))
     assert len(r.kernels) == 1
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_full_reduction_split_across_threads(threads):
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        x = torch.randn(300, 257)
+        r = compile_and_check(lambda x: (x.sum(), x.amax(), (x * x).mean()), x, rtol=1e-5, atol=1e-3)
+        assert len(r.kernels) == 1 and "omp parallel num_threads" in r.source
+    finally:
+        torch.set_num_threads(previous)
