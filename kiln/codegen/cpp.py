@@ -166,7 +166,7 @@ class KernelWriter:
         combined in thread order, so the result does not depend on scheduling (deterministic for a fixed
         thread count)."""
         return (not self.k.outer and self.k.rsize >= PARALLEL_MIN_WORK and not phase.stores
-                and all(isinstance(p, (ReduceLoop, RowStore)) for p in self.k.phases)
+                and all(isinstance(p, (ReduceLoop, RowAssign, RowStore)) for p in self.k.phases)
                 and sum(isinstance(p, ReduceLoop) for p in self.k.phases) == 1)
 
     def _parallel_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
