@@ -19,7 +19,8 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
         out += ["", "--- passes"]
         for p in r.passes:
             notes = f"  [{', '.join(p.notes)}]" if p.notes else ""
-            out.append(f"  {p.name:<16} {p.nodes_before:>4} -> {p.nodes_after:<4} nodes {p.seconds * 1e3:7.2f} ms{notes}")
+            line = f"  {p.name:<16} {p.nodes_before:>4} -> {p.nodes_after:<4} nodes {p.seconds * 1e3:7.2f} ms"
+            out.append(line + notes)
     if r.optimized is not None:
         out += ["", "--- graph IR after the passes", format_graph(r.optimized)]
     if r.kernels:
