@@ -1,10 +1,10 @@
 """Constant folding: evaluate nodes whose inputs are all known at compile time.
 
 Weights are CONSTANT nodes (frozen at capture), so anything computed only from weights - BatchNorm's
-scale and shift - becomes one constant.  Views of weights (a transposed linear weight) stay views: they are free,
-and the GEMM library is tuned for the layout the model was written with.  Scalar arithmetic on FULL nodes folds to a FULL.
-A fold that would materialise a tensor larger than its largest constant input (an ``expand`` of a weight,
-say) is skipped: computing it inside a kernel is cheaper than storing it.
+scale and shift - becomes one constant.  Views of weights (a transposed linear weight) stay views: they are
+free, and the GEMM library is tuned for the layout the model was written with.  Scalar arithmetic on FULL
+nodes folds to a FULL.  A fold that would materialise a tensor larger than its largest constant input (an
+``expand`` of a weight, say) is skipped: computing it inside a kernel is cheaper than storing it.
 
 Before::                                         After::
 
