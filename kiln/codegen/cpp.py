@@ -19,6 +19,7 @@ from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStor
 from kiln.ir.ops import Op, numel
 
 PARALLEL_MIN_WORK = 1 << 15  # elements below which OpenMP's fork/join costs more than it saves
+CHUNK = 4096  # iterations per thread work item of a flat pointwise loop
 MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 
 
@@ -63,6 +64,7 @@ class KernelWriter:
         self.dtype_of = dtype_of
         self.outputs = outputs
         self.lines: list[str] = []
+        self._extra_close = 0
 
     def write(self) -> str:
         k = self.k
@@ -96,16 +98,31 @@ class KernelWriter:
         for d, size in enumerate(k.outer):
             var = f"o{d}" if k.is_reduction else f"i{d}"
             if not collapse_all and d == len(k.outer) - 1:
-                if n_par == 0:
-                    self.lines.append(f"{indent}#pragma omp parallel for simd schedule(static) "
-                                      f"if({work} > {PARALLEL_MIN_WORK})")
-                else:
-                    self.lines.append(f"{indent}#pragma omp simd")
+                if n_par == 0 and size > CHUNK:
+                    return self._chunked_loop(var, size, work, indent)
+                self.lines.append(f"{indent}#pragma omp simd")
             self.lines.append(f"{indent}for (int64_t {var} = 0; {var} < {size}; ++{var}) {{")
             indent += "  "
         return indent
 
+    def _chunked_loop(self, var: str, size: int, work: int, indent: str) -> str:
+        """A single long loop: threads take chunks of ``CHUNK`` iterations, each chunk a SIMD loop.
+
+        Returns inside the inner loop; ``_close`` closes both loops (the caller counts one loop, and this
+        adds one closing brace of its own via ``self._extra_close``)."""
+        chunks = (size + CHUNK - 1) // CHUNK
+        self.lines.append(f"{indent}#pragma omp parallel for schedule(static) if({work} > {PARALLEL_MIN_WORK})")
+        self.lines.append(f"{indent}for (int64_t c = 0; c < {chunks}; ++c) {{")
+        inner = indent + "  "
+        self.lines.append(f"{inner}const int64_t hi = c * {CHUNK} + {CHUNK} < {size} ? c * {CHUNK} + {CHUNK} : {size};")
+        self.lines.append(f"{inner}#pragma omp simd")
+        self.lines.append(f"{inner}for (int64_t {var} = c * {CHUNK}; {var} < hi; ++{var}) {{")
+        self._extra_close += 1
+        return inner + "  "
+
     def _close(self, count: int) -> None:
+        count += self._extra_close
+        self._extra_close = 0
         for d in range(count, 0, -1):
             self.lines.append("  " * d + "}")
 

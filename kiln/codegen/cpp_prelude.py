@@ -64,7 +64,7 @@ PRELUDE = r"""// ===== kiln runtime prelude v""" + PRELUDE_VERSION + r""" (kiln/
 #endif
 
 namespace kiln_rt {
-namespace detail {
+namespace kdetail {
 
 KILN_INLINE uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, sizeof u); return u; }
 KILN_INLINE float u2f(uint32_t u) { float f; std::memcpy(&f, &u, sizeof f); return f; }
@@ -143,30 +143,30 @@ KILN_INLINE float erf_small(float a) {
   return a + a * p;
 }
 
-}  // namespace detail
+}  // namespace kdetail
 
 // ------------------------------------------------------------------ exp family
 KILN_INLINE float k_exp(float x) {
   float xc = x > 88.8f ? 88.8f : x;          // NaN passes through both clamps
   xc = xc < -104.0f ? -104.0f : xc;
   int32_t n;
-  const float r = detail::exp_reduce(xc, n);
-  const float p = 1.0f + detail::expm1_poly(r);
+  const float r = kdetail::exp_reduce(xc, n);
+  const float p = 1.0f + kdetail::expm1_poly(r);
   const int32_t n1 = n >> 1;                 // two-step scaling: exact for
   const int32_t n2 = n - n1;                 // overflow and denormal results
-  return p * detail::pow2i(n1) * detail::pow2i(n2);
+  return p * kdetail::pow2i(n1) * kdetail::pow2i(n2);
 }
 
 KILN_INLINE float k_expm1(float x) {
   float xc = x > 88.8f ? 88.8f : x;
   xc = xc < -26.0f ? -26.0f : xc;            // expm1(x) == -1.0f below ~-17.4
   int32_t n;
-  const float r = detail::exp_reduce(xc, n);
-  const float p = detail::expm1_poly(r);
+  const float r = kdetail::exp_reduce(xc, n);
+  const float p = kdetail::expm1_poly(r);
   // expm1(x) = 2^n*(1+p) - 1 = t*p + (t - 1), with 2^n = t*u, u in {1, 2}
   const int32_t nt = n > 127 ? 127 : n;
-  const float t = detail::pow2i(nt);
-  const float u = detail::pow2i(n - nt);
+  const float t = kdetail::pow2i(nt);
+  const float u = kdetail::pow2i(n - nt);
   float y = t * p + (t - 1.0f);
   y = y * u + (u - 1.0f);
   return x == 0.0f ? x : y;                  // keep the sign of -0
@@ -186,12 +186,12 @@ KILN_INLINE float k_silu(float x) {
 KILN_INLINE float k_log(float x) {
   const bool sub = x < 1.17549435e-38f;      // denormal (or <= 0): rescale
   const float xs = sub ? x * 8388608.0f : x;
-  const int32_t ix = (int32_t)(detail::f2u(xs) - 0x3f3504f3u);
+  const int32_t ix = (int32_t)(kdetail::f2u(xs) - 0x3f3504f3u);
   const int32_t k = ix >> 23;
-  const float m = detail::u2f(((uint32_t)ix & 0x007fffffu) + 0x3f3504f3u);
+  const float m = kdetail::u2f(((uint32_t)ix & 0x007fffffu) + 0x3f3504f3u);
   const float kf = (float)k - (sub ? 23.0f : 0.0f);
-  float r = detail::log_core(m - 1.0f);
-  r = kf * detail::kLn2Hi + (r + kf * detail::kLn2Lo);
+  float r = kdetail::log_core(m - 1.0f);
+  r = kf * kdetail::kLn2Hi + (r + kf * kdetail::kLn2Lo);
   r = x == 0.0f ? -INFINITY : r;
   r = x < 0.0f ? NAN : r;
   r = x == INFINITY ? INFINITY : r;
@@ -219,61 +219,88 @@ KILN_INLINE float k_tanh(float x) {
   p = p * z + -0.333333313f;
   const float small = a + a * (z * p);
   const float big = 1.0f - 2.0f / (k_exp(2.0f * a) + 1.0f);
-  return detail::with_sign_of(a < 0.625f ? small : big, x);
+  return kdetail::with_sign_of(a < 0.625f ? small : big, x);
 }
 
 // ------------------------------------------------------------------ erf family
-namespace detail {
-// erfc(a) for a >= 0.5 given a^2 = sq_hi + sq_lo:  exp(-a^2) * t * P(t), t = 1/(1+a)
+namespace kdetail {
+// erfcx(a) = exp(a^2)*erfc(a) ~= t*P(t), t = 1/(1+a), minimax on 0.5 <= a <= 10.1.
+template <class T>
+KILN_INLINE T erfcx_poly(T t) {
+  T p = T(-1.76908636f);
+  p = p * t + T(6.36599112f);
+  p = p * t + T(-9.14790058f);
+  p = p * t + T(6.00098324f);
+  p = p * t + T(-0.904308796f);
+  p = p * t + T(-0.700618207f);
+  p = p * t + T(-0.259392798f);
+  p = p * t + T(0.278002024f);
+  p = p * t + T(0.564497888f);
+  p = p * t + T(0.564180791f);
+  return t * p;
+}
+
+// erfc(a) for a >= 0.5 given a^2 = sq_hi + sq_lo (float: ~4 ulp; used by erf and gelu).
 KILN_INLINE float erfc_big(float a, float sq_hi, float sq_lo) {
-  const float t = 1.0f / (1.0f + a);
-  float p = -1.76908636f;
-  p = p * t + 6.36599112f;
-  p = p * t + -9.14790058f;
-  p = p * t + 6.00098324f;
-  p = p * t + -0.904308796f;
-  p = p * t + -0.700618207f;
-  p = p * t + -0.259392798f;
-  p = p * t + 0.278002024f;
-  p = p * t + 0.564497888f;
-  p = p * t + 0.564180791f;
+  const float g = erfcx_poly(1.0f / (1.0f + a));
   float e = k_exp(-sq_hi);
   e = e - e * sq_lo;                         // exp(-hi-lo) ~= exp(-hi)*(1-lo)
-  return e * (t * p);
+  return e * g;
 }
-}  // namespace detail
+
+// exp(t) in double, relative error ~1e-11; t <= 130 (beyond: returns exp(130)).
+KILN_INLINE double exp_d(double t) {
+  double tc = t > 130.0 ? 130.0 : t;
+  tc = tc < -160.0 ? -160.0 : tc;            // float results are 0 below -104
+  double kd = tc * 1.4426950408889634 + 6755399441055744.0;  // 1.5*2^52
+  const int64_t n = (int64_t)(d2u(kd) - 0x4338000000000000ull);
+  kd = kd - 6755399441055744.0;
+  const double r = tc - kd * 0.6931471805599453;
+  double p = 1.0 / 362880.0;
+  p = p * r + 1.0 / 40320.0;
+  p = p * r + 1.0 / 5040.0;
+  p = p * r + 1.0 / 720.0;
+  p = p * r + 1.0 / 120.0;
+  p = p * r + 1.0 / 24.0;
+  p = p * r + 1.0 / 6.0;
+  p = p * r + 0.5;
+  p = p * r + 1.0;
+  p = p * r + 1.0;
+  return p * u2d((uint64_t)(n + 1023) << 52);
+}
+}  // namespace kdetail
 
 KILN_INLINE float k_erf(float x) {
   float a = std::fabs(x);
   a = a > 12.0f ? 12.0f : a;
   float hi, lo;
-  detail::exact_square(a, hi, lo);
-  const float r = a < 0.875f ? detail::erf_small(a) : 1.0f - detail::erfc_big(a, hi, lo);
-  return detail::with_sign_of(r, x);
+  kdetail::exact_square(a, hi, lo);
+  const float r = a < 0.875f ? kdetail::erf_small(a) : 1.0f - kdetail::erfc_big(a, hi, lo);
+  return kdetail::with_sign_of(r, x);
 }
 
+// erfc keeps relative accuracy in the tail (evaluated in double, ~1 ulp).
 KILN_INLINE float k_erfc(float x) {
   float a = std::fabs(x);
   a = a > 12.0f ? 12.0f : a;
-  float hi, lo;
-  detail::exact_square(a, hi, lo);
-  const float s = detail::erf_small(a);
-  const float c = detail::erfc_big(a, hi, lo);
-  const float pos = a < 0.5f ? 1.0f - s : c;
-  const float neg = a < 0.5f ? 1.0f + s : 2.0f - c;
-  return x >= 0.0f ? pos : neg;
+  const double ad = a;
+  const double c = kdetail::exp_d(-(ad * ad)) * kdetail::erfcx_poly(1.0 / (1.0 + ad));
+  const double s = kdetail::erf_small(a);
+  const double pos = a < 0.5f ? 1.0 - s : c;
+  const double neg = a < 0.5f ? 1.0 + s : 2.0 - c;
+  return (float)(x >= 0.0f ? pos : neg);
 }
 
 // gelu(x) = x * Phi(x), Phi(x) = 0.5*erfc(-x/sqrt(2)); the tail uses exp(-x^2/2)
-// with x^2 split exactly, so gelu is accurate (relative) also for x << 0.
+// with x^2 split exactly, so gelu keeps a few-ulp relative accuracy also for x << 0.
 KILN_INLINE float k_gelu_erf(float x) {
   float ax = std::fabs(x);
   ax = ax > 17.0f ? 17.0f : ax;
   float hi, lo;
-  detail::exact_square(ax, hi, lo);
+  kdetail::exact_square(ax, hi, lo);
   const float a = ax * 0.707106781f;
-  const float s = detail::erf_small(a);
-  const float c = detail::erfc_big(a, 0.5f * hi, 0.5f * lo);
+  const float s = kdetail::erf_small(a);
+  const float c = kdetail::erfc_big(a, 0.5f * hi, 0.5f * lo);
   const float pos = a < 0.5f ? 0.5f + 0.5f * s : 1.0f - 0.5f * c;
   const float neg = a < 0.5f ? 0.5f - 0.5f * s : 0.5f * c;
   return x * (x >= 0.0f ? pos : neg);
@@ -287,7 +314,7 @@ KILN_INLINE float k_gelu_tanh(float x) {
 }
 
 // ------------------------------------------------------------------ sin / cos
-namespace detail {
+namespace kdetail {
 // For a >= 0 (or NaN): a = (q + f) * pi/2 with integer q (returned mod 4 in q)
 // and |f| <= 1/2.  a*2/pi mod 4 is computed exactly-enough in double from
 // 24-bit chunks of 2/pi (each product a*chunk is exact), so the reduction is
@@ -337,25 +364,25 @@ KILN_INLINE float trig_quadrant(int32_t q, float s, float c) {
   const float v = (q & 1) ? c : s;
   return (q & 2) ? -v : v;
 }
-}  // namespace detail
+}  // namespace kdetail
 
 KILN_INLINE float k_sin(float x) {
   int32_t q;
   float z;
-  const float r = detail::trig_reduce(std::fabs(x), q, z);
-  const float v = detail::trig_quadrant(q, detail::sin_poly(r, z), detail::cos_poly(z));
-  return detail::u2f(detail::f2u(v) ^ (detail::f2u(x) & 0x80000000u));
+  const float r = kdetail::trig_reduce(std::fabs(x), q, z);
+  const float v = kdetail::trig_quadrant(q, kdetail::sin_poly(r, z), kdetail::cos_poly(z));
+  return kdetail::u2f(kdetail::f2u(v) ^ (kdetail::f2u(x) & 0x80000000u));
 }
 
 KILN_INLINE float k_cos(float x) {
   int32_t q;
   float z;
-  const float r = detail::trig_reduce(std::fabs(x), q, z);
-  return detail::trig_quadrant(q + 1, detail::sin_poly(r, z), detail::cos_poly(z));
+  const float r = kdetail::trig_reduce(std::fabs(x), q, z);
+  return kdetail::trig_quadrant(q + 1, kdetail::sin_poly(r, z), kdetail::cos_poly(z));
 }
 
 // ------------------------------------------------------------------ pow
-namespace detail {
+namespace kdetail {
 // log(a) in double, relative error ~1e-12, for a > 0 finite (float input).
 KILN_INLINE double log_d(float a) {
   const bool sub = a < 1.17549435e-38f;
@@ -376,32 +403,12 @@ KILN_INLINE double log_d(float a) {
   return kd * 0.6931471805599453 + (2.0 * s + 2.0 * s * (z * p));
 }
 
-// exp(t) rounded to float; relative error ~1e-11 before the final rounding.
-KILN_INLINE float exp_d_to_f(double t) {
-  double tc = t > 130.0 ? 130.0 : t;
-  tc = tc < -160.0 ? -160.0 : tc;
-  double kd = tc * 1.4426950408889634 + 6755399441055744.0;  // 1.5*2^52
-  const int64_t n = (int64_t)(d2u(kd) - 0x4338000000000000ull);
-  kd = kd - 6755399441055744.0;
-  const double r = tc - kd * 0.6931471805599453;
-  double p = 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
-  return (float)(p * u2d((uint64_t)(n + 1023) << 52));
-}
-}  // namespace detail
+}  // namespace kdetail
 
 // std::pow semantics (C99 Annex F special cases), ~1 ulp.
 KILN_INLINE float k_pow(float x, float y) {
   const float ax = std::fabs(x);
-  float r = detail::exp_d_to_f((double)y * detail::log_d(ax));
+  float r = (float)kdetail::exp_d((double)y * kdetail::log_d(ax));
   r = ax == 0.0f ? (y > 0.0f ? 0.0f : INFINITY) : r;
   r = ax == INFINITY ? (y > 0.0f ? INFINITY : 0.0f) : r;
   r = (ax == 1.0f && std::fabs(y) == INFINITY) ? 1.0f : r;    // pow(-1, +-inf) = 1
@@ -411,7 +418,7 @@ KILN_INLINE float k_pow(float x, float y) {
   const bool y_odd = yt == y && std::trunc(y * 0.5f) * 2.0f != y;
   r = (x < 0.0f && x > -INFINITY && yt != y) ? NAN : r;
   // negative base (incl. -0, -inf) with odd integer exponent: flip the sign
-  r = detail::u2f(detail::f2u(r) ^ (detail::f2u(x) & (y_odd ? 0x80000000u : 0u)));
+  r = kdetail::u2f(kdetail::f2u(r) ^ (kdetail::f2u(x) & (y_odd ? 0x80000000u : 0u)));
   r = x == 1.0f ? 1.0f : r;
   return y == 0.0f ? 1.0f : r;
 }
@@ -459,7 +466,7 @@ KILN_INLINE double k_silu(double x) {
 }
 KILN_INLINE double k_gelu_erf(double x) { return 0.5 * x * std::erfc(-x * 0.70710678118654752); }
 KILN_INLINE double k_gelu_tanh(double x) {
-  const double v = x * (1.5957691216057308 + 0.071354816272924625 * (x * x));
+  const double v = x * (1.5957691216057308 + 0.07135481627260025 * (x * x));
   const double e = std::exp(-std::fabs(v));
   return (v >= 0.0 ? x : x * e) / (1.0 + e);
 }

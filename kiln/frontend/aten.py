@@ -7,6 +7,7 @@ time, so no model is refused; the report lists those ops.
 """
 from __future__ import annotations
 
+import inspect
 import math
 from typing import Any, Callable
 
@@ -14,7 +15,7 @@ import torch
 
 from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim, result_dtype
 from kiln.ir.graph import Node
-from kiln.ir.ops import Op, numel
+from kiln.ir.ops import Op, broadcast_shapes, numel
 
 aten = torch.ops.aten
 LOWERINGS: dict[Any, Callable[..., Any]] = {}
@@ -24,7 +25,13 @@ def register(*packets: Any) -> Callable:
     """Register ``fn`` as the lowering of ``packets``.  Results with zero elements become FULL nodes: they have
     no values to compute, and kernels never loop over empty index spaces."""
     def deco(fn: Callable) -> Callable:
+        signature = inspect.signature(fn)
+
         def lower(L: Lowerer, n: Any, *args: Any, **kwargs: Any) -> Any:
+            try:
+                signature.bind(L, n, *args, **kwargs)
+            except TypeError as exc:  # an overload this lowering does not know: leave it to ATen
+                raise Unsupported(f"{n.target}: {exc}") from exc
             val = meta_val(n)
             vals = list(val) if isinstance(val, (list, tuple)) else [val]
             if vals and all(isinstance(v, torch.Tensor) and v.numel() == 0 for v in vals):
@@ -273,12 +280,35 @@ def _sub(L: Lowerer, n: Any, a: Any, b: Any, alpha: Any = None) -> Node:
     return L.binary(Op.SUB, a, _scaled(L, b, alpha, dtype), dtype)
 
 
+def _float_floordiv(L: Lowerer, a: Any, b: Any, dtype: torch.dtype) -> Node:
+    """ATen's ``div_floor_floating``: floor((a - fmod(a, b)) / b) with its corrections, so that e.g.
+    1 // 0.1 is 9 (floor(a / b) would give 10 when a / b rounds up to an integer); b == 0 gives a / b."""
+    shapes = [x.shape for x in (a, b) if isinstance(x, Node)]
+    shape = broadcast_shapes(*shapes)
+    a, b = L.operand(a, dtype, shape), L.operand(b, dtype, shape)
+    zero = L.full(0.0, shape, dtype)
+    mod = L.b.add(Op.FMOD, (a, b))
+    div = L.b.add(Op.DIV, (L.b.add(Op.SUB, (a, mod)), b))
+    fix = L.b.add(Op.LOGICAL_AND, (L.b.add(Op.NE, (mod, zero)),
+                                   L.b.add(Op.NE, (L.b.add(Op.LT, (b, zero)), L.b.add(Op.LT, (mod, zero))))))
+    div = L.b.add(Op.WHERE, (fix, L.binary(Op.SUB, div, 1.0, dtype), div))
+    fl = L.b.add(Op.FLOOR, (div,))
+    up = L.binary(Op.GT, L.b.add(Op.SUB, (div, fl)), 0.5, dtype)
+    fl = L.b.add(Op.WHERE, (up, L.binary(Op.ADD, fl, 1.0, dtype), fl))
+    fl = L.b.add(Op.WHERE, (L.b.add(Op.EQ, (div, zero)), zero, fl))  # ATen: copysign(0, a / b)
+    return L.b.add(Op.WHERE, (L.b.add(Op.EQ, (b, zero)), L.b.add(Op.DIV, (a, b)), fl))
+
+
 @register(aten.div)
 def _div(L: Lowerer, n: Any, a: Any, b: Any, rounding_mode: str | None = None) -> Node:
     dtype = out_dtype(n)
     if rounding_mode is None:
         return L.binary(Op.DIV, a, b, dtype)
+    if dtype == torch.bool:
+        raise Unsupported("division of bools")
     if rounding_mode == "floor":
+        if dtype.is_floating_point:
+            return _float_floordiv(L, a, b, dtype)
         return L.binary(Op.FLOORDIV, a, b, dtype)
     if dtype.is_floating_point:
         return L.b.add(Op.TRUNC, (L.binary(Op.DIV, a, b, dtype),))
@@ -287,7 +317,27 @@ def _div(L: Lowerer, n: Any, a: Any, b: Any, rounding_mode: str | None = None) -
 
 @register(aten.floor_divide)
 def _floor_divide(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
-    return L.binary(Op.FLOORDIV, a, b, out_dtype(n))
+    dtype = out_dtype(n)
+    if dtype == torch.bool:
+        raise Unsupported("floor_divide of bools")
+    if dtype.is_floating_point:
+        return _float_floordiv(L, a, b, dtype)
+    return L.binary(Op.FLOORDIV, a, b, dtype)
+
+
+@register(aten.fmax, aten.fmin)
+def _fmax(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
+    """NaN-ignoring maximum/minimum: the other operand where one is NaN."""
+    dtype = out_dtype(n)
+    op = Op.MAXIMUM if n.target.overloadpacket is aten.fmax else Op.MINIMUM
+    if dtype == torch.bool:
+        raise Unsupported("fmax of bools")
+    m = L.binary(op, a, b, dtype)
+    if not dtype.is_floating_point:
+        return m
+    a, b = L.operand(a, dtype, m.shape), L.operand(b, dtype, m.shape)
+    m = L.b.add(Op.WHERE, (L.b.add(Op.ISNAN, (b,)), a, m))
+    return L.b.add(Op.WHERE, (L.b.add(Op.ISNAN, (a,)), b, m))
 
 
 @register(aten.pow)
@@ -322,10 +372,11 @@ def _clamp(L: Lowerer, n: Any, x: Node, lo: Any = None, hi: Any = None) -> Node:
 
 
 @register(aten.where)
-def _where(L: Lowerer, n: Any, cond: Node, a: Any, b: Any) -> Node:
+def _where(L: Lowerer, n: Any, cond: Node, a: Any = None, b: Any = None) -> Node:
+    if a is None or b is None or not isinstance(meta_val(n), torch.Tensor):
+        raise Unsupported("where(condition) (nonzero): data-dependent shape")
     dtype = out_dtype(n)
     shapes = [x.shape for x in (cond, a, b) if isinstance(x, Node)]
-    from kiln.ir.ops import broadcast_shapes
     shape = broadcast_shapes(*shapes)
     c = L.operand(cond, torch.bool, shape)
     return L.b.add(Op.WHERE, (c, L.operand(a, dtype, shape), L.operand(b, dtype, shape)))
@@ -369,6 +420,14 @@ def _hardtanh(L: Lowerer, n: Any, x: Node, lo: float = -1.0, hi: float = 1.0) ->
     return L.binary(Op.MINIMUM, L.binary(Op.MAXIMUM, x, lo, dtype), hi, dtype)
 
 
+@register(aten.elu)
+def _elu(L: Lowerer, n: Any, x: Node, alpha: float = 1.0, scale: float = 1.0, input_scale: float = 1.0) -> Node:
+    """ATen: x > 0 ? x * scale : expm1(x * input_scale) * alpha * scale (NaN goes the positive way)."""
+    x, dtype = _float_unary(L, n, x)
+    neg = L.binary(Op.MUL, L.b.add(Op.EXPM1, (L.binary(Op.MUL, x, input_scale, dtype),)), alpha * scale, dtype)
+    return L.b.add(Op.WHERE, (L.binary(Op.LE, x, 0.0, dtype), neg, L.binary(Op.MUL, x, scale, dtype)))
+
+
 @register(aten.leaky_relu)
 def _leaky_relu(L: Lowerer, n: Any, x: Node, slope: float = 0.01) -> Node:
     dtype = out_dtype(n)
@@ -381,6 +440,12 @@ def _to_copy(L: Lowerer, n: Any, x: Node, **kwargs: Any) -> Node:
     if kwargs.get("device") not in (None, torch.device("cpu")) and str(kwargs.get("device")) != "cpu":
         raise Unsupported("device transfer")
     return L.cast(x, out_dtype(n))
+
+
+@register(aten.copy)
+def _copy(L: Lowerer, n: Any, x: Node, src: Any, non_blocking: bool = False) -> Node:
+    """Functional copy_: ``src`` broadcast to ``x``'s shape in ``x``'s dtype."""
+    return L.operand(src, out_dtype(n), out_shape(n))
 
 
 @register(aten.clone, aten.alias, aten.detach, aten.lift_fresh_copy, aten.contiguous)
@@ -542,6 +607,48 @@ def _layer_norm(L: Lowerer, n: Any, x: Node, normalized_shape: Any, weight: Any,
     return out, L.reshape(mean, stat_shape), L.reshape(rstd, stat_shape)
 
 
+@register(aten.native_group_norm)
+def _group_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, N: int, C: int, HxW: int, group: int,
+                eps: float) -> tuple[Node, Node, Node]:
+    """Statistics over (C / group) * HxW elements per (sample, group), then the per-channel affine."""
+    dtype = meta_val(n)[0].dtype
+    if x.numel == 0 or not dtype.is_floating_point or C % group:
+        raise Unsupported("group_norm of an empty tensor")
+    g = L.reshape(L.cast(x, dtype), (N, group, (C // group) * HxW))
+    var, mean = _variance(L, g, (2,), 0.0, True, dtype)
+    rstd = L.b.add(Op.RSQRT, (L.binary(Op.ADD, var, eps, dtype),))
+    out = L.reshape(L.binary(Op.MUL, L.binary(Op.SUB, g, mean, dtype), rstd, dtype), (N, C, HxW))
+    if weight is not None:
+        out = L.binary(Op.MUL, out, L.reshape(weight, (C, 1)), dtype)
+    if bias is not None:
+        out = L.binary(Op.ADD, out, L.reshape(bias, (C, 1)), dtype)
+    stat = tuple(meta_val(n)[1].shape)
+    return L.reshape(out, x.shape), L.reshape(mean, stat), L.reshape(rstd, stat)
+
+
+@register(aten.linalg_vector_norm)
+def _vector_norm(L: Lowerer, n: Any, x: Node, ord: Any = 2, dim: Any = None, keepdim: bool = False, *,
+                 dtype: Any = None) -> Node:
+    odt = out_dtype(n)
+    if not odt.is_floating_point or isinstance(ord, Node) or not isinstance(ord, (int, float)):
+        raise Unsupported("vector_norm of a non-float tensor")
+    axes = _dims(x, dim)
+    x = L.cast(x, odt)
+    if ord == 2:
+        return L.b.add(Op.SQRT, (L.reduce(Op.SUM, L.b.add(Op.MUL, (x, x)), axes, keepdim),))
+    a = L.b.add(Op.ABS, (x,))
+    if ord == 1:
+        return L.reduce(Op.SUM, a, axes, keepdim)
+    if ord == math.inf:
+        return L.reduce(Op.AMAX, a, axes, keepdim)
+    if ord == -math.inf:
+        return L.reduce(Op.AMIN, a, axes, keepdim)
+    if ord == 0:
+        return L.reduce(Op.SUM, L.cast(L.binary(Op.NE, x, 0.0, odt), odt), axes, keepdim)
+    total = L.reduce(Op.SUM, L.binary(Op.POW, a, float(ord), odt), axes, keepdim)
+    return L.binary(Op.POW, total, 1.0 / float(ord), odt)
+
+
 def _channel(L: Lowerer, v: Node, ndim: int) -> Node:
     """A per-channel [C] vector as [C, 1, ..., 1] for broadcasting against [N, C, ...]."""
     return L.reshape(v, (v.shape[0],) + (1,) * (ndim - 2))
@@ -568,8 +675,8 @@ def _batch_norm_inference(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, m
 
 
 @register(aten._native_batch_norm_legit, aten.native_batch_norm)
-def _batch_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, mean: Any, var: Any, training: bool,
-                momentum: float, eps: float) -> Any:
-    if training or mean is None:
-        raise Unsupported("batch_norm in training mode")
+def _batch_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, mean: Any = None, var: Any = None,
+                training: Any = True, momentum: float = 0.1, eps: float = 1e-5) -> Any:
+    if training is not False or not isinstance(mean, Node) or not isinstance(var, Node):
+        raise Unsupported("batch_norm in training mode (or without running statistics)")
     return _batch_norm_inference(L, n, x, weight, bias, mean, var, momentum, eps)

@@ -8,7 +8,7 @@ import torch
 from kiln.frontend.aten import out_dtype, out_shape, register
 from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim
 from kiln.ir.graph import Node
-from kiln.ir.ops import Op
+from kiln.ir.ops import Op, broadcast_shapes, numel
 
 aten = torch.ops.aten
 
@@ -69,8 +69,12 @@ def _select(L: Lowerer, n: Any, x: Node, dim: int, index: int) -> Node:
 
 
 @register(aten.narrow)
-def _narrow(L: Lowerer, n: Any, x: Node, dim: int, start: int, length: int) -> Node:
-    return slice_node(L, x, dim, start, start + length, 1)
+def _narrow(L: Lowerer, n: Any, x: Node, dim: int, start: Any, length: int) -> Node:
+    if isinstance(start, Node):
+        raise Unsupported("narrow with a tensor start")
+    d = norm_dim(dim, len(x.shape))
+    start = start + x.shape[d] if start < 0 else start  # narrow's start wraps once; then [start, start + length)
+    return slice_node(L, x, d, start, start + length, 1)
 
 
 @register(aten.split, aten.split_with_sizes)
@@ -108,11 +112,142 @@ def _pad(L: Lowerer, n: Any, x: Node, pad: Sequence[int], value: float = 0.0) ->
     pads = [(0, 0)] * nd
     for i in range(len(pad) // 2):
         pads[nd - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
-    if any(b < 0 or a < 0 for b, a in pads):
-        raise Unsupported("negative padding")
-    if all(b == 0 and a == 0 for b, a in pads):
+    for d, (before, after) in enumerate(pads):  # negative padding crops
+        if before < 0 or after < 0:
+            size = x.shape[d]
+            x = slice_node(L, x, d, max(-before, 0), size - max(-after, 0), 1)
+    pads = [(max(b, 0), max(a, 0)) for b, a in pads]
+    if tuple(x.shape) == out_shape(n):
         return x
+    value = value if out_dtype(n).is_floating_point else int(value)
     return L.b.add(Op.PAD, (x,), shape=out_shape(n), pads=tuple(pads), value=value)
+
+
+def _iota(L: Lowerer, size: int, start: int = 0, step: int = 1) -> Node:
+    return L.b.add(Op.IOTA, (), shape=(size,), dtype=torch.int64, start=start, step=step)
+
+
+@register(aten.flip)
+def _flip(L: Lowerer, n: Any, x: Node, dims: Sequence[int]) -> Node:
+    for d in sorted({norm_dim(d, len(x.shape)) for d in dims}) if x.shape else ():
+        size = x.shape[d]
+        if size > 1:
+            x = L.b.add(Op.TAKE, (x, _iota(L, size, size - 1, -1)), dim=d)
+    return x
+
+
+@register(aten.repeat)
+def _repeat(L: Lowerer, n: Any, x: Node, repeats: Sequence[int]) -> Node:
+    """Tile: [s0, s1] -> reshape [1, s0, 1, s1] -> expand [r0, s0, r1, s1] -> reshape [r0 s0, r1 s1]."""
+    repeats = [int(r) for r in repeats]
+    if len(repeats) < len(x.shape) or any(r < 0 for r in repeats):
+        raise Unsupported("repeat with fewer repeats than dims")
+    shape = (1,) * (len(repeats) - len(x.shape)) + tuple(x.shape)
+    inter = tuple(v for s in shape for v in (1, s))
+    wide = tuple(v for r, s in zip(repeats, shape) for v in (r, s))
+    return L.reshape(L.expand(L.reshape(x, inter), wide), out_shape(n))
+
+
+@register(aten.diagonal, aten.diagonal_copy)
+def _diagonal(L: Lowerer, n: Any, x: Node, offset: int = 0, dim1: int = 0, dim2: int = 1) -> Node:
+    """Move dim1, dim2 last, flatten them, and slice with step (cols + 1) from the first diagonal element."""
+    nd = len(x.shape)
+    if nd < 2:
+        raise Unsupported("diagonal of a < 2-d tensor")
+    d1, d2 = norm_dim(dim1, nd), norm_dim(dim2, nd)
+    if d1 == d2:
+        raise Unsupported("diagonal with dim1 == dim2")
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+    rows, cols = x.shape[d1], x.shape[d2]
+    if offset >= 0:
+        start, length = offset, max(0, min(rows, cols - offset))
+    else:
+        start, length = -offset * cols, max(0, min(rows + offset, cols))
+    y = L.reshape(L.permute(x, rest + [d1, d2]), tuple(x.shape[d] for d in rest) + (rows * cols,))
+    shape = tuple(x.shape[d] for d in rest) + (length,)
+    if shape != out_shape(n) or length == 0:
+        raise Unsupported("diagonal shape")
+    return L.b.add(Op.SLICE, (y,), shape=shape, dim=len(rest), start=start, step=cols + 1)
+
+
+@register(aten.unfold)
+def _unfold(L: Lowerer, n: Any, x: Node, dim: int, size: int, step: int) -> Node:
+    """Windows as a TAKE of an [windows, size] index (w * step + k), the size axis moved last."""
+    nd = len(x.shape)
+    if nd == 0:
+        raise Unsupported("unfold of a 0-d tensor")
+    d = norm_dim(dim, nd)
+    windows = (x.shape[d] - size) // step + 1
+    if windows <= 0 or size <= 0:
+        raise Unsupported("unfold with no windows")
+    starts = L.expand(L.reshape(_iota(L, windows, 0, step), (windows, 1)), (windows, size))
+    offs = L.expand(L.reshape(_iota(L, size), (1, size)), (windows, size))
+    taken = L.b.add(Op.TAKE, (x, L.b.add(Op.ADD, (starts, offs))), dim=d)
+    dims = list(range(d + 1)) + list(range(d + 2, nd + 1)) + [d + 1]
+    out = L.permute(taken, dims)
+    if out.shape != out_shape(n):
+        raise Unsupported("unfold shape")
+    return out
+
+
+@register(aten.slice_scatter)
+def _slice_scatter(L: Lowerer, n: Any, x: Node, src: Node, dim: int = 0, start: Any = None, end: Any = None,
+                   step: int = 1) -> Node:
+    """x with x[start:end:step] (along dim) replaced by src: a WHERE over a positional mask."""
+    dtype = out_dtype(n)
+    d = norm_dim(dim, len(x.shape))
+    size = x.shape[d]
+    start = 0 if start is None else start
+    start = max(0, min(size, start + size if start < 0 else start))
+    length = src.shape[d] if len(src.shape) == len(x.shape) else -1
+    if length < 0 or step < 1:
+        raise Unsupported("slice_scatter shapes")
+    if length == 0:
+        return L.cast(x, dtype)
+    src = L.cast(src, dtype)
+    pos = _iota(L, size)
+    rel = L.binary(Op.SUB, pos, start, torch.int64)
+    inside = L.b.add(Op.LOGICAL_AND, (L.binary(Op.GE, rel, 0, torch.int64),
+                                      L.binary(Op.LT, rel, length * step, torch.int64)))
+    if step == 1:
+        value = L.b.add(Op.PAD, (src,), shape=x.shape,
+                        pads=tuple((start, size - start - length) if k == d else (0, 0) for k in range(len(x.shape))),
+                        value=0.0 if dtype.is_floating_point else 0)
+    else:
+        inside = L.b.add(Op.LOGICAL_AND, (inside, L.binary(Op.EQ, L.binary(Op.REM, rel, step, torch.int64), 0,
+                                                           torch.int64)))
+        k = L.binary(Op.MINIMUM, L.binary(Op.MAXIMUM, L.binary(Op.FLOORDIV, rel, step, torch.int64), 0, torch.int64),
+                     length - 1, torch.int64)
+        value = L.b.add(Op.TAKE, (src, k), dim=d)
+    mask = L.expand(L.reshape(inside, tuple(size if k == d else 1 for k in range(len(x.shape)))), x.shape)
+    return L.b.add(Op.WHERE, (mask, value, L.cast(x, dtype)))
+
+
+@register(aten.diagonal_scatter)
+def _diagonal_scatter(L: Lowerer, n: Any, x: Node, src: Node, offset: int = 0, dim1: int = 0,
+                      dim2: int = 1) -> Node:
+    """x with its (offset) diagonal over (dim1, dim2) replaced by src: dims moved last, a WHERE over the
+    diagonal mask of src gathered at each row (or column) position, dims moved back."""
+    dtype = out_dtype(n)
+    nd = len(x.shape)
+    if nd < 2:
+        raise Unsupported("diagonal_scatter of a < 2-d tensor")
+    d1, d2 = norm_dim(dim1, nd), norm_dim(dim2, nd)
+    rest = [d for d in range(nd) if d not in (d1, d2)]
+    rows, cols = x.shape[d1], x.shape[d2]
+    length = src.shape[-1] if src.shape else 0
+    if d1 == d2 or length == 0:
+        raise Unsupported("diagonal_scatter shapes")
+    order = rest + [d1, d2]
+    xp = L.cast(L.permute(x, order), dtype)
+    i = L.expand(L.reshape(_iota(L, rows), (rows, 1)), (rows, cols))
+    j = L.expand(L.reshape(_iota(L, cols), (1, cols)), (rows, cols))
+    on_diag = L.binary(Op.EQ, L.b.add(Op.SUB, (j, i)), offset, torch.int64)
+    k = L.binary(Op.MINIMUM, i if offset >= 0 else j, length - 1, torch.int64)
+    value = L.b.add(Op.TAKE, (L.cast(src, dtype), k), dim=len(rest))
+    out = L.b.add(Op.WHERE, (L.expand(on_diag, xp.shape), value, xp))
+    inverse = [order.index(d) for d in range(nd)]
+    return L.permute(out, inverse)
 
 
 # ------------------------------------------------------------------------------------------- indexing
@@ -125,8 +260,10 @@ def _embedding(L: Lowerer, n: Any, weight: Node, indices: Node, *args: Any) -> N
 @register(aten.index_select)
 def _index_select(L: Lowerer, n: Any, x: Node, dim: int, index: Node) -> Node:
     d = norm_dim(dim, len(x.shape))
-    idx = L.reshape(L.cast(index, torch.int64), (index.numel,)) if index.shape != (index.numel,) else index
-    return L.reshape(L.b.add(Op.TAKE, (x, L.cast(idx, torch.int64)), dim=d), out_shape(n))
+    if not x.shape:
+        x = L.reshape(x, (1,))
+    idx = L.reshape(L.cast(index, torch.int64), (index.numel,))
+    return L.reshape(L.b.add(Op.TAKE, (x, idx), dim=d), out_shape(n))
 
 
 @register(aten.gather)
@@ -138,11 +275,29 @@ def _gather(L: Lowerer, n: Any, x: Node, dim: int, index: Node, sparse_grad: boo
 
 @register(aten.index)
 def _index(L: Lowerer, n: Any, x: Node, indices: Sequence[Any]) -> Node:
+    """Advanced indexing with integer index tensors: the indexed dims are flattened into one and indexed
+    with the linearized (broadcast, negative-wrapped) indices.  As in numpy, the result dims go where the
+    indexed dims were when those are adjacent, else first."""
     used = [(d, i) for d, i in enumerate(indices) if i is not None]
-    if len(used) != 1 or used[0][1].dtype == torch.bool or used[0][1].dtype == torch.uint8:
-        raise Unsupported("advanced indexing with several or boolean index tensors")
-    d, idx = used[0]
-    return L.b.add(Op.TAKE, (x, L.cast(idx, torch.int64)), dim=d)
+    if not used or not x.shape or any(not isinstance(i, Node) or i.dtype in (torch.bool, torch.uint8)
+                                      or i.dtype.is_floating_point for _, i in used):
+        raise Unsupported("boolean (data-dependent) or empty advanced indexing")
+    dims = [d for d, _ in used]
+    bshape = broadcast_shapes(*(i.shape for _, i in used))
+    if dims != list(range(dims[0], dims[0] + len(dims))):  # not adjacent: indexed dims go first
+        x = L.permute(x, dims + [d for d in range(len(x.shape)) if d not in dims])
+        dims = list(range(len(dims)))
+    first, last = dims[0], dims[-1]
+    sizes = x.shape[first:last + 1]
+    linear: Node | None = None
+    for (_, i), size in zip(used, sizes):
+        term = L.expand(L.wrap_index(i, size), bshape)
+        linear = term if linear is None else L.b.add(Op.ADD, (L.binary(Op.MUL, linear, size, torch.int64), term))
+    flat = L.reshape(x, x.shape[:first] + (numel(sizes),) + x.shape[last + 1:])
+    out = L.b.add(Op.TAKE, (flat, linear), dim=first)
+    if out.shape != out_shape(n):
+        raise Unsupported("advanced indexing result shape")
+    return out
 
 
 # ------------------------------------------------------------------------------------------- creation
@@ -206,9 +361,20 @@ def _triu(L: Lowerer, n: Any, x: Node, diagonal: int = 0) -> Node:
 
 @register(aten._adaptive_avg_pool2d, aten.adaptive_avg_pool2d)
 def _adaptive_avg_pool2d(L: Lowerer, n: Any, x: Node, output_size: Sequence[int]) -> Node:
-    """Global average pooling (output 1x1) is a mean over H, W; other sizes stay with ATen."""
-    if tuple(output_size) != (1, 1) or not out_dtype(n).is_floating_point:
-        raise Unsupported("adaptive_avg_pool2d to a size other than 1x1")
+    """Output sizes that divide the input (global pooling included) are equal windows: a mean over the
+    window axes of [..., oh, H / oh, ow, W / ow].  Other sizes (overlapping windows) stay with ATen."""
+    dtype = out_dtype(n)
+    oh, ow = (int(s) for s in output_size)
+    nd = len(x.shape)
+    if nd not in (3, 4) or not dtype.is_floating_point or x.dtype != dtype:
+        raise Unsupported("adaptive_avg_pool2d of this input")
     h, w = x.shape[-2], x.shape[-1]
-    total = L.reduce(Op.SUM, x, (len(x.shape) - 2, len(x.shape) - 1), True)
-    return L.binary(Op.DIV, total, h * w, out_dtype(n))
+    if oh <= 0 or ow <= 0 or h % oh or w % ow:
+        raise Unsupported("adaptive_avg_pool2d with unequal windows")
+    kh, kw = h // oh, w // ow
+    if (oh, ow) == (1, 1):
+        total = L.reduce(Op.SUM, x, (nd - 2, nd - 1), True)
+    else:
+        y = L.reshape(x, tuple(x.shape[:-2]) + (oh, kh, ow, kw))
+        total = L.reduce(Op.SUM, y, (nd - 1, nd + 1), False)
+    return L.reshape(L.binary(Op.DIV, total, kh * kw, dtype), out_shape(n))

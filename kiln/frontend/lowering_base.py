@@ -50,7 +50,13 @@ class Lowerer:
         elif dtype.is_floating_point:
             value = float(value)
         else:
-            value = int(value)
+            # like ATen's (and C's) conversion of a scalar to the operand type: integers wrap around
+            try:
+                value = int(value)
+            except (OverflowError, ValueError) as exc:
+                raise Unsupported(f"{value} as {dtype}") from exc
+            info = torch.iinfo(dtype)
+            value = (value - info.min) % (info.max - info.min + 1) + info.min
         return self.b.add(Op.FULL, (), shape=(), dtype=dtype, value=value)
 
     def full(self, value: Any, shape: Sequence[int], dtype: torch.dtype) -> Node:

@@ -27,7 +27,7 @@ from typing import Any, Union
 import torch
 
 from kiln.ir.graph import Node, dtype_name
-from kiln.ir.index import Dyn, Lin, render
+from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, render
 from kiln.ir.ops import Op
 
 
@@ -147,6 +147,32 @@ class Kernel:
                 writes.add(s.buf)
                 _visit_index(s.index, visit)
         return reads - set(self.scratch), writes - set(self.scratch)
+
+    def has_divmod(self) -> bool:
+        """Does any index (load, store or index value) still contain a floor division or modulo?"""
+        found = False
+
+        def visit_index(index: Lin) -> None:
+            nonlocal found
+            for atom in index.atoms():
+                if isinstance(atom, (FloorDiv, Mod)):
+                    found = True
+                elif isinstance(atom, Dyn):
+                    visit(atom.expr)
+
+        def visit(e: KExpr) -> None:
+            if isinstance(e, (KLoad, KIndex)):
+                visit_index(e.index)
+            elif isinstance(e, KOp):
+                for a in e.args:
+                    visit(a)
+
+        for p in self.phases:
+            for e in phase_exprs(p):
+                visit(e)
+            for st in phase_stores(p):
+                visit_index(st.index)
+        return found
 
     def format(self) -> str:
         head = f"{self.name}  outer={list(self.outer)}" + (f" rsize={self.rsize}" if self.rsize else "")

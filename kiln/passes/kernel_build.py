@@ -14,7 +14,7 @@ from kiln.ir.graph import Node
 from kiln.ir.index import Dyn, Lin, Var, linearize, unflatten
 from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad, KOp, KVar, ReduceLoop,
                             RowAssign, RowStore, Store)
-from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides
+from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
 from kiln.passes.fuse import Group
 
 
@@ -50,7 +50,8 @@ def _loads(e: KExpr, out: set[str]) -> set[str]:
 
 
 class KernelBuilder:
-    def __init__(self, group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node]):
+    def __init__(self, group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node],
+                 flat: bool = False):
         self.group = group
         self.name = name
         self.buffer_of = buffer_of
@@ -59,7 +60,13 @@ class KernelBuilder:
         self.rowvars: dict[Node, KVar] = {}
         self.current: Node | None = None
         shape, axes = group.shape, group.axes
-        if axes is None:
+        if axes is None and flat:
+            # one flat loop: every access must simplify to an affine function of it (checked by the caller)
+            self.outer_vars = [Var("i0", numel(shape))]
+            self.full_index = unflatten(Lin.of(self.outer_vars[0]), tuple(shape))
+            self.rsize = 0
+            self.o_flat = Lin.of(self.outer_vars[0])
+        elif axes is None:
             self.outer_vars = [Var(f"i{d}", s) for d, s in enumerate(shape)]
             self.full_index = [Lin.of(v) for v in self.outer_vars]
             self.rsize = 0
@@ -271,3 +278,14 @@ class KernelBuilder:
         scratch = {name: n.dtype for n, name in self.scratch.items()}
         return Kernel(self.name, outer, self.rsize, phases, list(self.group.members), "; ".join(self.group.reason),
                       scratch=scratch)
+
+
+def build_kernel(group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node]) -> Kernel:
+    """Kernel IR for ``group``.  A pointwise kernel runs as one flat loop when every index it computes is an
+    affine function of the flat position (contiguous and broadcast-free access), which vectorizes best even
+    when the innermost dimension is short (7x7 feature maps); otherwise it keeps one loop per dimension."""
+    if group.axes is None and len(group.shape) > 1:
+        kernel = KernelBuilder(group, name, buffer_of, stored, flat=True).build()
+        if not kernel.has_divmod():
+            return kernel
+    return KernelBuilder(group, name, buffer_of, stored).build()

@@ -21,7 +21,7 @@ from kiln.ir.interp import eval_node
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.fuse import ExternStep, Group, partition
-from kiln.passes.kernel_build import KernelBuilder, NotFusable
+from kiln.passes.kernel_build import NotFusable, build_kernel
 from kiln.report import CompileReport
 from kiln.runtime import memory
 
@@ -97,7 +97,7 @@ def make_plan(graph: Graph) -> Plan:
             out_steps: list[Any] = []
             for s in steps:
                 if isinstance(s, Group):
-                    k = KernelBuilder(s, _kernel_name(len(kernels), s), buffer_of, stored).build()
+                    k = build_kernel(s, _kernel_name(len(kernels), s), buffer_of, stored)
                     kernels.append(k)
                     out_steps.append(k)
                 else:

@@ -72,5 +72,5 @@ def test_pointwise_loop_vectorizes(tmp_path):
                  torch.randn(32, 256))
     vectorized, log = _vectorized_lines(r.source, tmp_path)
     lines = r.source.splitlines()
-    inner = [i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("for (int64_t i1")]
+    inner = [i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("for (int64_t i0 = c *")]
     assert inner and all(_is_vectorized(ln, vectorized) for ln in inner), log
