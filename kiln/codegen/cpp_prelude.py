@@ -17,11 +17,22 @@ variants for them.  The prelude therefore provides our own float math:
   NaN propagation, ``log(0) = -inf``, ``log(<0) = NaN``, signed zeros for
   odd functions, C99 ``pow`` special cases).
 
-Accuracy (float32, measured against torch float64 on dense sweeps, see
-``tests/cpu/test_cpp_prelude.py``): a few ulp, or an absolute error below 1e-7
-where the result is tiny.  ``k_sin``/``k_cos`` do a full-range (Payne-Hanek
-style, table-free) argument reduction in double precision, so they are
-accurate for every finite float input.
+Accuracy (float32 in, float32 out; max error vs torch float64 over dense
+sweeps + special values, see ``tests/cpu/test_cpp_prelude.py``; "ulp" is
+measured where |result| >= 1e-6, below that the absolute error is < 1e-12):
+
+  exp 1.0  expm1 1.6  log 0.8  log1p 1.3  tanh 1.3  sigmoid 2.2  silu 3.1
+  erf 1.3  erfc 1.2  sin/cos 1.6 (every finite input: table-free Payne-Hanek
+  style reduction in double)  pow 0.5  rsqrt 1.5
+  gelu_erf: 1.7 for x >= 0, 3.2 on [-1, 0), up to ~5 for x < -1
+  gelu_tanh: 1.7 for x >= 0, 2.6 on [-1, 0), up to ~25 for x < -1 where the
+  inner cubic, computed in float as torch does, dominates
+  (both gelus: absolute error < 5e-8 for x < -1)
+
+Single-thread cost, ns/element on 4M floats (Zen 4, AVX-512): exp 0.30,
+tanh 0.54, erf 0.79, sigmoid/silu 0.44, gelu_erf 0.96, gelu_tanh 0.55,
+log 0.43, sin 1.6, pow 3.2 (libm: exp 2.3, tanh 14.8, erf 16.6, sin 7.8,
+pow 4.4).
 
 Double overloads simply call ``std::`` (double math is rare in generated code
 and those loops are not expected to vectorize).
@@ -42,7 +53,7 @@ from __future__ import annotations
 __all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS"]
 
 #: Bump whenever the text of PRELUDE changes (it is part of kernel cache keys).
-PRELUDE_VERSION = "1"
+PRELUDE_VERSION = "2"
 
 #: Names of the public float math functions defined in namespace ``kiln_rt``.
 PRELUDE_FUNCTIONS = (
@@ -79,7 +90,7 @@ KILN_INLINE float with_sign_of(float r, float s) {
 // x*x == hi + lo exactly (x >= 0, x*x finite and not tiny).
 KILN_INLINE void exact_square(float x, float& hi, float& lo) {
   hi = x * x;
-#if defined(__FMA__) || defined(__FP_FAST_FMAF) || defined(__aarch64__)
+#if defined(__FMA__) || defined(__FMA4__) || defined(__FP_FAST_FMAF) || defined(__aarch64__)
   lo = __builtin_fmaf(x, x, -hi);
 #else  // Dekker split; without FMA hardware nothing can be contracted.
   const float c = 4097.0f * x;
@@ -340,7 +351,7 @@ KILN_INLINE float trig_reduce(float a, int32_t& q, float& z) {
   y = y + (t2 + (t3 + (t4 + (t5 + (t6 + t7)))));
   const double k = std::floor(y + 0.5);
   const double rd = (y - k) * 1.5707963267948966;
-  q = (int32_t)k;
+  q = (int32_t)(k == k ? k : 0.0);           // (NaN/inf input: result is NaN anyway)
   z = (float)(rd * rd);
   return (float)rd;
 }
