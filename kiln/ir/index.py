@@ -229,6 +229,8 @@ def linearize(index: Iterable[Lin], strides: Iterable[int]) -> Lin:
 def unflatten(flat: Lin, shape: tuple[int, ...]) -> list[Lin]:
     """Multi-index of a row-major flat index over ``shape``."""
     out: list[Lin] = []
+    if 0 in shape:  # an empty tensor: no loop iteration ever evaluates these
+        return [Lin(0) for _ in shape]
     stride = 1
     strides = []
     for s in reversed(shape):
