@@ -58,7 +58,8 @@ def _combine(kind: Op, acc: str, v: str, dtype: torch.dtype) -> str:
 
 class KernelWriter:
     def __init__(self, kernel: Kernel, slot_of: dict[str, int], dtype_of: dict[str, torch.dtype],
-                 outputs: set[str]):
+                 outputs: set[str], position: dict | None = None):
+        self.position = position or {}
         self.k = kernel
         self.slot_of = slot_of
         self.dtype_of = dtype_of
@@ -69,7 +70,8 @@ class KernelWriter:
     def write(self) -> str:
         k = self.k
         reads, writes = k.buffers()
-        covered = " ".join(f"{n.op.value}#{n.uid}" for n in k.nodes)
+        # graph positions, not uids: the source (and so the cache key) must not depend on process history
+        covered = " ".join(f"%{self.position.get(n, '?')}={n.op.value}" for n in k.nodes)
         out = [f"// {k.name}: {covered}", f"static void {k.name}(void** b) {{"]
         for buf in sorted(reads | writes, key=lambda s: self.slot_of[s]):
             t = ctype(self.dtype_of[buf])
@@ -266,12 +268,12 @@ class KernelWriter:
 
 
 def translation_unit(kernels: list[Kernel], segments: list[list[str]], slot_of: dict[str, int],
-                     dtype_of: dict[str, torch.dtype], outputs: set[str]) -> str:
+                     dtype_of: dict[str, torch.dtype], outputs: set[str], position: dict | None = None) -> str:
     """The whole C++ source for one graph."""
     from kiln.codegen.cpp_prelude import PRELUDE
     parts = [PRELUDE, HELPERS]
     for k in kernels:
-        parts.append(KernelWriter(k, slot_of, dtype_of, outputs).write())
+        parts.append(KernelWriter(k, slot_of, dtype_of, outputs, position).write())
     for i, names in enumerate(segments):
         calls = "\n".join(f"  {n}(b);" for n in names)
         parts.append(f'extern "C" void kiln_segment_{i}(void** b) {{\n{calls}\n}}')

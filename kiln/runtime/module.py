@@ -124,7 +124,8 @@ class CompiledGraph:
         dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
         segments, self.program = self._program(plan)
-        source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs)
+        position = {n: i for i, n in enumerate(graph.nodes)}
+        source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position)
         report.source = source
         module = load_module(source, name="kiln_graph")
         report.from_cache = module.from_cache
