@@ -168,28 +168,34 @@ def _sinh_cosh(L: Lowerer, n: Any, x: Node) -> Node:
     return _odd(L, x, mag, dtype) if n.target.overloadpacket is aten.sinh else mag
 
 
+def _log2x_from(dtype: torch.dtype) -> float:
+    """Where asinh / acosh switch to log(2x): the dropped 1 / (4 x^2) is below the dtype's rounding, and x^2
+    does not overflow yet."""
+    return 1e4 if dtype == torch.float32 else 1e8
+
+
 @register(aten.asinh)
 def _asinh(L: Lowerer, n: Any, x: Node) -> Node:
-    """asinh |x| = log1p(|x| + x^2 / (1 + sqrt(x^2 + 1))); log(|x|) + log 2 beyond 1e4 (where x^2 may overflow)."""
+    """asinh |x| = log1p(|x| + x^2 / (1 + sqrt(x^2 + 1))), and log(|x|) + log 2 for large |x|."""
     x, dtype = _float_unary(L, n, x)
     ax = L.b.add(Op.ABS, (x,))
     sq = L.b.add(Op.MUL, (ax, ax))
     root = L.binary(Op.ADD, L.b.add(Op.SQRT, (L.binary(Op.ADD, sq, 1.0, dtype),)), 1.0, dtype)
     small = L.b.add(Op.LOG1P, (L.b.add(Op.ADD, (ax, L.b.add(Op.DIV, (sq, root)))),))
     big = L.binary(Op.ADD, L.b.add(Op.LOG, (ax,)), math.log(2.0), dtype)
-    mag = L.b.add(Op.WHERE, (L.binary(Op.GT, ax, 1e4, dtype), big, small))
+    mag = L.b.add(Op.WHERE, (L.binary(Op.GT, ax, _log2x_from(dtype), dtype), big, small))
     return _odd(L, x, mag, dtype)
 
 
 @register(aten.acosh)
 def _acosh(L: Lowerer, n: Any, x: Node) -> Node:
-    """acosh x = log1p((x - 1) + sqrt((x - 1)(x + 1))); log(x) + log 2 beyond 1e4.  x < 1 gives NaN (sqrt)."""
+    """acosh x = log1p((x - 1) + sqrt((x - 1)(x + 1))), and log(x) + log 2 for large x; x < 1 gives NaN."""
     x, dtype = _float_unary(L, n, x)
     xm1 = L.binary(Op.SUB, x, 1.0, dtype)
     root = L.b.add(Op.SQRT, (L.b.add(Op.MUL, (xm1, L.binary(Op.ADD, x, 1.0, dtype))),))
     small = L.b.add(Op.LOG1P, (L.b.add(Op.ADD, (xm1, root)),))
     big = L.binary(Op.ADD, L.b.add(Op.LOG, (x,)), math.log(2.0), dtype)
-    return L.b.add(Op.WHERE, (L.binary(Op.GT, x, 1e4, dtype), big, small))
+    return L.b.add(Op.WHERE, (L.binary(Op.GT, x, _log2x_from(dtype), dtype), big, small))
 
 
 @register(aten.atanh)
@@ -674,9 +680,70 @@ def _batch_norm_inference(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, m
     return (out, *empty)
 
 
+def _batch_norm_training(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, eps: float,
+                         running: tuple[Node, Node, float] | None = None) -> tuple[Node, ...]:
+    """Batch statistics over all dims but the channel dim: (out, mean, rstd[, new running mean, var]).
+
+    Running statistics move by ``momentum`` towards the batch mean and the unbiased batch variance."""
+    vals = meta_val(n)
+    dtype = vals[0].dtype
+    nd = len(x.shape)
+    if nd < 2 or not dtype.is_floating_point:
+        raise Unsupported("batch_norm of a < 2-d tensor")
+    axes = (0,) + tuple(range(2, nd))
+    count = x.numel // x.shape[1]
+    var, mean = _variance(L, x, axes, 0.0, False, dtype)
+    rstd = L.b.add(Op.RSQRT, (L.binary(Op.ADD, var, eps, dtype),))
+    out = L.binary(Op.MUL, L.binary(Op.SUB, x, _channel(L, mean, nd), dtype), _channel(L, rstd, nd), dtype)
+    if weight is not None:
+        out = L.binary(Op.MUL, out, _channel(L, L.cast(weight, dtype), nd), dtype)
+    if bias is not None:
+        out = L.binary(Op.ADD, out, _channel(L, L.cast(bias, dtype), nd), dtype)
+    stats = (out, L.cast(mean, vals[1].dtype), L.cast(rstd, vals[2].dtype))
+    if running is None:
+        return stats
+    running_mean, running_var, momentum = running
+    if count <= 1:
+        raise Unsupported("batch_norm training statistics of one value per channel")
+    rm_dtype, rv_dtype = vals[-2].dtype, vals[-1].dtype
+    new_mean = L.binary(Op.ADD, L.binary(Op.MUL, running_mean, 1.0 - momentum, rm_dtype),
+                        L.binary(Op.MUL, mean, momentum, rm_dtype), rm_dtype)
+    unbiased = L.binary(Op.MUL, var, count / (count - 1), dtype)
+    new_var = L.binary(Op.ADD, L.binary(Op.MUL, running_var, 1.0 - momentum, rv_dtype),
+                       L.binary(Op.MUL, unbiased, momentum, rv_dtype), rv_dtype)
+    return stats + (new_mean, new_var)
+
+
 @register(aten._native_batch_norm_legit, aten.native_batch_norm)
-def _batch_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, mean: Any = None, var: Any = None,
-                training: Any = True, momentum: float = 0.1, eps: float = 1e-5) -> Any:
+def _batch_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, *args: Any) -> Any:
+    if n.target._overloadname == "no_stats":  # (training, momentum, eps): batch statistics, nothing to update
+        training, momentum, eps = args
+        return _batch_norm_training(L, n, x, weight, bias, eps)
+    mean, var, training, momentum, eps = args
     if training is not False or not isinstance(mean, Node) or not isinstance(var, Node):
-        raise Unsupported("batch_norm in training mode (or without running statistics)")
+        # training mode here updates the running statistics in place (functional graphs use
+        # _native_batch_norm_legit_functional instead)
+        raise Unsupported("batch_norm in training mode with in-place running statistics")
     return _batch_norm_inference(L, n, x, weight, bias, mean, var, momentum, eps)
+
+
+@register(aten._native_batch_norm_legit_functional)
+def _batch_norm_functional(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, running_mean: Node,
+                           running_var: Node, training: bool, momentum: float, eps: float) -> Any:
+    if not training:
+        vals = meta_val(n)
+        if vals[1].numel() or vals[2].numel():
+            raise Unsupported("batch_norm statistics in eval mode")
+        out = _batch_norm_inference(L, n, x, weight, bias, running_mean, running_var, momentum, eps)[0]
+        return (out, L.full(0, tuple(vals[1].shape), vals[1].dtype), L.full(0, tuple(vals[2].shape), vals[2].dtype),
+                L.cast(running_mean, vals[3].dtype), L.cast(running_var, vals[4].dtype))
+    return _batch_norm_training(L, n, x, weight, bias, eps, (running_mean, running_var, momentum))
+
+
+@register(aten._batch_norm_with_update_functional)
+def _batch_norm_with_update(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, running_mean: Node,
+                            running_var: Node, momentum: float, eps: float) -> Any:
+    out, mean, rstd, new_mean, new_var = _batch_norm_training(L, n, x, weight, bias, eps,
+                                                              (running_mean, running_var, momentum))
+    reserve = meta_val(n)[3]
+    return out, mean, rstd, L.full(0, tuple(reserve.shape), reserve.dtype), new_mean, new_var

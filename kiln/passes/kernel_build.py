@@ -16,6 +16,7 @@ from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad,
                             RowAssign, RowStore, Store)
 from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
 from kiln.passes.fuse import Group
+from kiln.passes.layout import NHWC_ORDER
 
 
 SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)
@@ -51,7 +52,9 @@ def _loads(e: KExpr, out: set[str]) -> set[str]:
 
 class KernelBuilder:
     def __init__(self, group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node],
-                 flat: bool = False):
+                 flat: bool = False, strides_of: dict[Node, tuple[int, ...]] | None = None,
+                 loop_order: tuple[int, ...] | None = None):
+        self.strides_of = strides_of or {}
         self.group = group
         self.name = name
         self.buffer_of = buffer_of
@@ -60,15 +63,17 @@ class KernelBuilder:
         self.rowvars: dict[Node, KVar] = {}
         self.current: Node | None = None
         shape, axes = group.shape, group.axes
+        order = loop_order or tuple(range(len(shape)))
         if axes is None and flat:
             # one flat loop: every access must simplify to an affine function of it (checked by the caller)
             self.outer_vars = [Var("i0", numel(shape))]
-            self.full_index = unflatten(Lin.of(self.outer_vars[0]), tuple(shape))
+            walk = unflatten(Lin.of(self.outer_vars[0]), tuple(shape[d] for d in order))
+            self.full_index = _reorder(walk, order)
             self.rsize = 0
-            self.o_flat = Lin.of(self.outer_vars[0])
+            self.o_flat = linearize(self.full_index, contiguous_strides(shape))
         elif axes is None:
-            self.outer_vars = [Var(f"i{d}", s) for d, s in enumerate(shape)]
-            self.full_index = [Lin.of(v) for v in self.outer_vars]
+            self.outer_vars = [Var(f"i{k}", shape[d]) for k, d in enumerate(order)]
+            self.full_index = _reorder([Lin.of(v) for v in self.outer_vars], order)
             self.rsize = 0
             self.o_flat = linearize(self.full_index, contiguous_strides(shape))
         else:
@@ -94,6 +99,10 @@ class KernelBuilder:
                           and m.shape == group.shape and 0 < self.rsize <= SCRATCH_MAX}
         self.scratch: dict[Node, str] = {}
         self.pending: list[Store] = []
+
+    def strides(self, n: Node) -> tuple[int, ...]:
+        """Memory strides of a buffer (channels-last ones come from the layout pass)."""
+        return self.strides_of.get(n) or contiguous_strides(n.shape)
 
     # ------------------------------------------------------------------ values
     def value(self, n: Node, idx: list[Lin]) -> KExpr:
@@ -122,7 +131,7 @@ class KernelBuilder:
                 raise NotFusable(self.current, f"{n} used before it is computed")
             return self.define(n, idx)
         if n in self.buffer_of:
-            return KLoad(self.buffer_of[n], linearize(idx, contiguous_strides(n.shape)), n.dtype)
+            return KLoad(self.buffer_of[n], linearize(idx, self.strides(n)), n.dtype)
         return self.define(n, idx)
 
     def define(self, n: Node, idx: list[Lin]) -> KExpr:
@@ -267,8 +276,7 @@ class KernelBuilder:
                     raise NotFusable(m, "shape differs from the kernel's iteration space")
                 self.pending = []
                 value = self.value(m, self.full_index)
-                full_stores.append(Store(self.buffer_of[m], linearize(self.full_index, contiguous_strides(m.shape)),
-                                         value))
+                full_stores.append(Store(self.buffer_of[m], linearize(self.full_index, self.strides(m)), value))
                 scratch_stores.extend(self.pending)
         phases.extend(row_stores)
         if full_stores:
@@ -280,12 +288,25 @@ class KernelBuilder:
                       scratch=scratch)
 
 
-def build_kernel(group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node]) -> Kernel:
+def _reorder(walk: list[Lin], order: tuple[int, ...]) -> list[Lin]:
+    """Logical index from loop indices that walk the dims in ``order``."""
+    index: list[Lin] = [Lin(0)] * len(order)
+    for k, d in enumerate(order):
+        index[d] = walk[k]
+    return index
+
+
+def build_kernel(group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node],
+                 strides_of: dict[Node, tuple[int, ...]] | None = None) -> Kernel:
     """Kernel IR for ``group``.  A pointwise kernel runs as one flat loop when every index it computes is an
     affine function of the flat position (contiguous and broadcast-free access), which vectorizes best even
     when the innermost dimension is short (7x7 feature maps); otherwise it keeps one loop per dimension."""
+    strides_of = strides_of or {}
+    order = None
+    if group.axes is None and any(m in strides_of for m in group.members):
+        order = NHWC_ORDER  # walk the channels-last outputs in memory order
     if group.axes is None and len(group.shape) > 1:
-        kernel = KernelBuilder(group, name, buffer_of, stored, flat=True).build()
+        kernel = KernelBuilder(group, name, buffer_of, stored, True, strides_of, order).build()
         if not kernel.has_divmod():
             return kernel
-    return KernelBuilder(group, name, buffer_of, stored).build()
+    return KernelBuilder(group, name, buffer_of, stored, False, strides_of, order).build()

@@ -22,6 +22,8 @@ from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.fuse import ExternStep, Group, partition
 from kiln.passes.kernel_build import NotFusable, build_kernel
+from kiln import config
+from kiln.passes.layout import choose_layouts
 from kiln.report import CompileReport
 from kiln.runtime import memory
 
@@ -50,6 +52,8 @@ class Plan:
     buffer_of: dict[Node, str]       # realized node -> buffer name
     aliases: set[Node]
     kernels: list[Kernel]
+    strides_of: dict[Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # non-contiguous buffers
+    cl_convs: set[Node] = dataclasses.field(default_factory=set)  # convolutions run channels-last
 
 
 def _kernel_name(index: int, group: Group) -> str:
@@ -60,8 +64,8 @@ def _kernel_name(index: int, group: Group) -> str:
     return f"kernel_{index}_" + "_".join(ops[:4])
 
 
-def _stored(steps: list[Any], graph: Graph, aliases: set[Node]) -> set[Node]:
-    """Group members that some other step (or the caller) reads, directly or through inlined nodes."""
+def _readers(steps: list[Any], graph: Graph) -> tuple[dict[Node, int], dict[Node, set[Any]]]:
+    """(group index of each member, the steps that read each node directly or through inlined nodes)."""
     group_of: dict[Node, int] = {}
     for k, s in enumerate(steps):
         if isinstance(s, Group):
@@ -80,6 +84,11 @@ def _stored(steps: list[Any], graph: Graph, aliases: set[Node]) -> set[Node]:
             else:
                 found |= readers.get(u, set())
         readers[n] = found
+    return group_of, readers
+
+
+def _stored(group_of: dict[Node, int], readers: dict[Node, set[Any]]) -> set[Node]:
+    """Group members that some other step (or the caller) reads."""
     return {m for m, k in group_of.items() if readers[m] - {k}}
 
 
@@ -87,7 +96,11 @@ def make_plan(graph: Graph) -> Plan:
     breaks: set[Node] = set()
     while True:
         steps, realized, aliases = partition(graph, frozenset(breaks))
-        stored = _stored(steps, graph, aliases)
+        group_of, readers = _readers(steps, graph)
+        stored = _stored(group_of, readers)
+        strides_of, cl_convs = ({}, set())
+        if config.get().layout_optimization:
+            strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored)
         buffer_of: dict[Node, str] = {}
         for n in graph.nodes:
             if n in realized and (n.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in stored):
@@ -97,12 +110,12 @@ def make_plan(graph: Graph) -> Plan:
             out_steps: list[Any] = []
             for s in steps:
                 if isinstance(s, Group):
-                    k = build_kernel(s, _kernel_name(len(kernels), s), buffer_of, stored)
+                    k = build_kernel(s, _kernel_name(len(kernels), s), buffer_of, stored, strides_of)
                     kernels.append(k)
                     out_steps.append(k)
                 else:
                     out_steps.append(s)
-            return Plan(out_steps, buffer_of, aliases, kernels)
+            return Plan(out_steps, buffer_of, aliases, kernels, strides_of, cl_convs)
         except NotFusable as e:
             if e.node is None or e.node in breaks:
                 raise
@@ -191,12 +204,16 @@ class CompiledGraph:
         for name, off in mplan.offsets.items():
             n = node_of[name]
             size = n.numel * torch.empty((), dtype=n.dtype).element_size()
-            t = self.arena[off:off + size].view(n.dtype).view(n.shape)
+            t = self.arena[off:off + size].view(n.dtype)
+            t = t.as_strided(n.shape, plan.strides_of[n]) if n in plan.strides_of else t.view(n.shape)
             self.static[n] = t
             self.ptrs[self.slot_of[name]] = t.data_ptr()
+        cl_weights = {c.inputs[1] for c in plan.cl_convs}
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:
                 t = n.attr("value").tensor.contiguous()
+                if n in cl_weights and t.dim() == 4:  # read only by the library, which prefers NHWC here
+                    t = t.contiguous(memory_format=torch.channels_last)
                 self.static[n] = t
                 self.ptrs[self.slot_of[name]] = t.data_ptr()
         self.input_slots = [(k, self.slot_of[plan.buffer_of[n]], n) for k, n in enumerate(self.graph.inputs)
@@ -262,6 +279,8 @@ class CompiledGraph:
     def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
         if n in self.static:  # planned: the library writes straight into the arena
             args, kwargs = substitute(n.attr("template"), [self._value(i, env) for i in n.inputs])
+            if n in self.plan.cl_convs:
+                args[0] = args[0].contiguous(memory_format=torch.channels_last)
             n.attr("target").overloadpacket.out(*args, **kwargs, out=self.static[n])
             return
         out = call_extern(n, [self._value(i, env) for i in n.inputs])

@@ -97,3 +97,15 @@ def test_full_reduction_split_across_threads(threads):
         assert len(r.kernels) == 1 and "omp parallel num_threads" in r.source
     finally:
         torch.set_num_threads(previous)
+
+
+def test_channels_last_layout_matches_eager():
+    from benchmarks.models import MODELS
+    for name, kw in (("seed", {"size": 20}), ("resnet18", {"size": 48})):
+        model, (x,) = MODELS[name](**kw)
+        position = mark()
+        with torch.inference_mode():
+            got = kiln.compile(model, fallback=False, layout_optimization=True)(x)
+            torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+        source = reports_since(position)[-1].source
+        assert "i3" in source or "i0 = c *" in source  # kernels were generated

@@ -1,0 +1,64 @@
+"""Layout choice: convolutions and the kernels between them work in channels-last (NHWC).
+
+oneDNN's direct convolutions can run faster on NHWC data than on NCHW (the seed model's two
+convolutions alone: about 12% less time in an op-level test).  End to end on one thread the gain did not
+hold (seed within 3%, ResNet-18 9% slower, where residual kernels mix layouts), so
+``Config.layout_optimization`` is off by default until the choice is made per convolution by measurement.  The user's tensors stay NCHW; inside a graph, a buffer is
+stored channels-last when a convolution reads it, and a convolution's output is produced channels-last when a
+kernel that feeds another convolution reads it.  The last convolution of a chain writes NCHW directly (the
+library reorders on the fly), so no separate transpose pass is needed.  Kernels index every buffer through
+its strides, and a pointwise kernel whose outputs are channels-last iterates in NHWC order, so its loads and
+stores stay contiguous.
+
+Example (seed model): conv1 -> NHWC buffer -> relu kernel (NHWC loop) -> NHWC buffer -> conv2 -> NCHW output
+buffer -> relu kernel -> NCHW graph output.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import Op
+
+aten = torch.ops.aten
+NHWC_ORDER = (0, 2, 3, 1)  # loop/memory order of the logical dims (N, C, H, W)
+
+
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    n, c, h, w = shape
+    return (c * h * w, 1, w * c, c)
+
+
+def is_conv2d(n: Node) -> bool:
+    if n.op is not Op.EXTERN or n.attr("out_index") is not None or n.dtype != torch.float32:
+        return False
+    if getattr(n.attr("target"), "overloadpacket", None) is not aten.convolution or len(n.shape) != 4:
+        return False
+    args, _ = n.attr("template")
+    return not args[6]  # not transposed
+
+
+def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], readers: dict[Node, set[Any]],
+                   stored: set[Node]) -> tuple[dict[Node, tuple[int, ...]], set[Node]]:
+    """(channels-last buffers -> strides, convolutions to run on channels-last inputs and weights).
+
+    Only pointwise kernels' outputs are stored channels-last (their store index follows the buffer's
+    strides); values stored once per row of a reduction keep the contiguous layout."""
+    convs = [n for n in graph.nodes if is_conv2d(n)]
+    outputs = set(graph.outputs)
+    nhwc: dict[Node, tuple[int, ...]] = {}
+    for conv in convs:
+        x = conv.inputs[0]
+        if x in stored and x in group_of and len(x.shape) == 4 and x not in outputs \
+                and getattr(steps[group_of[x]], "axes", 0) is None:
+            nhwc[x] = channels_last_strides(x.shape)
+    nhwc_groups = {group_of[m] for m in nhwc}
+    for conv in convs:
+        if conv not in outputs and readers.get(conv) and readers[conv] & nhwc_groups:
+            nhwc[conv] = channels_last_strides(conv.shape)
+    cl_convs = {c for c in convs if c in nhwc or c.inputs[0] in nhwc}
+    # weights go channels-last only when nothing but convolutions reads them
+    cl_convs = {c for c in cl_convs if readers.get(c.inputs[1], set()) <= {"extern"}}
+    return nhwc, cl_convs
