@@ -3,12 +3,13 @@
 oneDNN's direct convolutions can run faster on NHWC data than on NCHW (the seed model's two
 convolutions alone: about 12% less time in an op-level test).  End to end on one thread the gain did not
 hold (seed within 3%, ResNet-18 9% slower, where residual kernels mix layouts), so
-``Config.layout_optimization`` is off by default until the choice is made per convolution by measurement.  The user's tensors stay NCHW; inside a graph, a buffer is
-stored channels-last when a convolution reads it, and a convolution's output is produced channels-last when a
-kernel that feeds another convolution reads it.  The last convolution of a chain writes NCHW directly (the
-library reorders on the fly), so no separate transpose pass is needed.  Kernels index every buffer through
-its strides, and a pointwise kernel whose outputs are channels-last iterates in NHWC order, so its loads and
-stores stay contiguous.
+``Config.layout_optimization`` is off by default until the choice is made per convolution by measurement.
+
+The user's tensors stay NCHW; inside a graph, a buffer is stored channels-last when a convolution reads
+it, and a convolution's output is produced channels-last when a kernel that feeds another convolution reads
+it.  The last convolution of a chain writes NCHW directly (the library reorders on the fly), so no separate
+transpose pass is needed.  Kernels index every buffer through its strides, and a pointwise kernel whose
+outputs are channels-last iterates in NHWC order, so its loads and stores stay contiguous.
 
 Example (seed model): conv1 -> NHWC buffer -> relu kernel (NHWC loop) -> NHWC buffer -> conv2 -> NCHW output
 buffer -> relu kernel -> NCHW graph output.
