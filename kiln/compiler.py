@@ -51,13 +51,14 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
              report: CompileReport) -> Callable:
     from kiln.frontend.lower import lower_fx
     from kiln.passes.pipeline import run_pipeline
+    from kiln.runtime.choose import build_best
     from kiln.runtime.module import build_module
 
     graph, externs = lower_fx(fx_gm, frozen)
     report.captured = graph
     graph = run_pipeline(graph, report, check=cfg.check)
     report.optimized = graph
-    module = build_module(graph, report)
+    module = build_best(graph, report, build_module)
     input_positions = [n.attr("index") for n in graph.inputs]
 
     def run(args: Sequence[Any]) -> list[torch.Tensor]:

@@ -109,3 +109,14 @@ def test_channels_last_layout_matches_eager():
             torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
         source = reports_since(position)[-1].source
         assert "i3" in source or "i0 = c *" in source  # kernels were generated
+
+
+def test_layout_autotune_keeps_a_correct_plan():
+    from benchmarks.models import MODELS
+    model, (x,) = MODELS["seed"](size=20)
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(model, fallback=False, layout_autotune=True)(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
+    layout = reports_since(position)[-1].memory["layout"]
+    assert layout.startswith(("contiguous", "channels-last"))
