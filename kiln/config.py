@@ -50,9 +50,9 @@ class Config:
     # Run convolutions and the kernels between them channels-last (NHWC) inside a graph.  Off by default:
     # measured on ResNet-18 (1 thread) it cost 9%, on the seed model it gained under 3% (see passes/layout.py).
     layout_optimization: bool = False
-    # For graphs with convolutions, build both layouts and keep the one that measures faster (off by default:
-    # it doubles the build, and on the suite's models contiguous has always won so far).
-    layout_autotune: bool = False
+    # For graphs with convolutions, build both layouts and keep the one that measures faster (the decision is
+    # cached on disk beside the modules).
+    layout_autotune: bool = True
     # Fall back to eager (with a warning) when code generation or compilation fails, instead of raising.
     fallback: bool = True
 

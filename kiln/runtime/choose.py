@@ -7,7 +7,11 @@ against each other on those inputs, so a layout bug cannot be chosen silently.
 """
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import time
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -27,15 +31,50 @@ def _best_time(module: Callable, inputs: list[torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
+def _decisions_path() -> Path:
+    return Path(config.get().cache_dir) / "layout_choices.json"
+
+
+def _load_decisions() -> dict[str, str]:
+    try:
+        return json.loads(_decisions_path().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_decision(key: str, choice: str) -> None:
+    decisions = _load_decisions()
+    decisions[key] = choice
+    path = _decisions_path()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(decisions))
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only cache only costs a re-measurement next time
+
+
 def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, CompileReport], Callable]) -> Callable:
-    """Build the graph's module; with convolutions and ``layout_autotune``, the faster of both layouts."""
+    """Build the graph's module; with convolutions and ``layout_autotune``, the faster of both layouts.
+
+    The decision is kept on disk, keyed by the contiguous plan's source, so a warm compile builds (loads)
+    only the chosen plan and measures nothing."""
     cfg = config.get()
     if cfg.layout_optimization or not cfg.layout_autotune or not any(is_conv2d(n) for n in graph.nodes):
         return build(graph, report)
     plain = build(graph, report)
-    plain_state = (report.kernels, report.externs, report.memory, report.source, report.from_cache)
+    key = hashlib.sha256(f"{report.source}|{torch.get_num_threads()}".encode()).hexdigest()
+    known = _load_decisions().get(key)
+    if known == "contiguous":
+        report.memory["layout"] = "contiguous (measured earlier)"
+        return plain
+    plain_state = (report.kernels, report.externs, dict(report.memory), report.source, report.from_cache)
     with config.scope(layout_optimization=True):
         nhwc = build(graph, report)
+    if known == "channels-last":
+        report.memory["layout"] = "channels-last (measured earlier)"
+        return nhwc
     inputs = random_inputs(graph)
     with torch.inference_mode():
         first, second = plain(inputs), nhwc(inputs)
@@ -46,8 +85,10 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
             t_plain = min(t_plain, _best_time(plain, inputs))
             t_nhwc = min(t_nhwc, _best_time(nhwc, inputs))
     if t_nhwc < 0.97 * t_plain:
+        _save_decision(key, "channels-last")
         report.memory["layout"] = f"channels-last ({t_nhwc * 1e3:.1f} ms vs {t_plain * 1e3:.1f} ms contiguous)"
         return nhwc
+    _save_decision(key, "contiguous")
     report.kernels, report.externs, report.memory, report.source, report.from_cache = plain_state
     report.memory["layout"] = f"contiguous ({t_plain * 1e3:.1f} ms vs {t_nhwc * 1e3:.1f} ms channels-last)"
     return plain
