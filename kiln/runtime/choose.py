@@ -78,8 +78,11 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     inputs = random_inputs(graph)
     with torch.inference_mode():
         first, second = plain(inputs), nhwc(inputs)
-        for a, b in zip(first, second):
-            torch.testing.assert_close(b, a, rtol=1e-4, atol=1e-4)
+        if not all(torch.allclose(b, a, rtol=1e-3, atol=1e-4, equal_nan=True) for a, b in zip(first, second)):
+            # never trade correctness for speed: keep the contiguous plan and say why
+            report.kernels, report.externs, report.memory, report.source, report.from_cache = plain_state
+            report.memory["layout"] = "contiguous (the channels-last plan disagreed on random inputs)"
+            return plain
         t_plain = t_nhwc = float("inf")
         for _ in range(ROUNDS):
             t_plain = min(t_plain, _best_time(plain, inputs))
