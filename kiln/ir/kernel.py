@@ -22,7 +22,7 @@ Text form (``kiln.explain``)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Union
+from typing import Any, Iterator, Union
 
 import torch
 
@@ -125,54 +125,32 @@ class Kernel:
     def is_reduction(self) -> bool:
         return self.rsize > 0
 
-    def buffers(self) -> tuple[set[str], set[str]]:
-        """(buffers read, buffers written)."""
-        reads: set[str] = set()
-        writes: set[str] = set()
-
-        def visit(e: KExpr) -> None:
-            if isinstance(e, KLoad):
-                reads.add(e.buf)
-                _visit_index(e.index, visit)
-            elif isinstance(e, KIndex):
-                _visit_index(e.index, visit)
-            elif isinstance(e, KOp):
-                for a in e.args:
-                    visit(a)
-
+    def _indices(self) -> Iterator[Lin]:
+        """Every index expression the kernel evaluates: of loads, index values and stores."""
         for p in self.phases:
             for e in phase_exprs(p):
-                visit(e)
-            for s in phase_stores(p):
-                writes.add(s.buf)
-                _visit_index(s.index, visit)
+                for x in subexprs(e):
+                    if isinstance(x, (KLoad, KIndex)):
+                        yield x.index
+            for st in phase_stores(p):
+                yield st.index
+                for x in index_exprs(st.index):
+                    for y in subexprs(x):
+                        if isinstance(y, (KLoad, KIndex)):
+                            yield y.index
+
+    def buffers(self) -> tuple[set[str], set[str]]:
+        """(buffers read, buffers written); row scratch arrays are not buffers."""
+        reads = {x.buf for p in self.phases for e in phase_exprs(p) for x in subexprs(e) if isinstance(x, KLoad)}
+        for p in self.phases:
+            for st in phase_stores(p):
+                reads |= {y.buf for x in index_exprs(st.index) for y in subexprs(x) if isinstance(y, KLoad)}
+        writes = {st.buf for p in self.phases for st in phase_stores(p)}
         return reads - set(self.scratch), writes - set(self.scratch)
 
     def has_divmod(self) -> bool:
         """Does any index (load, store or index value) still contain a floor division or modulo?"""
-        found = False
-
-        def visit_index(index: Lin) -> None:
-            nonlocal found
-            for atom in index.atoms():
-                if isinstance(atom, (FloorDiv, Mod)):
-                    found = True
-                elif isinstance(atom, Dyn):
-                    visit(atom.expr)
-
-        def visit(e: KExpr) -> None:
-            if isinstance(e, (KLoad, KIndex)):
-                visit_index(e.index)
-            elif isinstance(e, KOp):
-                for a in e.args:
-                    visit(a)
-
-        for p in self.phases:
-            for e in phase_exprs(p):
-                visit(e)
-            for st in phase_stores(p):
-                visit_index(st.index)
-        return found
+        return any(isinstance(atom, (FloorDiv, Mod)) for index in self._indices() for atom in index_atoms(index))
 
     def format(self) -> str:
         head = f"{self.name}  outer={list(self.outer)}" + (f" rsize={self.rsize}" if self.rsize else "")
@@ -212,12 +190,29 @@ def phase_stores(p: Phase) -> list[Store]:
     return []
 
 
-def _visit_index(index: Lin, visit: Any) -> None:
+def index_atoms(index: Lin) -> Iterator[Any]:
+    """All atoms of an index expression, including those nested in floor-div/mod arguments."""
     for atom in index.atoms():
-        if isinstance(atom, Dyn):
-            visit(atom.expr)
-        elif hasattr(atom, "arg"):
-            _visit_index(atom.arg, visit)
+        yield atom
+        if isinstance(atom, (FloorDiv, Mod)):
+            yield from index_atoms(atom.arg)
+
+
+def index_exprs(index: Lin) -> list[KExpr]:
+    """The run-time values an index reads (the index operands of gathers)."""
+    return [atom.expr for atom in index_atoms(index) if isinstance(atom, Dyn)]
+
+
+def subexprs(e: KExpr) -> Iterator[KExpr]:
+    """``e`` and every expression inside it, including those inside gather indices."""
+    stack = [e]
+    while stack:
+        x = stack.pop()
+        yield x
+        if isinstance(x, KOp):
+            stack.extend(x.args)
+        elif isinstance(x, (KLoad, KIndex)):
+            stack.extend(index_exprs(x.index))
 
 
 def format_expr(e: KExpr) -> str:

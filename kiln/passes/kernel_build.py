@@ -13,7 +13,7 @@ import torch
 from kiln.ir.graph import Node
 from kiln.ir.index import Dyn, Lin, Var, linearize, unflatten
 from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad, KOp, KVar, ReduceLoop,
-                            RowAssign, RowStore, Store)
+                            RowAssign, RowStore, Store, subexprs)
 from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
 from kiln.passes.fuse import Group
 from kiln.passes.layout import NHWC_ORDER
@@ -28,26 +28,12 @@ class NotFusable(Exception):
         self.node = node
 
 
-def _kvars(e: KExpr, out: set[str]) -> set[str]:
-    if isinstance(e, KVar):
-        out.add(e.name)
-    elif isinstance(e, KOp):
-        for a in e.args:
-            _kvars(a, out)
-    elif isinstance(e, (KLoad, KIndex)):
-        for atom in e.index.atoms():
-            if isinstance(atom, Dyn):
-                _kvars(atom.expr, out)
-    return out
+def _kvars(e: KExpr) -> set[str]:
+    return {x.name for x in subexprs(e) if isinstance(x, KVar)}
 
 
-def _loads(e: KExpr, out: set[str]) -> set[str]:
-    if isinstance(e, KLoad):
-        out.add(e.buf)
-    elif isinstance(e, KOp):
-        for a in e.args:
-            _loads(a, out)
-    return out
+def _loads(e: KExpr) -> set[str]:
+    return {x.buf for x in subexprs(e) if isinstance(x, KLoad)}
 
 
 class KernelBuilder:
@@ -232,7 +218,7 @@ class KernelBuilder:
     def _reads_scratch_of_later(self, expr: KExpr, phases: list[Any], target: int) -> bool:
         """Would ``expr`` in pass ``target`` read a row scratch that a later pass writes?"""
         later = {s.buf for p in phases[target + 1:] if isinstance(p, ReduceLoop) for s in p.stores}
-        return bool(later & _loads(expr, set()))
+        return bool(later & _loads(expr))
 
     def build(self) -> Kernel:
         phases: list[Any] = []
@@ -249,7 +235,7 @@ class KernelBuilder:
                 expr = self.value(m.inputs[0], self.full_index)
                 name = f"acc{counter}"
                 counter += 1
-                need = max((defined_at[v] for v in _kvars(expr, set())), default=-1)
+                need = max((defined_at[v] for v in _kvars(expr)), default=-1)
                 # join the first pass over the row that runs after everything this reduction reads
                 target = next((k for k in range(need + 1, len(phases)) if isinstance(phases[k], ReduceLoop)), None)
                 if target is not None and not self._reads_scratch_of_later(expr, phases, target):
