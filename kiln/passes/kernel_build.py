@@ -82,7 +82,7 @@ class KernelBuilder:
         # [Note: row scratch] A realized full-row member (realized because it is expensive and shared) that
         # several passes over the row read is computed once per row into a stack array and re-read later.
         self.cacheable = {m for m in group.members if self.rsize and m.op not in REDUCTION and m not in stored
-                          and m.shape == group.shape and 0 < self.rsize <= SCRATCH_MAX}
+                          and m.shape == group.shape and 1 < self.rsize <= SCRATCH_MAX}
         self.scratch: dict[Node, str] = {}
         self.pending: list[Store] = []
 

@@ -204,3 +204,19 @@ def test_new_input_shape_gives_correct_results():
             torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
         x = torch.randn(2, 3, 8)   # a different rank
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_in_place_update_of_an_input_is_kept():
+    import torch
+
+    import kiln
+
+    def f(x, buf):
+        buf.add_(1)
+        return x * 2
+
+    x, buf = torch.randn(4), torch.zeros(3) + 5
+    with torch.inference_mode():
+        out = kiln.compile(f)(x, buf)
+    torch.testing.assert_close(out, x * 2)
+    torch.testing.assert_close(buf, torch.full((3,), 6.0))
