@@ -13,19 +13,16 @@ Before::                                                     After (when oneDNN 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import platform
 import time
-from pathlib import Path
 
 import torch
 
-from kiln import config
 from kiln.frontend.extern import build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
+from kiln.runtime import decisions
 
 aten = torch.ops.aten
 _choices: dict[tuple[int, ...], str] = {}
@@ -48,8 +45,8 @@ def _best_of(fn, reps: int = 3) -> float:
     return best
 
 
-def _store_path() -> Path:
-    return Path(config.get().cache_dir) / f"gemm_choices-{_machine_key()}.json"
+def _store_name() -> str:
+    return f"gemm_choices-{_machine_key()}.json"
 
 
 def _machine_key() -> str:
@@ -66,22 +63,15 @@ def _machine_key() -> str:
 def _load() -> None:
     global _loaded
     _loaded = True
-    try:
-        for key, value in json.loads(_store_path().read_text()).items():
+    for key, value in decisions.load(_store_name()).items():
+        try:
             _choices.setdefault(tuple(int(v) for v in key.split(",")), value)
-    except (OSError, ValueError):
-        pass  # no store yet, or a damaged one: measure again
+        except ValueError:
+            pass  # a damaged entry: measured again
 
 
 def _save() -> None:
-    path = _store_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps({",".join(map(str, k)): v for k, v in _choices.items()}))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next time
+    decisions.save(_store_name(), {",".join(map(str, k)): v for k, v in _choices.items()})
 
 
 def choose(m: int, k: int, n: int) -> str:

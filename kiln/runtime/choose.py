@@ -8,10 +8,7 @@ against each other on those inputs, so a layout bug cannot be chosen silently.
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
@@ -21,6 +18,7 @@ from kiln.ir.graph import Graph
 from kiln.passes.check import random_inputs
 from kiln.passes.layout import is_conv2d
 from kiln.report import CompileReport
+from kiln.runtime import decisions
 
 ROUNDS = 3
 
@@ -31,28 +29,13 @@ def _best_time(module: Callable, inputs: list[torch.Tensor]) -> float:
     return time.perf_counter() - start
 
 
-def _decisions_path() -> Path:
-    return Path(config.get().cache_dir) / "layout_choices.json"
-
-
-def _load_decisions() -> dict[str, str]:
-    try:
-        return json.loads(_decisions_path().read_text())
-    except (OSError, ValueError):
-        return {}
+STORE = "layout_choices.json"
 
 
 def _save_decision(key: str, choice: str) -> None:
-    decisions = _load_decisions()
-    decisions[key] = choice
-    path = _decisions_path()
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(decisions))
-        os.replace(tmp, path)
-    except OSError:
-        pass  # a read-only cache only costs a re-measurement next time
+    known = decisions.load(STORE)
+    known[key] = choice
+    decisions.save(STORE, known)
 
 
 def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, CompileReport], Callable]) -> Callable:
@@ -65,7 +48,7 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
         return build(graph, report)
     plain = build(graph, report)
     key = hashlib.sha256(f"{report.source}|{torch.get_num_threads()}".encode()).hexdigest()
-    known = _load_decisions().get(key)
+    known = decisions.load(STORE).get(key)
     if known == "contiguous":
         report.memory["layout"] = "contiguous (measured earlier)"
         return plain
