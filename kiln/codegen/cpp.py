@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal
+from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.ops import Op, numel
 
@@ -45,15 +45,12 @@ def _init(kind: Op, dtype: torch.dtype) -> str:
             torch.uint8: "uint8_t(255)", torch.bool: "true"}[dtype]
 
 
+# a reduction combines partial results with the elementwise op of the same meaning
+_COMBINE_OP = {Op.SUM: Op.ADD, Op.PROD: Op.MUL, Op.AMAX: Op.MAXIMUM, Op.AMIN: Op.MINIMUM}
+
+
 def _combine(kind: Op, acc: str, v: str, dtype: torch.dtype) -> str:
-    t = ctype(dtype)
-    if kind is Op.SUM:
-        return f"{acc} + {v}"
-    if kind is Op.PROD:
-        return f"{acc} * {v}"
-    if kind is Op.AMAX:
-        return f"kiln_max<{t}>({acc}, {v})"
-    return f"kiln_min<{t}>({acc}, {v})"
+    return op_text(_COMBINE_OP[kind], [acc, v], dtype, dtype)
 
 
 class KernelWriter:
