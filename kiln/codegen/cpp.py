@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from kiln.codegen.cpp_split import split_plan, write_split
+from kiln.codegen.cpp_tile import plan_tiles, write_tiled
 from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.ops import Op, numel
@@ -85,8 +87,8 @@ class KernelWriter:
         out.append("}")
         return "\n".join(out)
 
-    def _outer_loops(self, collapse_all: bool) -> str:
-        """Open the outer loops; returns the indentation inside them."""
+    def _outer_loops(self, collapse_all: bool, open_last: bool = True) -> str:
+        """Open the outer loops (all but the innermost unless ``open_last``); returns the indentation inside."""
         k = self.k
         n_par = len(k.outer) if collapse_all else max(len(k.outer) - 1, 0)
         work = numel(k.outer) * max(k.rsize, 1)
@@ -94,7 +96,7 @@ class KernelWriter:
             collapse = f" collapse({n_par})" if n_par > 1 else ""
             self.lines.append(f"  #pragma omp parallel for{collapse} schedule(static) if({work} > {PARALLEL_MIN_WORK})")
         indent = "  "
-        for d, size in enumerate(k.outer):
+        for d, size in enumerate(k.outer if open_last else k.outer[:-1]):
             var = f"o{d}" if k.is_reduction else f"i{d}"
             if not collapse_all and d == len(k.outer) - 1:
                 if n_par == 0 and size > CHUNK:
@@ -126,6 +128,16 @@ class KernelWriter:
             self.lines.append("  " * d + "}")
 
     def _pointwise_kernel(self) -> None:
+        tiles = plan_tiles(self.k)
+        if tiles is not None:
+            write_tiled(self.k, tiles, self.lines, PARALLEL_MIN_WORK)
+            return
+        split = split_plan(self.k)
+        if split is not None and not (len(self.k.outer) == 1 and self.k.outer[0] > CHUNK):
+            indent = self._outer_loops(collapse_all=False, open_last=False)
+            write_split(self.k, *split, self.lines, indent)
+            self._close(len(self.k.outer) - 1)
+            return
         indent = self._outer_loops(collapse_all=False)
         p = ExprPrinter(self.lines, indent)
         for phase in self.k.phases:

@@ -35,8 +35,10 @@ _INFIX = {
 # small helpers every translation unit carries after the prelude
 HELPERS = r"""
 using namespace kiln_rt;
-template <class T> static inline T kiln_max(T a, T b) { return (a > b || a != a) ? a : b; }
-template <class T> static inline T kiln_min(T a, T b) { return (a < b || a != a) ? a : b; }
+// NaN-propagating max/min.  The form matters: GCC 12 vectorizes chains of these (pooling windows) only when
+// the comparison select comes first and the NaN select second (no short-circuit ||, no nested select first).
+template <class T> static inline T kiln_max(T a, T b) { const T m = a > b ? a : b; return a != a ? a : m; }
+template <class T> static inline T kiln_min(T a, T b) { const T m = a < b ? a : b; return a != a ? a : m; }
 template <class T> static inline T kiln_remf(T a, T b) {
   T r = std::fmod(a, b); return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T kiln_remi(T a, T b) {
@@ -110,7 +112,7 @@ def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype)
     if op is Op.SIGMOID:
         return f"k_sigmoid({a})" if arg_dtype == torch.float32 else f"({t}(1) / ({t}(1) + std::exp(-{a})))"
     if op is Op.RELU:
-        return f"(({a} > 0 || {a} != {a}) ? {a} : {t}(0))" if fp else f"({a} > 0 ? {a} : {t}(0))"
+        return f"(!({a} <= 0) ? {a} : {t}(0))" if fp else f"({a} > 0 ? {a} : {t}(0))"  # NaN > 0 is false
     if op in (Op.FLOOR, Op.CEIL, Op.TRUNC):
         return f"std::{op.value}({a})"
     if op is Op.ROUND:

@@ -53,7 +53,7 @@ from __future__ import annotations
 __all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS"]
 
 #: Bump whenever the text of PRELUDE changes (it is part of kernel cache keys).
-PRELUDE_VERSION = "2"
+PRELUDE_VERSION = "3"
 
 #: Names of the public float math functions defined in namespace ``kiln_rt``.
 PRELUDE_FUNCTIONS = (
@@ -61,6 +61,46 @@ PRELUDE_FUNCTIONS = (
     "k_sin", "k_cos", "k_pow", "k_rsqrt", "k_gelu_erf", "k_gelu_tanh", "k_silu",
     "k_relu", "k_maximum", "k_minimum",
 )
+
+
+
+def _transpose_stages() -> str:
+    """The shuffles of a 16x16 in-register transpose: four stages, each swapping one bit of the row index with
+    the same bit of the column index between row pairs (p, p | bit).  After all four, element (r, c) sits at
+    (c, r).  GCC lowers each two-source shuffle to one permute (vpermt2ps) with AVX-512."""
+    lines = []
+    for b in range(4):
+        d = 1 << b
+        for p in range(16):
+            if p & d:
+                continue
+            q = p | d
+            lo = [c if not c & d else 16 + c - d for c in range(16)]
+            hi = [c + d if not c & d else 16 + c for c in range(16)]
+            lines.append(f"  {{ const kv16f x = __builtin_shufflevector(r[{p}], r[{q}], {', '.join(map(str, lo))});\n"
+                         f"    r[{q}] = __builtin_shufflevector(r[{p}], r[{q}], {', '.join(map(str, hi))}); "
+                         f"r[{p}] = x; }}")
+    return "\n".join(lines)
+
+
+# Tiles for kernels that read channels-last data and write NCHW (or the reverse): see codegen/cpp_tile.py.
+_TRANSPOSE = r"""namespace kiln_rt {
+typedef float kv16f __attribute__((vector_size(64)));
+// dst[a * 16 + b] = src[b * ld + a] for a, b < 16, in registers (float).
+KILN_INLINE void transpose16(const float* src, int64_t ld, float* dst) {
+  kv16f r[16];
+  for (int i = 0; i < 16; ++i) std::memcpy(&r[i], src + i * ld, sizeof(kv16f));
+""" + _transpose_stages() + r"""
+  for (int i = 0; i < 16; ++i) std::memcpy(dst + i * 16, &r[i], sizeof(kv16f));
+}
+// Other element types: the same tile, element by element.
+template <typename T>
+KILN_INLINE void transpose16(const T* src, int64_t ld, T* dst) {
+  for (int b = 0; b < 16; ++b)
+    for (int a = 0; a < 16; ++a) dst[a * 16 + b] = src[b * ld + a];
+}
+}  // namespace kiln_rt
+"""
 
 PRELUDE = r"""// ===== kiln runtime prelude v""" + PRELUDE_VERSION + r""" (kiln/codegen/cpp_prelude.py) =====
 #include <cstdint>
@@ -483,5 +523,5 @@ KILN_INLINE double k_gelu_tanh(double x) {
 }
 
 }  // namespace kiln_rt
-// ===== end of kiln runtime prelude =====
+""" + _TRANSPOSE + r"""// ===== end of kiln runtime prelude =====
 """

@@ -13,6 +13,7 @@ import torch
 import torch.fx
 
 from kiln.frontend import aten_movement  # noqa: F401  (registers the movement lowerings)
+from kiln.frontend import aten_pool  # noqa: F401  (registers the pooling lowerings)
 from kiln.frontend.aten import LOWERINGS
 from kiln.frontend.lowering_base import KERNEL_DTYPES, Lowerer, Unsupported
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node

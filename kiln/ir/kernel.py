@@ -22,7 +22,7 @@ Text form (``kiln.explain``)::
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator, Union
+from typing import Any, Callable, Iterator, Union
 
 import torch
 
@@ -125,7 +125,7 @@ class Kernel:
     def is_reduction(self) -> bool:
         return self.rsize > 0
 
-    def _indices(self) -> Iterator[Lin]:
+    def indices(self) -> Iterator[Lin]:
         """Every index expression the kernel evaluates: of loads, index values and stores."""
         for p in self.phases:
             for e in phase_exprs(p):
@@ -150,7 +150,7 @@ class Kernel:
 
     def has_divmod(self) -> bool:
         """Does any index (load, store or index value) still contain a floor division or modulo?"""
-        return any(isinstance(atom, (FloorDiv, Mod)) for index in self._indices() for atom in index_atoms(index))
+        return any(isinstance(atom, (FloorDiv, Mod)) for index in self.indices() for atom in index_atoms(index))
 
     def format(self) -> str:
         head = f"{self.name}  outer={list(self.outer)}" + (f" rsize={self.rsize}" if self.rsize else "")
@@ -227,3 +227,62 @@ def format_expr(e: KExpr) -> str:
     if e.op is Op.CAST:
         return f"{dtype_name(e.dtype)}({format_expr(e.args[0])})"
     return f"{e.op.value}({', '.join(format_expr(a) for a in e.args)})"
+
+
+def map_expr_indices(e: KExpr, fn: Callable[[Lin], Lin], memo: dict[KExpr, KExpr]) -> KExpr:
+    """``e`` with ``fn`` applied to every index inside it (loads, index values, gather indices)."""
+    if e in memo:
+        return memo[e]
+    if isinstance(e, KOp):
+        out: KExpr = KOp(e.op, tuple(map_expr_indices(a, fn, memo) for a in e.args), e.dtype)
+    elif isinstance(e, KLoad):
+        out = KLoad(e.buf, _map_index(e.index, fn, memo), e.dtype)
+    elif isinstance(e, KIndex):
+        out = KIndex(_map_index(e.index, fn, memo), e.dtype)
+    else:
+        out = e
+    memo[e] = out
+    return out
+
+
+def _map_index(index: Lin, fn: Callable[[Lin], Lin], memo: dict[KExpr, KExpr]) -> Lin:
+    """Apply ``fn`` to ``index`` after mapping the expressions of its gather atoms."""
+    if any(isinstance(a, Dyn) for a in index_atoms(index)):
+        mapping = {a: Dyn(map_expr_indices(a.expr, fn, memo), a.size) for a in index_atoms(index)
+                   if isinstance(a, Dyn)}
+        index = _replace_dyn(index, mapping)
+    return fn(index)
+
+
+def _replace_dyn(index: Lin, mapping: dict[Dyn, Dyn]) -> Lin:
+    out = Lin(index.const)
+    for a, c in index.terms:
+        if isinstance(a, Dyn):
+            out = out + Lin.of(mapping[a]) * c
+        elif isinstance(a, (FloorDiv, Mod)):
+            inner = _replace_dyn(a.arg, mapping)
+            out = out + (inner.floordiv(a.k) if isinstance(a, FloorDiv) else inner.mod(a.k)) * c
+        else:
+            out = out + Lin.of(a) * c
+    return out
+
+
+def map_indices(kernel: Kernel, fn: Callable[[Lin], Lin]) -> Kernel:
+    """A copy of ``kernel`` with ``fn`` applied to every index expression (loads, stores, index values)."""
+    memo: dict[KExpr, KExpr] = {}
+
+    def store(s: Store) -> Store:
+        return Store(s.buf, _map_index(s.index, fn, memo), map_expr_indices(s.value, fn, memo))
+
+    phases: list[Phase] = []
+    for p in kernel.phases:
+        if isinstance(p, ReduceLoop):
+            accs = [Acc(a.name, a.kind, map_expr_indices(a.value, fn, memo), a.dtype) for a in p.accs]
+            phases.append(ReduceLoop(accs, [store(s) for s in p.stores]))
+        elif isinstance(p, RowAssign):
+            phases.append(RowAssign(p.name, map_expr_indices(p.value, fn, memo)))
+        elif isinstance(p, FullLoop):
+            phases.append(FullLoop([store(s) for s in p.stores]))
+        else:
+            phases.append(RowStore(store(p.store)))
+    return dataclasses.replace(kernel, phases=phases)

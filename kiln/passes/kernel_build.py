@@ -17,6 +17,7 @@ from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad,
 from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
 from kiln.passes.fuse import Group
 from kiln.passes.layout import NHWC_ORDER
+from kiln.passes.loop_collapse import collapse_loops
 
 
 SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)
@@ -295,4 +296,5 @@ def build_kernel(group: Group, name: str, buffer_of: dict[Node, str], stored: se
         kernel = KernelBuilder(group, name, buffer_of, stored, True, strides_of, order).build()
         if not kernel.has_divmod():
             return kernel
-    return KernelBuilder(group, name, buffer_of, stored, False, strides_of, order).build()
+    kernel = KernelBuilder(group, name, buffer_of, stored, False, strides_of, order).build()
+    return collapse_loops(kernel) if group.axes is None else kernel

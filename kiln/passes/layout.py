@@ -62,13 +62,6 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
         feeds_nhwc = bool(readers.get(conv, set()) & nhwc_groups)
         if conv not in outputs and (feeds_nhwc or conv.inputs[0] in nhwc):
             nhwc[conv] = channels_last_strides(conv.shape)
-    # a 4-D graph output computed from channels-last data is produced channels-last too, into a staging
-    # buffer; the runtime copies it to the caller's NCHW tensor with ATen's tiled copy, which is far cheaper
-    # than a kernel whose loads or stores stride across channels
-    for o in outputs:
-        if o in group_of and len(o.shape) == 4 and getattr(steps[group_of[o]], "axes", 0) is None \
-                and any(c in nhwc for c in convs if group_of[o] in readers.get(c, set())):
-            nhwc[o] = channels_last_strides(o.shape)
     cl_convs = {c for c in convs if c in nhwc or c.inputs[0] in nhwc}
     # weights go channels-last only when nothing but convolutions reads them
     cl_convs = {c for c in cl_convs if readers.get(c.inputs[1], set()) <= {"extern"}}

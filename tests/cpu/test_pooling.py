@@ -1,0 +1,55 @@
+"""Pooling lowered to kernels (frontend/aten_pool.py): every configuration against eager, NaN propagation,
+indices still from ATen when used, and the interior loop of a strided window vectorizes."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from tests.cpu.test_codegen_cpp import _compile, _is_vectorized, _vectorized_lines
+from tests.unit.test_lowering import run
+
+MAX_CASES = [  # kernel, stride, padding, dilation, ceil_mode
+    (3, 2, 1, 1, False), (2, 2, 0, 1, False), (3, 1, 1, 1, False), (3, 2, 1, 1, True), (3, 2, 0, 2, False),
+    ((2, 3), (1, 2), (1, 0), 1, True), (5, 3, 2, 1, True),
+]
+AVG_CASES = [  # kernel, stride, padding, ceil_mode, count_include_pad, divisor_override
+    (3, 2, 1, False, True, None), (3, 2, 1, False, False, None), (2, 2, 0, True, True, None),
+    (3, 2, 1, True, False, None), (3, 1, 1, False, True, 2), ((2, 3), (2, 1), (1, 1), True, True, None),
+]
+SHAPES = [(2, 5, 13, 11), (3, 9, 10)]
+
+
+@pytest.mark.parametrize("case", MAX_CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_max_pool2d(case, shape):
+    k, s, p, d, c = case
+    run(lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c) * 1.5, torch.randn(shape))
+
+
+@pytest.mark.parametrize("case", AVG_CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_avg_pool2d(case, shape):
+    k, s, p, c, cip, dv = case
+    run(lambda x: F.avg_pool2d(x, k, s, p, ceil_mode=c, count_include_pad=cip, divisor_override=dv) + 1,
+        torch.randn(shape))
+
+
+def test_max_pool_propagates_nan():
+    x = torch.randn(1, 2, 9, 9)
+    x[0, 0, 2, 3] = float("nan")
+    x[0, 1, 0, 0] = float("nan")  # in a border window (the general, checked loop)
+    run(lambda x: F.max_pool2d(x, 3, 2, 1), x)
+
+
+def test_max_pool_indices_come_from_aten():
+    run(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), torch.randn(1, 3, 10, 10),
+        externs_ok=("max_pool2d_with_indices",))
+
+
+def test_strided_window_interior_vectorizes(tmp_path):
+    """The bounds checks of the padded window are split off (ir/index_split.py): the interior loop has plain
+    stride-2 loads, which GCC vectorizes (a masked strided load it does not)."""
+    r = _compile(lambda x: F.max_pool2d(torch.relu(x), 3, 2, 1), torch.randn(1, 8, 40, 40))
+    vectorized, log = _vectorized_lines(r.source, tmp_path)
+    lines = r.source.splitlines()
+    interior = [i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("for (int64_t i") and "= 1;" in line]
+    assert interior and all(_is_vectorized(ln, vectorized) for ln in interior), log
