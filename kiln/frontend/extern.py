@@ -16,9 +16,26 @@ class InputRef:
     index: int
 
 
+class Baked:
+    """A value baked into an extern call that is not a graph value (a weight prepacked for the library).
+
+    Identity-hashed and printed by its label, so graphs holding it stay hashable and readable."""
+
+    __slots__ = ("value", "label")
+
+    def __init__(self, value: Any, label: str):
+        self.value = value
+        self.label = label
+
+    def __repr__(self) -> str:
+        return self.label
+
+
 def substitute(template: Any, values: Sequence[Any]) -> Any:
     if isinstance(template, InputRef):
         return values[template.index]
+    if isinstance(template, Baked):
+        return template.value
     if isinstance(template, (list, tuple)):
         items = [substitute(t, values) for t in template]
         return type(template)(items) if isinstance(template, tuple) else items

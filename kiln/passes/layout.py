@@ -24,6 +24,7 @@ import torch
 
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
+from kiln.passes.prepack_conv import is_prepacked_conv
 
 aten = torch.ops.aten
 NHWC_ORDER = (0, 2, 3, 1)  # loop/memory order of the logical dims (N, C, H, W)
@@ -35,12 +36,20 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def is_conv2d(n: Node) -> bool:
+    """A 2-D convolution extern (ATen's, or oneDNN's with a prepacked weight)."""
+    if is_prepacked_conv(n):
+        return True
     if n.op is not Op.EXTERN or n.attr("out_index") is not None or n.dtype != torch.float32:
         return False
     if getattr(n.attr("target"), "overloadpacket", None) is not aten.convolution or len(n.shape) != 4:
         return False
     args, _ = n.attr("template")
     return not args[6]  # not transposed
+
+
+def library_layouts(graph: Graph) -> dict[Node, tuple[int, ...]]:
+    """Buffers whose layout the library fixes: prepacked oneDNN convolutions write channels-last."""
+    return {n: channels_last_strides(n.shape) for n in graph.nodes if is_prepacked_conv(n)}
 
 
 def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], readers: dict[Node, set[Any]],
@@ -51,18 +60,18 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
     strides); values stored once per row of a reduction keep the contiguous layout."""
     convs = [n for n in graph.nodes if is_conv2d(n)]
     outputs = set(graph.outputs)
-    nhwc: dict[Node, tuple[int, ...]] = {}
+    nhwc: dict[Node, tuple[int, ...]] = library_layouts(graph)
     for conv in convs:
         x = conv.inputs[0]
         if x in stored and x in group_of and len(x.shape) == 4 and x not in outputs \
                 and getattr(steps[group_of[x]], "axes", 0) is None:
             nhwc[x] = channels_last_strides(x.shape)
-    nhwc_groups = {group_of[m] for m in nhwc}
+    nhwc_groups = {group_of[m] for m in nhwc if m in group_of}
     for conv in convs:
         feeds_nhwc = bool(readers.get(conv, set()) & nhwc_groups)
         if conv not in outputs and (feeds_nhwc or conv.inputs[0] in nhwc):
             nhwc[conv] = channels_last_strides(conv.shape)
-    cl_convs = {c for c in convs if c in nhwc or c.inputs[0] in nhwc}
+    cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and not is_prepacked_conv(c)}
     # weights go channels-last only when nothing but convolutions reads them
     cl_convs = {c for c in cl_convs if readers.get(c.inputs[1], set()) <= {"extern"}}
     return nhwc, cl_convs

@@ -15,6 +15,7 @@ from kiln.passes.dce import dce
 from kiln.passes.fold import fold_constants
 from kiln.passes.fold_affine import fold_affine
 from kiln.passes.rewrite import RewriteLog
+from kiln.passes.prepack_conv import prepack_conv
 from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
 from kiln.report import CompileReport, PassRecord
@@ -35,6 +36,10 @@ def _select_gemm(g: Graph, log: RewriteLog) -> Graph:
     return select_gemm(g, log) if config.get().library_selection else g
 
 
+def _prepack_conv(g: Graph, log: RewriteLog) -> Graph:
+    return prepack_conv(g, log) if config.get().library_selection else g
+
+
 PIPELINE: list[tuple[str, Pass]] = [
     ("dce", lambda g, log: dce(g)),            # drop what lowering produced but nothing uses (e.g. BN's saved stats)
     ("simplify", simplify),                    # canonical scalars and view chains make folding and CSE see more
@@ -42,6 +47,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold_constants", _fold),                 # weights are constants: BN scale/shift, transposed weights
     ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
     ("select_gemm", _select_gemm),             # after folding: weights are final; time MKL vs oneDNN per shape
+    ("prepack_conv", _prepack_conv),           # after folding: reorder final conv weights once for oneDNN
     ("simplify_2", simplify),                  # folding exposes x*1, x+0 and new view chains
     ("cse_2", cse),
     ("dce_2", lambda g, log: dce(g)),          # folded constants leave their inputs dead

@@ -23,7 +23,7 @@ from kiln.ir.ops import VIEW, Op
 from kiln.passes.fuse import ExternStep, Group, partition
 from kiln.passes.kernel_build import NotFusable, build_kernel
 from kiln import config
-from kiln.passes.layout import choose_layouts
+from kiln.passes.layout import choose_layouts, library_layouts
 from kiln.report import CompileReport
 from kiln.runtime import memory
 
@@ -32,7 +32,8 @@ RECYCLE_MIN_BYTES = 1 << 16  # below this, malloc serves outputs from its free l
 
 
 # library ops whose ``.out`` variant writes into a buffer we provide (so their results live in the arena)
-_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm, torch.ops.aten.convolution})
+# (not convolution: its ``.out`` is a generated wrapper that computes into a new tensor and copies)
+_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm})
 
 
 def _writes_into_arena(n: Node, graph_outputs: set[Node]) -> bool:
@@ -98,7 +99,7 @@ def make_plan(graph: Graph) -> Plan:
         steps, realized, aliases = partition(graph, frozenset(breaks))
         group_of, readers = _readers(steps, graph)
         stored = _stored(group_of, readers)
-        strides_of, cl_convs = ({}, set())
+        strides_of, cl_convs = library_layouts(graph), set()
         if config.get().layout_optimization:
             strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored)
         buffer_of: dict[Node, str] = {}
@@ -284,14 +285,19 @@ class CompiledGraph:
             n.attr("target").overloadpacket.out(*args, **kwargs, out=self.static[n])
             return
         out = call_extern(n, [self._value(i, env) for i in n.inputs])
-        if not out.is_contiguous():
+        strides = self.plan.strides_of.get(n)
+        if strides is None and not out.is_contiguous():
             out = out.contiguous()
+        elif strides is not None and out.stride() != strides:  # kernels read it through these strides
+            out = torch.empty_strided(out.shape, strides, dtype=out.dtype).copy_(out)
         env[n] = out
         self.ptrs[self.slot_of[self.plan.buffer_of[n]]] = out.data_ptr()
 
     def _output(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n.op is Op.CONSTANT:
             return env[n].clone()
+        if n in self.plan.strides_of:  # a library's channels-last result: the caller gets eager's layout
+            return env[n].contiguous()
         return self._value(n, env)
 
 

@@ -672,7 +672,7 @@ def test_run_pipeline_with_check_on_valid_graph():
 
 def test_run_pipeline_folds_batch_norm_into_conv():
     g = _conv_bn_graph()
-    with config.scope(constant_folding=True):
+    with config.scope(constant_folding=True, library_selection=False):
         out = run_pipeline(g, check=True)
     assert format_graph(out) == """\
 graph(%in0: f32[2, 3, 6, 6]):
@@ -714,3 +714,16 @@ def test_checker_message_names_pass_and_output(monkeypatch):
     monkeypatch.setattr(pipeline, "PIPELINE", [("dce", lambda g, log: dce(g)), ("drop_relu", drop_relu)])
     with pytest.raises(PassCheckError, match="'drop_relu' changed output 0"):
         run_pipeline(_conv_bn_graph(), check=True)
+
+
+def test_prepack_conv_bakes_the_weight_and_keeps_results():
+    from kiln.passes.prepack_conv import available, prepack_conv
+    if not available():
+        pytest.skip("oneDNN not available in this torch build")
+    g = _conv_bn_graph()
+    log = RewriteLog()
+    out = prepack_conv(g, log)
+    assert log.counts == {"convolution -> oneDNN with prepacked weight": 1}
+    text = format_graph(out)
+    assert "mkldnn._convolution_pointwise" in text and "aten.convolution" not in text
+    assert_same_results(g, out, rtol=1e-4, atol=1e-4)
