@@ -13,14 +13,14 @@ from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 
 
-def _mutates(n: Node) -> bool:
+def mutates(n: Node) -> bool:
     """An EXTERN whose ATen schema writes one of its arguments (an in-place update of a graph input)."""
     schema = getattr(n.attr("target"), "_schema", None) if n.op is Op.EXTERN else None
     return schema is not None and schema.is_mutable
 
 
 def dce(graph: Graph) -> Graph:
-    live: set[Node] = set(graph.outputs) | {n for n in graph.nodes if _mutates(n)}
+    live: set[Node] = set(graph.outputs) | {n for n in graph.nodes if mutates(n)}
     for n in reversed(graph.nodes):
         if n in live:
             live.update(n.inputs)

@@ -21,6 +21,7 @@ from kiln.ir.interp import eval_node
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.fuse import ExternStep, Group, partition
+from kiln.passes.dce import mutates
 from kiln.passes.kernel_build import NotFusable, build_kernel
 from kiln import config
 from kiln.passes.layout import choose_layouts, library_layouts
@@ -217,6 +218,8 @@ class CompiledGraph:
                     t = t.contiguous(memory_format=torch.channels_last)
                 self.static[n] = t
                 self.ptrs[self.slot_of[name]] = t.data_ptr()
+        # inputs that an in-place extern updates: a contiguous copy made for the kernels is written back
+        self.mutated_inputs = {i for m in self.graph.nodes if mutates(m) for i in m.inputs if i.op is Op.INPUT}
         self.input_slots = [(k, self.slot_of[plan.buffer_of[n]], n) for k, n in enumerate(self.graph.inputs)
                             if n in plan.buffer_of]
         self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in dict.fromkeys(self.graph.outputs)
@@ -231,13 +234,18 @@ class CompiledGraph:
             self._threads = threads
         env: dict[Node, torch.Tensor] = dict(self.static)
         ptrs = self.ptrs
+        write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         for k, slot, n in self.input_slots:
             t = inputs[k]
             if t.dtype != n.dtype or tuple(t.shape) != n.shape:
                 raise ValueError(f"kiln: input {k} expected {n.dtype} of shape {list(n.shape)}, "
                                  f"got {t.dtype} of shape {list(t.shape)}")
             if not t.is_contiguous():
-                t = t.contiguous()
+                if n in self.mutated_inputs:
+                    write_back.append((inputs[k], t.contiguous()))
+                    t = write_back[-1][1]
+                else:
+                    t = t.contiguous()
             env[n] = t
             ptrs[slot] = t.data_ptr()
         for k, (n, slot) in enumerate(self.output_slots):
@@ -249,6 +257,8 @@ class CompiledGraph:
                 self._segment_fns[item](self.ptrs_addr)
             else:
                 self._run_extern(item, env)
+        for original, copy in write_back:
+            original.copy_(copy)
         return [self._output(o, env) for o in self.graph.outputs]
 
     def _output_buffer(self, k: int, n: Node) -> torch.Tensor:

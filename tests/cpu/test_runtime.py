@@ -65,3 +65,16 @@ def test_wrong_input_names_the_expected_type():
     with pytest.raises(ValueError, match=r"expected torch.float32 of shape \[4\]"):
         module([torch.randn(5)])
     torch.testing.assert_close(module([torch.ones(4)])[0], torch.ones(4).exp())
+
+
+def test_in_place_update_of_a_non_contiguous_input_reaches_the_caller():
+    def f(x):
+        x.mul_(2)
+        return x.sum(0)
+    x = torch.randn(6, 4).t()  # non-contiguous: the kernels run on a contiguous copy
+    expected_x = x.clone()
+    expected = f(expected_x)
+    with torch.no_grad():
+        out = kiln.compile(f, fallback=False)(x)
+    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(x, expected_x)
