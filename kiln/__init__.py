@@ -10,7 +10,7 @@ from typing import Any, Callable
 
 __version__ = "0.1.0"
 
-TARGETS = ("auto", "cpu")
+TARGETS = ("auto", "cpu", "cuda", "triton")
 
 
 def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto", dynamic: bool = False,
@@ -18,7 +18,8 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
     """Compile a model or function with kiln; returns a callable with the same behaviour.
 
     ``mode``: "default", "reduce-overhead" or "max-autotune" (as in torch.compile).
-    ``target``: "auto" (the inputs' device) or "cpu".
+    ``target``: "auto" (the inputs' device: C++ on CPU, Triton on CUDA), "cpu", "cuda", or "triton" (Triton code
+    also for CPU tensors, run by Triton's interpreter when ``TRITON_INTERPRET=1``).
     ``options``: kiln settings (see ``kiln.config.Config``), e.g. ``check=True``.
     """
     import torch
@@ -31,6 +32,8 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
     mode = check_mode(mode)
     if target not in TARGETS:
         raise ValueError(f"kiln.compile: unknown target {target!r}; accepted targets are {list(TARGETS)}")
+    if target != "auto":
+        options = {**options, "target": "triton" if target == "cuda" else target}
     config.get().with_options(**options)  # validate option names now, not at the first call
 
     def backend(gm: Any, example_inputs: Any) -> Callable:

@@ -47,6 +47,26 @@ def _eager(fx_gm: torch.fx.GraphModule) -> Callable:
     return run
 
 
+TARGET_NAMES = ("auto", "cpu", "triton")
+
+
+def _device_of(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> torch.device:
+    """The device of the graph's tensors (inputs first, then frozen weights); CPU when it has none."""
+    for n in fx_gm.graph.nodes:
+        val = n.meta.get("val") if n.op == "placeholder" else None
+        if isinstance(val, torch.Tensor):
+            return val.device
+    for t in frozen.values():
+        return t.device
+    return torch.device("cpu")
+
+
+def _use_triton(target: str, device: torch.device) -> bool:
+    if target not in TARGET_NAMES:
+        raise ValueError(f"kiln: unknown target {target!r}; accepted targets are {list(TARGET_NAMES)}")
+    return target == "triton" or (target == "auto" and device.type == "cuda")
+
+
 def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
              report: CompileReport) -> Callable:
     from kiln.frontend.lower import lower_fx
@@ -58,7 +78,16 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     report.captured = graph
     graph = run_pipeline(graph, report, check=cfg.check)
     report.optimized = graph
-    module = build_best(graph, report, build_module)
+    device = _device_of(fx_gm, frozen)
+    if _use_triton(cfg.target, device):
+        from kiln.runtime.triton_module import build_triton_module
+        report.target = "triton"
+        module = build_triton_module(graph, report, device)
+    else:
+        if device.type != "cpu":
+            raise ValueError(f"kiln: target {cfg.target!r} generates C++ for CPU tensors, but the inputs are on "
+                             f"{device}; use target='auto' or 'cuda'")
+        module = build_best(graph, report, build_module)
     input_positions = [n.attr("index") for n in graph.inputs]
 
     def run(args: Sequence[Any]) -> list[torch.Tensor]:

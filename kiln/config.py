@@ -55,6 +55,9 @@ class Config:
     layout_autotune: bool = True
     # Fall back to eager (with a warning) when code generation or compilation fails, instead of raising.
     fallback: bool = True
+    # Code generator: "auto" (C++ for CPU tensors, Triton for CUDA tensors), "cpu" (C++), or "triton" (also on
+    # CPU tensors when TRITON_INTERPRET=1: how the GPU generator is tested without a GPU).
+    target: str = "auto"
 
     _ENV = {
         "check": ("KILN_CHECK", bool),
@@ -67,6 +70,7 @@ class Config:
         "library_selection": ("KILN_LIBRARY_SELECTION", bool),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),
+        "target": ("KILN_TARGET", str),
     }
 
     @classmethod

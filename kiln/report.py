@@ -21,6 +21,7 @@ class PassRecord:
 class CompileReport:
     name: str
     mode: str = "default"
+    target: str = "cpu"             # code generator used: "cpu" (C++) or "triton"
     captured: Any = None          # Graph after lowering
     optimized: Any = None         # Graph after the passes
     passes: list[PassRecord] = dataclasses.field(default_factory=list)

@@ -127,8 +127,9 @@ def make_plan(graph: Graph) -> Plan:
 class CompiledGraph:
     """The callable for one graph: ``module(inputs) -> outputs``."""
 
+    device = torch.device("cpu")
+
     def __init__(self, graph: Graph, report: CompileReport):
-        from kiln.runtime.build import load_module
         self.graph = graph
         plan = make_plan(graph)
         self.plan = plan
@@ -139,7 +140,17 @@ class CompiledGraph:
         dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
         segments, self.program = self._program(plan)
-        position = {n: i for i, n in enumerate(graph.nodes)}
+        self._load_code(plan, segments, dtype_of, outputs, report)
+        self.ptrs = (ctypes.c_void_p * max(len(self.slot_of), 1))()
+        self.ptrs_addr = ctypes.addressof(self.ptrs)
+        self._plan_memory(plan, node_of, report)
+
+    # ------------------------------------------------------------------ build helpers
+    def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
+                   outputs: set[str], report: CompileReport) -> None:
+        """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
+        from kiln.runtime.build import load_module
+        position = {n: i for i, n in enumerate(self.graph.nodes)}
         source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position)
         report.source = source
         module = load_module(source, name="kiln_graph")
@@ -153,11 +164,16 @@ class CompiledGraph:
             self._segment_fns.append(fn)
         self.lib.kiln_set_threads.argtypes = [ctypes.c_int]
         self._threads = -1
-        self.ptrs = (ctypes.c_void_p * max(len(self.slot_of), 1))()
-        self.ptrs_addr = ctypes.addressof(self.ptrs)
-        self._plan_memory(plan, node_of, report)
 
-    # ------------------------------------------------------------------ build helpers
+    def _before_run(self) -> None:
+        threads = torch.get_num_threads()
+        if threads != self._threads:
+            self.lib.kiln_set_threads(threads)
+            self._threads = threads
+
+    def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
+        self._segment_fns[index](self.ptrs_addr)
+
     def _program(self, plan: Plan) -> tuple[list[list[str]], list[tuple[str, Any]]]:
         segments: list[list[str]] = []
         program: list[tuple[str, Any]] = []
@@ -201,7 +217,7 @@ class CompiledGraph:
         mplan = memory.plan(intervals)
         report.memory = {"arena_bytes": mplan.arena_bytes, "naive_bytes": mplan.naive_bytes,
                          "buffers": len(intervals), "summary": mplan.describe()}
-        self.arena = torch.empty(mplan.arena_bytes, dtype=torch.uint8)
+        self.arena = torch.empty(mplan.arena_bytes, dtype=torch.uint8, device=self.device)
         self.static: dict[Node, torch.Tensor] = {}
         for name, off in mplan.offsets.items():
             n = node_of[name]
@@ -228,18 +244,15 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------ run
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        threads = torch.get_num_threads()
-        if threads != self._threads:
-            self.lib.kiln_set_threads(threads)
-            self._threads = threads
+        self._before_run()
         env: dict[Node, torch.Tensor] = dict(self.static)
         ptrs = self.ptrs
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
         for k, slot, n in self.input_slots:
             t = inputs[k]
-            if t.dtype != n.dtype or tuple(t.shape) != n.shape:
-                raise ValueError(f"kiln: input {k} expected {n.dtype} of shape {list(n.shape)}, "
-                                 f"got {t.dtype} of shape {list(t.shape)}")
+            if t.dtype != n.dtype or tuple(t.shape) != n.shape or t.device.type != self.device.type:
+                raise ValueError(f"kiln: input {k} expected {n.dtype} of shape {list(n.shape)} on "
+                                 f"{self.device.type}, got {t.dtype} of shape {list(t.shape)} on {t.device.type}")
             if not t.is_contiguous():
                 if n in self.mutated_inputs:
                     write_back.append((inputs[k], t.contiguous()))
@@ -254,7 +267,7 @@ class CompiledGraph:
             ptrs[slot] = t.data_ptr()
         for kind, item in self.program:
             if kind == "segment":
-                self._segment_fns[item](self.ptrs_addr)
+                self._run_segment(item, env)
             else:
                 self._run_extern(item, env)
         for original, copy in write_back:
@@ -274,7 +287,7 @@ class CompiledGraph:
             # references: the pool list and getrefcount's argument
             if sys.getrefcount(pool[i]) == 2 and _storage_uses(pool[i]) == 2:
                 return pool[i]
-        t = torch.empty(n.shape, dtype=n.dtype)
+        t = torch.empty(n.shape, dtype=n.dtype, device=self.device)
         if t.numel() * t.element_size() >= RECYCLE_MIN_BYTES:
             pool.append(t)
             del pool[:-2]

@@ -1,0 +1,255 @@
+"""Triton code generation from the kernel IR: one ``@triton.jit`` function per kernel, one module per graph.
+
+The same kernels the C++ writer gets (``kiln/ir/kernel.py``) become Triton programs:
+
+- pointwise (``rsize == 0``): a 1-D block of ``XBLOCK`` flat output positions per program; the loop
+  variables ``i0, i1, ...`` are recovered from the flat position by division (shapes are compile-time
+  constants, so these are cheap multiply-shifts);
+- reductions: a 2-D block of ``XBLOCK`` rows x ``RBLOCK`` row elements.  *Persistent* when a whole row fits in
+  one block (``rsize <= PERSISTENT_MAX``): every phase (reductions, per-row values, the elementwise epilogue)
+  runs on values already in registers, so a softmax or layer norm reads its input once.  Otherwise *looped*:
+  each phase walks the row in ``RBLOCK`` chunks, accumulating into block-shaped partials reduced at the end.
+
+Row scratch arrays of the C++ kernels are not stored here: in a persistent kernel the value is still in
+registers, in a looped one it is recomputed.
+
+Schedules (``TritonSchedule``: block sizes, warps) are data chosen by ``schedule_for``; the autotuner can
+replace them.  Example (softmax over rows of 256, persistent)::
+
+    @triton.jit
+    def kernel_0_amax_sub_exp_sum(buf0, buf1, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+        xr = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[:, None]
+        xmask = xr < 512
+        o0 = xr
+        r = tl.arange(0, RBLOCK)[None, :]
+        xrmask = xmask & (r < 256)
+        t0 = tl.load(buf0 + (256 * o0 + r), mask=xrmask, other=0)
+        acc0 = tl.reduce(tl.where(xrmask, t0, float("-inf")), 1, km.max_nan, keep_dims=True)
+        ...
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
+from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
+from kiln.ir.ops import Op, numel
+
+PERSISTENT_MAX = 4096   # row elements kept in registers by one program
+LOOP_RBLOCK = 1024      # chunk of a looped reduction
+BLOCK_ELEMENTS = 2048   # target elements per program for reductions over short rows
+POINTWISE_BLOCK = 1024
+INT32_LIMIT = 1 << 31
+
+HEADER = '''"""kiln-generated Triton kernels."""
+import triton
+import triton.language as tl
+
+from kiln.runtime import triton_math as km
+'''
+
+
+@dataclasses.dataclass(frozen=True)
+class TritonSchedule:
+    xblock: int
+    rblock: int        # 0 for pointwise kernels
+    persistent: bool
+    num_warps: int
+    grid: int
+
+
+def _pow2(n: int) -> int:
+    p = 1
+    while p < n:
+        p *= 2
+    return p
+
+
+def _warps(elements: int) -> int:
+    return 1 if elements <= 128 else 2 if elements <= 512 else 4 if elements <= 2048 else 8
+
+
+def schedule_for(k: Kernel) -> TritonSchedule:
+    """Heuristic block sizes (the autotuner's starting point)."""
+    rows = max(numel(k.outer), 1)
+    if not k.is_reduction:
+        xblock = max(16, min(POINTWISE_BLOCK, _pow2(rows)))
+        return TritonSchedule(xblock, 0, True, _warps(xblock), -(-rows // xblock))
+    if k.rsize <= PERSISTENT_MAX:
+        rblock = max(2, _pow2(k.rsize))
+        xblock = max(1, min(_pow2(rows), BLOCK_ELEMENTS // rblock, 512))
+        return TritonSchedule(xblock, rblock, True, _warps(xblock * rblock), -(-rows // xblock))
+    return TritonSchedule(1, LOOP_RBLOCK, False, _warps(LOOP_RBLOCK), rows)
+
+
+def _init(kind: Op, dtype: torch.dtype) -> str:
+    if kind is Op.SUM:
+        return literal(0, dtype)
+    if kind is Op.PROD:
+        return literal(1, dtype)
+    high = kind in (Op.AMIN, Op.ARGMIN)
+    if dtype.is_floating_point:
+        return 'float("inf")' if high else 'float("-inf")'
+    if dtype == torch.bool:
+        return "1" if high else "0"
+    info = torch.iinfo(dtype)
+    return str(info.max if high else info.min)
+
+
+_REDUCE = {Op.SUM: "tl.sum({v}, 1, keep_dims=True)", Op.PROD: "tl.reduce({v}, 1, km.mul_combine, keep_dims=True)",
+           Op.AMAX: "tl.reduce({v}, 1, km.max_nan, keep_dims=True)",
+           Op.AMIN: "tl.reduce({v}, 1, km.min_nan, keep_dims=True)"}
+_COMBINE = {Op.SUM: "{a} + {v}", Op.PROD: "{a} * {v}",
+            Op.AMAX: "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
+            Op.AMIN: "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)"}
+
+
+class TritonKernelWriter:
+    def __init__(self, kernel: Kernel, dtype_of: dict[str, torch.dtype]):
+        self.k = kernel
+        self.dtype_of = dtype_of
+        self.s = kernel.schedule if isinstance(kernel.schedule, TritonSchedule) else schedule_for(kernel)
+        self.lines: list[str] = []
+
+    def args(self) -> list[str]:
+        reads, writes = self.k.buffers()
+        return sorted(reads | writes, key=lambda b: int(b[3:]) if b[3:].isdigit() else b)
+
+    def write(self) -> str:
+        k = self.k
+        head = ["@triton.jit", f"def {k.name}({', '.join(self.args())}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
+        big = numel(k.outer) * max(k.rsize, 1) >= INT32_LIMIT
+        pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
+        if k.is_reduction:
+            self._reduction(pid)
+        else:
+            self._pointwise(pid)
+        return "\n".join(head + self.lines) + "\n"
+
+    # ------------------------------------------------------------------ helpers
+    def _emit(self, indent: str, text: str) -> None:
+        self.lines.append(indent + text)
+
+    def _unflatten(self, flat: str, prefix: str, indent: str) -> None:
+        """Loop variables ``<prefix>d`` from a flat position over ``k.outer`` (row-major)."""
+        sizes = self.k.outer
+        stride = 1
+        strides = []
+        for s in reversed(sizes):
+            strides.append(stride)
+            stride *= s
+        strides.reverse()
+        for d, (size, st) in enumerate(zip(sizes, strides)):
+            v = flat if st == 1 else f"({flat} // {st})"
+            if d > 0:
+                v = f"({v} % {size})"
+            self._emit(indent, f"{prefix}{d} = {v}")
+
+    def _store(self, p: TritonPrinter, st: Store, mask: str, indent: str) -> None:
+        value = p.expr(st.value)
+        dtype = self.dtype_of[st.buf]
+        if dtype in HALF or compute_dtype(st.value.dtype) != dtype:
+            value = f"{value}.to({tl_type(dtype)})"
+        self._emit(indent, f"tl.store({st.buf} + ({p.index(st.index)}), {value}, mask={mask})")
+
+    # ------------------------------------------------------------------ pointwise
+    def _pointwise(self, pid: str) -> None:
+        ind = "    "
+        rows = numel(self.k.outer)
+        self._emit(ind, f"x = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
+        self._emit(ind, f"xmask = x < {rows}")
+        self._unflatten("x", "i", ind)
+        p = TritonPrinter(self.lines, ind, "xmask")
+        for phase in self.k.phases:
+            assert isinstance(phase, FullLoop)
+            for st in phase.stores:
+                self._store(p, st, "xmask", ind)
+
+    # ------------------------------------------------------------------ reductions
+    def _reduction(self, pid: str) -> None:
+        ind = "    "
+        k = self.k
+        self._emit(ind, f"xr = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        self._emit(ind, f"xmask = xr < {max(numel(k.outer), 1)}")
+        self._unflatten("xr", "o", ind)
+        self._emit(ind, "rb = tl.arange(0, RBLOCK)[None, :]")
+        scratch = {st.buf: st.value for ph in k.phases if isinstance(ph, ReduceLoop) for st in ph.stores}
+        row = TritonPrinter(self.lines, ind, "xmask", scratch)
+        if self.s.persistent:
+            self._emit(ind, "r = rb")
+            self._emit(ind, f"xrmask = xmask & (r < {k.rsize})")
+            body = row.child(self.lines, ind, "xrmask")
+        for phase in k.phases:
+            if isinstance(phase, ReduceLoop):
+                if self.s.persistent:
+                    for a in phase.accs:
+                        self._emit(ind, f"{a.name} = {self._reduce_block(body, a, 'xrmask', ind)}")
+                else:
+                    self._looped_reduce(phase, row, ind)
+            elif isinstance(phase, RowAssign):
+                self._emit(ind, f"{phase.name} = {row.expr(phase.value)}")
+            elif isinstance(phase, RowStore):
+                self._store(row, phase.store, "xmask", ind)
+            elif self.s.persistent:
+                for st in phase.stores:
+                    self._store(body, st, "xrmask", ind)
+            else:
+                self._open_chunk_loop(ind)
+                chunk = row.child(self.lines, ind + "    ", "xrmask")
+                for st in phase.stores:
+                    self._store(chunk, st, "xrmask", ind + "    ")
+
+    def _value(self, p: TritonPrinter, a: Acc) -> str:
+        v = p.expr(a.value)
+        if compute_dtype(a.value.dtype) != compute_dtype(a.dtype):
+            v = f"{v}.to({tl_type(compute_dtype(a.dtype))})"
+        return v
+
+    def _reduce_block(self, p: TritonPrinter, a: Acc, mask: str, ind: str) -> str:
+        if a.kind in (Op.ARGMAX, Op.ARGMIN):
+            return self._arg_reduce(p, a, mask, ind)
+        v = self._value(p, a)
+        masked = f"tl.where({mask}, {v}, {_init(a.kind, compute_dtype(a.dtype))})"
+        return _REDUCE[a.kind].format(v=masked)
+
+    def _arg_reduce(self, p: TritonPrinter, a: Acc, mask: str, ind: str) -> str:
+        """First index of the max (min); NaN counts as the largest (smallest), as in torch."""
+        v = p.expr(a.value)
+        vd = compute_dtype(a.value.dtype)
+        fn = "tl.argmax" if a.kind is Op.ARGMAX else "tl.argmin"
+        masked = f"tl.where({mask}, {v}, {_init(a.kind, vd)})"
+        if not vd.is_floating_point:
+            return f"{fn}({masked}, 1, keep_dims=True).to(tl.int64)"
+        nan = f"tl.where({mask}, {v} != {v}, 0).to(tl.int32)"
+        self._emit(ind, f"{a.name}_nan = {nan}")
+        return (f"tl.where(tl.max({a.name}_nan, 1, keep_dims=True) > 0, tl.argmax({a.name}_nan, 1, keep_dims=True), "
+                f"{fn}({masked}, 1, keep_dims=True)).to(tl.int64)")
+
+    def _open_chunk_loop(self, ind: str) -> None:
+        self._emit(ind, f"for r0 in range(0, {self.k.rsize}, RBLOCK):")
+        self._emit(ind + "    ", "r = r0 + rb")
+        self._emit(ind + "    ", f"xrmask = xmask & (r < {self.k.rsize})")
+
+    def _looped_reduce(self, phase: ReduceLoop, row: TritonPrinter, ind: str) -> None:
+        if any(a.kind in (Op.ARGMAX, Op.ARGMIN) for a in phase.accs):
+            raise NotImplementedError("Triton codegen: argmax/argmin over rows longer than one block")
+        for a in phase.accs:
+            cd = compute_dtype(a.dtype)
+            self._emit(ind, f"{a.name}_b = tl.full([XBLOCK, RBLOCK], {_init(a.kind, cd)}, {tl_type(cd)})")
+        self._open_chunk_loop(ind)
+        inner = ind + "    "
+        chunk = row.child(self.lines, inner, "xrmask")
+        for a in phase.accs:
+            v = f"tl.where(xrmask, {self._value(chunk, a)}, {_init(a.kind, compute_dtype(a.dtype))})"
+            self._emit(inner, f"{a.name}_b = " + _COMBINE[a.kind].format(a=f"{a.name}_b", v=v))
+        for a in phase.accs:
+            self._emit(ind, f"{a.name} = " + _REDUCE[a.kind].format(v=f"{a.name}_b"))
+
+
+def module_source(kernels: list[Kernel], dtype_of: dict[str, torch.dtype]) -> str:
+    parts = [HEADER]
+    for k in kernels:
+        parts.append(TritonKernelWriter(k, dtype_of).write())
+    return "\n\n".join(parts)

@@ -1,0 +1,126 @@
+"""The Triton code generator, op by op and kernel kind by kind, against eager PyTorch.
+
+Runs on the GPU when there is one, else under Triton's interpreter on CPU tensors (CI).  Shapes are small:
+the interpreter executes every block operation through numpy.  Inputs are fresh random values (never zeros).
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.report import mark, reports_since
+from tests.gpu.conftest import DEVICE, HAS_CUDA
+
+RTOL, ATOL = 1.3e-5, 1.5e-5
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(1234)
+
+
+def run(fn, *inputs, rtol=RTOL, atol=ATOL, ref_dtype=None):
+    """Compile ``fn`` for Triton, compare with eager (in ``ref_dtype`` when given), return the report."""
+    inputs = [x.to(DEVICE) for x in inputs]
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(fn, target="triton", fallback=False)(*[x.clone() for x in inputs])
+        ref_inputs = [x.to(ref_dtype) if ref_dtype and x.is_floating_point() else x.clone() for x in inputs]
+        expected = fn(*ref_inputs)
+    if ref_dtype is not None:
+        got = [g.to(ref_dtype) for g in got] if isinstance(got, (list, tuple)) else got.to(ref_dtype)
+    torch.testing.assert_close(got, expected, rtol=rtol, atol=atol, equal_nan=True)
+    reports = reports_since(position)
+    assert reports and all(r.target == "triton" and r.fallback is None for r in reports)
+    return reports[-1]
+
+
+def nonzero(*shape):
+    x = torch.randn(*shape)
+    return torch.where(x.abs() < 0.05, torch.full_like(x, 0.5), x)
+
+
+def test_unary_math():
+    def f(x, p):
+        return (torch.exp(x) + torch.log(p) + torch.sqrt(p) + torch.rsqrt(p) + torch.sin(x) + torch.cos(x)
+                + torch.tanh(x) + torch.sigmoid(x) + torch.erf(x) + torch.expm1(x) + torch.log1p(p)
+                + torch.abs(x) + torch.floor(x) + torch.ceil(x) + torch.trunc(x) + torch.round(x) + torch.sign(x)
+                + torch.reciprocal(p) + torch.pow(p, x) + F.relu(x) + F.gelu(x) + F.gelu(x, approximate="tanh")
+                + F.silu(x))
+    run(f, torch.randn(37, 19) * 2, torch.rand(37, 19) * 3 + 0.1, rtol=2e-5, atol=2e-5)
+
+
+def test_binary_comparison_where_and_casts():
+    def f(x, y, i, j):
+        q = torch.div(i, j, rounding_mode="floor") + torch.remainder(i, j) + torch.fmod(i, j)
+        z = torch.where(x > y, x, y * 2) + torch.maximum(x, y) - torch.minimum(x, y)
+        z = z.masked_fill(x < -1, 3.0) + (x >= y).float() + q.float() + torch.remainder(x, y)
+        return z, (x.to(torch.int32) * 3).to(torch.int64), torch.logical_and(x > 0, y > 0)
+    run(f, torch.randn(50, 9), nonzero(50, 9), torch.randint(-20, 20, (50, 9)),
+        torch.randint(1, 7, (50, 9)) * (torch.randint(0, 2, (50, 9)) * 2 - 1))
+
+
+def test_nan_propagates_through_max_min_and_relu():
+    x = torch.randn(4, 33)
+    x[1, 5] = float("nan")
+    x[3, 0] = float("nan")
+    run(lambda x: (torch.maximum(x, x.flip(-1)), F.relu(x), x.amax(-1), x.amin(0), x.argmax(-1)), x)
+
+
+def test_broadcast_views_pad_cat_slice():
+    def f(x, b, y):
+        z = (x + b).permute(0, 2, 1)[:, 1:, ::2]
+        w = F.pad(y, (1, 2, 0, 1), value=-1.0)
+        return z * 2, torch.cat([w, w * 3], dim=1), y.t().contiguous() + 1
+    run(f, torch.randn(3, 10, 12), torch.randn(12), torch.randn(7, 5))
+
+
+def test_gather_index_select_embedding():
+    table = torch.randn(30, 8)
+    ids = torch.randint(0, 30, (4, 6))
+    idx = torch.randint(0, 8, (5, 8))
+    run(lambda t, i, j: (F.embedding(i, t) * 2, torch.index_select(t, 0, i[0]), torch.gather(t[:5], 1, j)),
+        table, ids, idx)
+
+
+@pytest.mark.parametrize("shape,dim", [((16, 33), -1), ((5, 7, 9), 1), ((6, 5000), -1), ((3, 4, 5), (0, 2))])
+def test_reductions(shape, dim):
+    """Short rows (several per program), a middle axis, a long row (looped), and several axes."""
+    def f(x):
+        out = [x.sum(dim), x.mean(dim), x.amax(dim), x.amin(dim), x.var(dim)]
+        if isinstance(dim, int) and x.shape[dim] < 100:  # torch.prod takes one axis; long products overflow
+            out.append((x * 0.5 + 1).prod(dim))
+        return out
+    run(f, torch.randn(shape), rtol=5e-5, atol=5e-5)
+
+
+def test_argmax_argmin():
+    run(lambda x: (x.argmax(-1), x.argmin(1), x.argmax(0)), torch.randn(12, 40))
+
+
+@pytest.mark.parametrize("cols", [64, 1000, 6000])
+def test_softmax_layer_norm_rms(cols):
+    w, b = torch.randn(cols), torch.randn(cols)
+
+    def f(x):
+        return (torch.softmax(x, -1), torch.log_softmax(x, -1), F.layer_norm(x, (cols,), w, b),
+                x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-6))
+    r = run(f, torch.randn(6, cols), rtol=2e-5, atol=2e-5)
+    assert len(r.kernels) <= 4
+
+
+def test_bf16_against_fp32_reference():
+    def f(x, y):
+        return torch.softmax(x @ y, -1) * 2 + F.gelu(x[:, :16])
+    run(f, torch.randn(24, 32).bfloat16(), torch.randn(32, 16).bfloat16(), rtol=2e-2, atol=2e-2,
+        ref_dtype=torch.float32)
+
+
+def test_wrong_device_input_is_a_clear_error():
+    if not HAS_CUDA:
+        pytest.skip("needs a GPU to have a second device")
+    c = kiln.compile(lambda x: x + 1, target="triton", fallback=False)
+    with torch.inference_mode():
+        c(torch.randn(4, device="cuda"))
+        with pytest.raises(Exception, match="cpu|cuda"):
+            c(torch.randn(4))
