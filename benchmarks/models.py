@@ -10,6 +10,7 @@ affine parameters, so that BatchNorm folding is actually exercised.
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable
 
@@ -253,7 +254,12 @@ MODELS: dict[str, Factory] = {
     "chain": chain,
 }
 
+# Larger batches of the same models (the GPU suite: enough work to fill an H200).
+MODELS["resnet18_b16"] = functools.partial(resnet18, batch=16)
+MODELS["gpt_b8x512"] = functools.partial(gpt, batch=8, seq=512)
+
 SUITE: list[str] = ["seed", "mlp", "resnet18", "gpt", "chain"]
+GPU_SUITE: list[str] = ["seed", "mlp", "resnet18", "resnet18_b16", "gpt", "gpt_b8x512", "chain"]
 
 # Keyword arguments for quick smoke runs (``runner --small``) and tests.
 SMALL: dict[str, dict[str, int]] = {
@@ -269,5 +275,5 @@ def build(name: str, small: bool = False, **kwargs: object) -> tuple[nn.Module, 
     """Build model ``name`` (with :data:`SMALL` shapes when ``small``); ``kwargs`` override either."""
     if name not in MODELS:
         raise KeyError(f"unknown model {name!r}; known models are {sorted(MODELS)}")
-    options = {**(SMALL.get(name, {}) if small else {}), **kwargs}
+    options = {**(SMALL.get(name.split("_")[0], {}) if small else {}), **kwargs}
     return MODELS[name](**options)

@@ -45,9 +45,12 @@ if __package__ in (None, ""):  # run as ``python benchmarks/runner.py``
     sys.path.insert(0, str(REPO))
 
 BACKENDS = ("eager", "inductor", "kiln")
+MODES = {"default": "", "reduce-overhead": "-ro", "max-autotune": "-ma"}  # mode -> backend label suffix
+DTYPES = ("fp32", "bf16", "fp16")
 # Warnings not worth recording (torch's own deprecation notices while tracing).
 _NOISE_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 DEFAULT_SUITE = ("seed", "mlp", "resnet18", "gpt", "chain")  # mirrors benchmarks.models.SUITE (no torch import)
+GPU_SUITE = ("seed", "mlp", "resnet18", "resnet18_b16", "gpt", "gpt_b8x512", "chain")  # models.GPU_SUITE
 
 
 # ------------------------------------------------------------------------------------------ command line
@@ -58,7 +61,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m benchmarks.runner", description=__doc__.split("\n\n")[0],
                                 epilog="\n\n".join(__doc__.split("\n\n")[1:]),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--models", default=",".join(DEFAULT_SUITE), help="comma-separated models (default: the suite)")
+    p.add_argument("--models", default=None, help="comma-separated models (default: the suite; on cuda the GPU suite)")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where models run (default cpu)")
+    p.add_argument("--dtype", default="fp32", choices=DTYPES, help="model dtype (default fp32); bf16/fp16 "
+                   "results are compared with an fp32 reference")
+    p.add_argument("--modes", default="default", help="comma-separated torch.compile modes run for Inductor "
+                   "and kiln: default,reduce-overhead,max-autotune (labels: inductor, inductor-ro, inductor-ma)")
     p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated subset of eager,inductor,kiln")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (torch and OpenMP); default 1")
     p.add_argument("--repeats", type=int, default=10, help="interleaved timing rounds (default 10)")
@@ -66,7 +74,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=3, help="untimed calls per backend after the first (default 3)")
     p.add_argument("--kiln-mode", default="default", help="mode passed to kiln.compile (default 'default')")
     p.add_argument("--small", action="store_true", help="small shapes, for a quick smoke run")
-    p.add_argument("--tol", type=float, default=1e-3, help="max relative error before a result is a MISMATCH")
+    p.add_argument("--tol", type=float, default=None,
+                   help="max relative error before a result is a MISMATCH (default 1e-3 fp32, 2e-2 bf16/fp16)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write all raw numbers here")
     p.add_argument("--fresh-caches", action="store_true",
                    help="use new, empty Inductor and kiln cache directories (cold compile times); deleted at exit")
@@ -74,11 +83,19 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    help="TORCHINDUCTOR_CACHE_DIR to use (e.g. reuse one for warm-cache measurements)")
     p.add_argument("--cache-dir-kiln", type=Path, default=None, metavar="DIR", help="KILN_CACHE_DIR to use")
     args = p.parse_args(argv)
-    args.models = _split(args.models)
-    args.backends = _split(args.backends)
-    unknown = sorted(set(args.backends) - set(BACKENDS))
+    args.models = _split(args.models or ",".join(GPU_SUITE if args.device == "cuda" else DEFAULT_SUITE))
+    backends = _split(args.backends)
+    unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
         p.error(f"unknown backend(s) {unknown}; choose from {list(BACKENDS)}")
+    modes = _split(args.modes)
+    bad_modes = sorted(set(modes) - set(MODES))
+    if bad_modes:
+        p.error(f"unknown mode(s) {bad_modes}; choose from {list(MODES)}")
+    args.backends = [b + (MODES[m] if b != "eager" else "") for b in backends for m in (modes if b != "eager"
+                                                                                        else ["default"])]
+    if args.tol is None:
+        args.tol = 1e-3 if args.dtype == "fp32" else 2e-2
     for name in ("threads", "repeats", "calls"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
@@ -117,6 +134,10 @@ def machine_info(args: argparse.Namespace) -> dict[str, Any]:
     import torch
     return {
         "cpu": _cpu_model(),
+        "gpu": torch.cuda.get_device_name() if args.device == "cuda" and torch.cuda.is_available() else None,
+        "device": args.device,
+        "dtype": args.dtype,
+        "triton": _triton_version(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
         "python": platform.python_version(),
@@ -141,6 +162,14 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def _triton_version() -> str | None:
+    try:
+        import triton
+        return triton.__version__
+    except Exception:  # noqa: BLE001
+        return None
+
+
 def _kiln_version() -> str | None:
     try:
         import kiln
@@ -162,15 +191,18 @@ def _git_commit() -> str | None:
 
 
 def make_backend(name: str, model: nn.Module, kiln_mode: str) -> Callable[..., Any]:
-    """Return the callable that runs ``model`` on backend ``name`` (compilation happens at the first call)."""
+    """Return the callable that runs ``model`` on backend label ``name`` (``inductor-ro``: Inductor in mode
+    reduce-overhead, ...); compilation happens at the first call."""
     import torch
-    if name == "eager":
+    base, _, suffix = name.partition("-")
+    mode = next((m for m, s in MODES.items() if s == ("-" + suffix if suffix else "")), None)
+    if base == "eager":
         return model
-    if name == "inductor":
-        return torch.compile(model)
-    if name == "kiln":
+    if base == "inductor" and mode is not None:
+        return torch.compile(model, mode=mode)
+    if base == "kiln" and mode is not None:
         import kiln
-        return kiln.compile(model, mode=kiln_mode)
+        return kiln.compile(model, mode=mode if suffix else kiln_mode)
     raise ValueError(f"unknown backend {name!r}")
 
 
@@ -236,11 +268,18 @@ def compare(out: Any, ref: Any) -> tuple[float, float]:
 
 
 def time_calls(fn: Callable[..., Any], inputs: tuple[Tensor, ...], calls: int) -> list[float]:
-    """Wall-clock milliseconds of each of ``calls`` calls of ``fn(*inputs)``."""
+    """Wall-clock milliseconds of each of ``calls`` calls of ``fn(*inputs)``; on a GPU the device is
+    synchronized before and after each call, so the time includes launch overhead and all device work."""
+    import torch
+    cuda = any(x.is_cuda for x in inputs)
     times = []
     for _ in range(calls):
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         fn(*inputs)
+        if cuda:
+            torch.cuda.synchronize()
         times.append((time.perf_counter() - start) * 1e3)
     return times
 
@@ -315,10 +354,16 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     record: dict[str, Any] = {"model": name, "error": None, "backends": {}}
     torch._dynamo.reset()
     try:
-        model, inputs = models.build(name, small=args.small)
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+        model, inputs = models.build(name, small=args.small, device=args.device, dtype=dtype)
         record["inputs"] = [{"shape": list(x.shape), "dtype": str(x.dtype)} for x in inputs]
         with torch.inference_mode():
-            ref = model(*inputs)
+            if dtype == torch.float32:
+                ref = model(*inputs)
+            else:  # half-precision results are judged against the same model in fp32
+                ref_model, ref_inputs = models.build(name, small=args.small, device=args.device)
+                ref = ref_model(*ref_inputs)
+                del ref_model, ref_inputs
     except Exception as exc:  # noqa: BLE001
         record["error"] = f"{type(exc).__name__}: {exc}"
         record["traceback"] = traceback.format_exc()
@@ -408,7 +453,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             _progress(f"{name}:")
             records.append(bench_model(name, args))
         table = format_table(records, args.backends)
-        print(f"\n{info['date']}  {info['cpu']}  torch {info['torch']}  threads {info['threads']}\n")
+        where = (f"{info['gpu']}  triton {info['triton']}" if info["gpu"]
+                 else f"{info['cpu']}  threads {info['threads']}")
+        print(f"\n{info['date']}  {where}  torch {info['torch']}  {info['dtype']}\n")
         print(table)
         if args.json is not None:
             payload = {"machine": info, "results": records, "geomean_speedup": geomeans(records, args.backends),

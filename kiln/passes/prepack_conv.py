@@ -56,6 +56,8 @@ def prepack_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
                 or (bias is not None and (not isinstance(bias, Node) or bias.dtype != torch.float32)):
             return None
         weight = w.attr("value").tensor.contiguous()
+        if weight.device.type != "cpu":  # oneDNN is kiln's CPU library; GPU convolutions stay with ATen
+            return None
         try:
             packed = torch.ops.mkldnn._reorder_convolution_weight(weight, list(padding), list(stride),
                                                                   list(dilation), int(groups), list(x.shape))
