@@ -124,7 +124,8 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None) -> Graph:
             return None
         bias, x, wt = (args if packet is aten.addmm else [None, *args])
         w = _weight(wt)
-        if w is None or w.attr("value").tensor.device.type != "cpu" or len(x.shape) != 2 or (bias is not None and bias.shape != (node.shape[1],)):
+        if w is None or w.attr("value").tensor.device.type != "cpu" or len(x.shape) != 2 \
+                or (bias is not None and bias.shape != (node.shape[1],)):
             return None
         m, k = x.shape
         n = node.shape[1]
