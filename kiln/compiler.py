@@ -70,19 +70,21 @@ def _use_triton(target: str, device: torch.device) -> bool:
 def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
              report: CompileReport) -> Callable:
     from kiln.frontend.lower import lower_fx
+    from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.passes.pipeline import run_pipeline
     from kiln.runtime.choose import build_best
     from kiln.runtime.module import build_module
 
-    graph, externs = lower_fx(fx_gm, frozen)
+    device = _device_of(fx_gm, frozen)
+    triton = _use_triton(cfg.target, device)
+    graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES)
     report.captured = graph
     graph = run_pipeline(graph, report, check=cfg.check)
     report.optimized = graph
-    device = _device_of(fx_gm, frozen)
-    if _use_triton(cfg.target, device):
+    if triton:
         from kiln.runtime.triton_module import build_triton_module
         report.target = "triton"
-        module = build_triton_module(graph, report, device)
+        module = build_triton_module(graph, report, device, report.mode)
     else:
         if device.type != "cpu":
             raise ValueError(f"kiln: target {cfg.target!r} generates C++ for CPU tensors, but the inputs are on "

@@ -32,10 +32,11 @@ def _tensors_in(v: Any) -> list[Any]:
     return []
 
 
-def _kernel_dtypes_only(fx_node: torch.fx.Node, args: Sequence[Any], kwargs: dict[str, Any]) -> bool:
+def _kernel_dtypes_only(fx_node: torch.fx.Node, args: Sequence[Any], kwargs: dict[str, Any],
+                        dtypes: frozenset[torch.dtype]) -> bool:
     vals = _tensors_in(fx_node.meta.get("val"))
     vals += _tensors_in(list(args)) + _tensors_in(list(kwargs.values()))
-    return all(v.dtype in KERNEL_DTYPES for v in vals)
+    return all(v.dtype in dtypes for v in vals)
 
 
 def _has_symbols(v: Any) -> bool:
@@ -48,14 +49,17 @@ def _has_symbols(v: Any) -> bool:
     return False
 
 
-def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> tuple[Graph, list[str]]:
-    """Lower ``gm``; ``frozen`` maps placeholder positions to the tensors they are frozen to.
+def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
+             kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES) -> tuple[Graph, list[str]]:
+    """Lower ``gm``; ``frozen`` maps placeholder positions to the tensors they are frozen to.  Ops on dtypes
+    outside ``kernel_dtypes`` (what the code generator handles) stay EXTERN.
 
     Returns the graph (whose INPUTs are the non-frozen placeholders, in order) and the list of ATen ops
     that stayed EXTERN.
     """
     b = GraphBuilder()
     L = Lowerer(b)
+    L.kernel_dtypes = kernel_dtypes
     env: dict[torch.fx.Node, Any] = {}
     outputs: list[Node] = []
     position = 0
@@ -99,7 +103,7 @@ def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any
         return args[0][args[1]]
     packet = getattr(target, "overloadpacket", None)
     lowering = LOWERINGS.get(packet)
-    if lowering is not None and _kernel_dtypes_only(fx_node, args, kwargs):
+    if lowering is not None and _kernel_dtypes_only(fx_node, args, kwargs, L.kernel_dtypes):
         mark = len(L.b.nodes)
         try:
             return lowering(L, fx_node, *args, **kwargs)

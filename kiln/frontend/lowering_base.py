@@ -19,6 +19,8 @@ from kiln.ir.ops import Op, broadcast_shapes, numel, reduced_shape
 # dtypes the generated kernels compute in; anything else runs as an EXTERN ATen call
 KERNEL_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
                            torch.uint8, torch.bool})
+# Triton computes half-precision values in fp32 registers (codegen/triton_expr.py), so it takes these too.
+TRITON_KERNEL_DTYPES = KERNEL_DTYPES | {torch.bfloat16, torch.float16}
 
 
 class Unsupported(Exception):
@@ -42,6 +44,7 @@ class Lowerer:
     def __init__(self, builder: GraphBuilder):
         self.b = builder
         self.externs: list[str] = []
+        self.kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES  # the code generator's (lower_fx sets it)
 
     # ---------------------------------------------------------------- leaves
     def scalar(self, value: Any, dtype: torch.dtype) -> Node:

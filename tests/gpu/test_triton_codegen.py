@@ -100,7 +100,7 @@ def test_argmax_argmin():
 
 @pytest.mark.parametrize("cols", [64, 1000, 6000])
 def test_softmax_layer_norm_rms(cols):
-    w, b = torch.randn(cols), torch.randn(cols)
+    w, b = torch.randn(cols, device=DEVICE), torch.randn(cols, device=DEVICE)
 
     def f(x):
         return (torch.softmax(x, -1), torch.log_softmax(x, -1), F.layer_norm(x, (cols,), w, b),
@@ -124,3 +124,18 @@ def test_wrong_device_input_is_a_clear_error():
         c(torch.randn(4, device="cuda"))
         with pytest.raises(Exception, match="cpu|cuda"):
             c(torch.randn(4))
+
+
+def test_reduce_overhead_replays_with_new_inputs_and_keeps_old_outputs():
+    if not HAS_CUDA:
+        pytest.skip("CUDA graphs need a GPU")
+    lin = torch.nn.Linear(32, 16).to(DEVICE).eval()
+
+    def f(x):
+        return torch.softmax(lin(x) * 2, -1)
+    compiled = kiln.compile(f, mode="reduce-overhead", fallback=False)
+    xs = [torch.randn(8, 32, device=DEVICE) for _ in range(4)]
+    with torch.inference_mode():
+        outs = [compiled(x) for x in xs]  # call 1 runs, call 2 records, calls 3-4 replay
+        for x, out in zip(xs, outs):
+            torch.testing.assert_close(out, f(x), rtol=1e-4, atol=1e-5)
