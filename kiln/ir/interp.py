@@ -80,9 +80,19 @@ def run_extern(n: Node, args: Sequence[torch.Tensor]) -> torch.Tensor:
     return call_extern(n, args)
 
 
+def _same_device(args: Sequence[Any]) -> Sequence[Any]:
+    """Scalars and index ranges (FULL, IOTA) evaluate on the CPU; next to GPU weights they move there."""
+    devices = {a.device for a in args if isinstance(a, torch.Tensor)}
+    if len(devices) < 2:
+        return args
+    target = next(d for d in devices if d.type != "cpu")
+    return [a.to(target) if isinstance(a, torch.Tensor) else a for a in args]
+
+
 def eval_node(n: Node, args: Sequence[Any]) -> torch.Tensor:
     """Evaluate one node on concrete input tensors (``args`` in ``n.inputs`` order)."""
     op = n.op
+    args = _same_device(args)
     if op in _ELEMENTWISE:
         out = _ELEMENTWISE[op](*args)
         if op is Op.DIV and not n.dtype.is_floating_point and not n.dtype.is_complex:

@@ -74,9 +74,13 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
     packet = e.attr("target").overloadpacket
     const = lambda t: b.add(Op.CONSTANT, (), value=ConstRef(t.contiguous()))  # noqa: E731
     c = e.shape[1]
+    # the per-channel values may come from scalars folded on the CPU: bring them to the weight's device
+    device = _const_value(args[1] if packet is aten.convolution else args[-1]).device
+    scale = None if scale is None else scale.to(device)
+    shift = None if shift is None else shift.to(device)
     if packet is aten.convolution:
         w, bias = _const_value(args[1]), _const_value(args[2]) if args[2] is not None else None
-        bias = torch.zeros(c, dtype=e.dtype) if bias is None else bias
+        bias = torch.zeros(c, dtype=e.dtype, device=device) if bias is None else bias
         if scale is not None:
             w = w * scale.reshape(-1, *([1] * (w.dim() - 1)))
             bias = bias * scale
@@ -87,7 +91,7 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
         return build_extern(b, e.attr("target"), args, kwargs, e.shape, e.dtype)
     if packet is aten.mm:
         x, wt = args
-        bias = torch.zeros(c, dtype=e.dtype)
+        bias = torch.zeros(c, dtype=e.dtype, device=device)
     else:
         bias_node, x, wt = args
         bias = _const_value(bias_node).reshape(-1).expand(c)

@@ -229,7 +229,7 @@ class CompiledGraph:
         cl_weights = {c.inputs[1] for c in plan.cl_convs}
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:
-                t = n.attr("value").tensor.contiguous()
+                t = n.attr("value").tensor.to(self.device).contiguous()  # folded scalars may sit on the CPU
                 if n in cl_weights and t.dim() == 4:  # read only by the library, which prefers NHWC here
                     t = t.contiguous(memory_format=torch.channels_last)
                 self.static[n] = t
