@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
 
@@ -66,6 +67,25 @@ class TritonGraph(CompiledGraph):
                 args = [node_of[b] for b in TritonKernelWriter(k, dtype_of).args()]
                 steps.append((getattr(module, name), args, k.schedule))
             self._launches.append(steps)
+        if self.device.type == "cuda":
+            self._precompile()
+
+    def _precompile(self) -> None:
+        """Compile every kernel now, several at a time (ptxas runs outside the GIL), for 16-byte aligned
+        buffers (the arena's are); launches then go straight to the compiled kernels."""
+        jobs = [(i, j) for i, steps in enumerate(self._launches) for j in range(len(steps))]
+
+        def compile_one(job: tuple[int, int]) -> Any:
+            fn, args, s = self._launches[job[0]][job[1]]
+            return fn.warmup(*[n.dtype for n in args], grid=(s.grid,), XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1),
+                             num_warps=s.num_warps)
+
+        with ThreadPoolExecutor(max_workers=min(8, max(len(jobs), 1))) as pool:
+            compiled = list(pool.map(compile_one, jobs))
+        for (i, j), ck in zip(jobs, compiled):
+            fn, args, s = self._launches[i][j]
+            if hasattr(ck, "run") and hasattr(ck, "function"):
+                self._launches[i][j] = (_Launcher(ck, s, fn), args, s)
 
     def _before_run(self) -> None:
         pass
@@ -77,22 +97,26 @@ class TritonGraph(CompiledGraph):
             if isinstance(fn, _Launcher):
                 fn(tensors)
                 continue
-            compiled = fn[(s.grid,)](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
-            if hasattr(compiled, "run") and hasattr(compiled, "function"):  # not under the interpreter
-                steps[i] = (_Launcher(compiled, s), args, s)
+            fn[(s.grid,)](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
 
 
 class _Launcher:
-    """Launch an already compiled kernel directly: Triton's JIT entry re-derives the specialization key from
-    every argument on every call (tens of microseconds); after the first call the key cannot change here,
-    since buffers keep their dtypes and the arena keeps its alignment."""
+    """Launch a kernel compiled ahead for 16-byte aligned buffers directly: Triton's JIT entry re-derives the
+    specialization key from every argument on every call (tens of microseconds).  A buffer that is not so
+    aligned (a caller's sliced input) goes through the JIT entry instead, which specializes for it."""
 
-    def __init__(self, compiled: Any, s: Any):
+    def __init__(self, compiled: Any, s: Any, jit: Any):
         self.runner = compiled[(s.grid, 1, 1)]
         self.constants = (s.xblock, max(s.rblock, 1))
+        self.jit = jit
+        self.s = s
 
     def __call__(self, tensors: list[torch.Tensor]) -> None:
-        self.runner(*tensors, *self.constants)
+        if all(t.data_ptr() % 16 == 0 for t in tensors):
+            self.runner(*tensors, *self.constants)
+        else:
+            s = self.s
+            self.jit[(s.grid,)](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
 
 
 class GraphReplay:
@@ -103,40 +127,54 @@ class GraphReplay:
     The first call runs normally (it also compiles every kernel); the second records the graph."""
 
     WARMUP_CALLS = 1
+    MAX_GRAPHS = 2  # graphs recorded on callers' own input buffers, before falling back to copies
 
     def __init__(self, module: TritonGraph):
         self.module = module
         self.calls = 0
-        self.graph: torch.cuda.CUDAGraph | None = None
+        # [Note: graphs keyed by input addresses] A graph reads its inputs at the addresses it was recorded
+        # with.  A caller that passes the same buffers again (same addresses, shapes and strides) gets a
+        # replay with no input copy; other inputs are copied into the buffers of a graph recorded on copies.
+        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]] = {}
+        self.copy_graph: tuple[torch.cuda.CUDAGraph, list[torch.Tensor]] | None = None
         self.static_inputs: list[torch.Tensor] = []
-        self.static_outputs: list[torch.Tensor] = []
+        self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        if self.graph is None:
-            self.calls += 1
-            if self.calls <= self.WARMUP_CALLS:
-                return self.module(inputs)
-            self._record(inputs)
-        for k, (static, x) in enumerate(zip(self.static_inputs, inputs)):
-            if x.shape != static.shape or x.dtype != static.dtype or x.device != static.device:
-                raise ValueError(f"kiln: input {k} expected {static.dtype} of shape {list(static.shape)} on "
-                                 f"{static.device}, got {x.dtype} of shape {list(x.shape)} on {x.device}")
-            if x.data_ptr() != static.data_ptr():
+        for k, (x, (shape, dtype)) in enumerate(zip(inputs, self.expected)):
+            if tuple(x.shape) != shape or x.dtype != dtype or not x.is_cuda or not x.is_contiguous():
+                if x.is_cuda and tuple(x.shape) == shape and x.dtype == dtype:
+                    return self.module(inputs)  # a strided input: the plain module copies it
+                raise ValueError(f"kiln: input {k} expected {dtype} of shape {list(shape)} on cuda, "
+                                 f"got {x.dtype} of shape {list(x.shape)} on {x.device}")
+        self.calls += 1
+        if self.calls <= self.WARMUP_CALLS:
+            return self.module(inputs)
+        key = tuple(x.data_ptr() for x in inputs)
+        entry = self.graphs.get(key)
+        if entry is None and len(self.graphs) < self.MAX_GRAPHS:
+            entry = self.graphs[key] = self._record(list(inputs))
+        if entry is None:
+            if self.copy_graph is None:
+                self.static_inputs = [x.clone() for x in inputs]
+                self.copy_graph = self._record(self.static_inputs)
+            for static, x in zip(self.static_inputs, inputs):
                 static.copy_(x)
-        self.graph.replay()
-        return [o.clone() for o in self.static_outputs]
+            entry = self.copy_graph
+        graph, outputs = entry
+        graph.replay()
+        return [o.clone() for o in outputs]
 
-    def _record(self, inputs: list[torch.Tensor]) -> None:
-        self.static_inputs = [x.clone() for x in inputs]
+    def _record(self, inputs: list[torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
         stream = torch.cuda.Stream()
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # a warm-up on the capture stream (library handles, workspaces)
-            self.module(self.static_inputs)
+            self.module(inputs)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            self.static_outputs = self.module(self.static_inputs)
-        self.graph = graph
+            outputs = self.module(inputs)
+        return graph, outputs
 
 
 def build_triton_module(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default") -> Callable:

@@ -136,6 +136,11 @@ def test_reduce_overhead_replays_with_new_inputs_and_keeps_old_outputs():
     compiled = kiln.compile(f, mode="reduce-overhead", fallback=False)
     xs = [torch.randn(8, 32, device=DEVICE) for _ in range(4)]
     with torch.inference_mode():
-        outs = [compiled(x) for x in xs]  # call 1 runs, call 2 records, calls 3-4 replay
+        outs = [compiled(x) for x in xs]  # call 1 runs, calls 2-3 record on the callers' buffers, 4 on copies
         for x, out in zip(xs, outs):
             torch.testing.assert_close(out, f(x), rtol=1e-4, atol=1e-5)
+        x = xs[1]
+        x.mul_(-3.0)  # same buffer, new contents: the replay reads them
+        torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-5)
+        with pytest.raises(ValueError, match="expected"):
+            compiled(torch.randn(4, 32, device=DEVICE))
