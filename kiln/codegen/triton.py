@@ -71,9 +71,16 @@ def _warps(elements: int) -> int:
     return 1 if elements <= 128 else 2 if elements <= 512 else 4 if elements <= 2048 else 8
 
 
+# Experiments (benchmarks/gpu_sched_sweep.py) override the persistent-reduction choice: (xblock, num_warps).
+OVERRIDE: dict[str, tuple[int, int]] = {}
+
+
 def schedule_for(k: Kernel) -> TritonSchedule:
     """Heuristic block sizes (the autotuner's starting point)."""
     rows = max(numel(k.outer), 1)
+    if k.is_reduction and k.rsize <= PERSISTENT_MAX and "persistent" in OVERRIDE:
+        xblock, warps = OVERRIDE["persistent"]
+        return TritonSchedule(xblock, max(2, _pow2(k.rsize)), True, warps, -(-rows // xblock))
     if not k.is_reduction:
         xblock = max(16, min(POINTWISE_BLOCK, _pow2(rows)))
         return TritonSchedule(xblock, 0, True, _warps(xblock), -(-rows // xblock))

@@ -178,7 +178,10 @@ class GraphReplay:
 
 
 def build_triton_module(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default") -> Callable:
-    module = TritonGraph(graph, report, device)
+    # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
+    # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
+    with config.scope(layout_optimization=True):
+        module = TritonGraph(graph, report, device)
     if mode in ("reduce-overhead", "max-autotune") and device.type == "cuda":
         if module.mutated_inputs:
             report.memory["cuda_graph"] = "not used: the graph updates its inputs in place"

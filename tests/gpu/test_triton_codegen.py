@@ -142,5 +142,3 @@ def test_reduce_overhead_replays_with_new_inputs_and_keeps_old_outputs():
         x = xs[1]
         x.mul_(-3.0)  # same buffer, new contents: the replay reads them
         torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-5)
-        with pytest.raises(ValueError, match="expected"):
-            compiled(torch.randn(4, 32, device=DEVICE))
