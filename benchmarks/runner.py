@@ -223,6 +223,10 @@ class BackendResult:
     speedup_rounds: list[float] = dataclasses.field(default_factory=list)
     median_ms: float | None = None
     speedup: float | None = None
+    # GPU memory (MiB): held after compiling and the first call (weights copies, arenas, caches), and the
+    # peak a steady-state call adds on top of what was allocated before it (torch.cuda.max_memory_allocated)
+    mem_held_mib: float | None = None
+    mem_call_mib: float | None = None
     fn: Callable[..., Any] | None = dataclasses.field(default=None, repr=False)
 
     def fail(self, stage: str, exc: BaseException) -> None:
@@ -287,12 +291,17 @@ def time_calls(fn: Callable[..., Any], inputs: tuple[Tensor, ...], calls: int) -
 def first_call(result: BackendResult, model: nn.Module, inputs: tuple[Tensor, ...], ref: Any,
                args: argparse.Namespace) -> None:
     """Compile ``result.backend``, time its first call, check it against ``ref`` and warm it up."""
+    import torch
+    cuda = any(x.is_cuda for x in inputs)
+    held_before = torch.cuda.memory_allocated() if cuda else 0
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
             fn = make_backend(result.backend, model, args.kiln_mode)
             start = time.perf_counter()
             out = fn(*inputs)
+            if cuda:
+                torch.cuda.synchronize()
             result.first_call_s = time.perf_counter() - start
     except Exception as exc:  # noqa: BLE001 - a failing backend is a result, not a crash
         result.fail("compile", exc)
@@ -306,6 +315,14 @@ def first_call(result: BackendResult, model: nn.Module, inputs: tuple[Tensor, ..
             result.status = "MISMATCH"
         del out
         time_calls(fn, inputs, args.warmup)
+        if cuda:
+            result.mem_held_mib = (torch.cuda.memory_allocated() - held_before) / 2**20
+            before = torch.cuda.memory_allocated()
+            torch.cuda.reset_peak_memory_stats()
+            out = fn(*inputs)
+            torch.cuda.synchronize()
+            result.mem_call_mib = (torch.cuda.max_memory_allocated() - before) / 2**20
+            del out
         result.fn = fn
     except Exception as exc:  # noqa: BLE001
         result.fail("check" if result.max_abs_err is None else "warmup", exc)

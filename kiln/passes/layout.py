@@ -39,7 +39,7 @@ def is_conv2d(n: Node) -> bool:
     """A 2-D convolution extern (ATen's, or oneDNN's with a prepacked weight)."""
     if is_prepacked_conv(n):
         return True
-    if n.op is not Op.EXTERN or n.attr("out_index") is not None or n.dtype != torch.float32:
+    if n.op is not Op.EXTERN or n.attr("out_index") is not None or not n.dtype.is_floating_point:
         return False
     if getattr(n.attr("target"), "overloadpacket", None) is not aten.convolution or len(n.shape) != 4:
         return False
