@@ -727,3 +727,14 @@ def test_prepack_conv_bakes_the_weight_and_keeps_results():
     text = format_graph(out)
     assert "mkldnn._convolution_pointwise" in text and "aten.convolution" not in text
     assert_same_results(g, out, rtol=1e-4, atol=1e-4)
+
+
+def test_split_conv_bias_moves_the_bias_into_an_add():
+    from kiln.passes.conv_bias import split_conv_bias
+    g = _conv_bn_graph()
+    log = RewriteLog()
+    out = split_conv_bias(g, log, devices=("cpu",))  # the pass is for CUDA weights; the IR is the same
+    assert log.counts == {"convolution bias moved to the next kernel": 1}
+    conv = next(n for n in out.nodes if n.op is Op.EXTERN)
+    assert len(conv.inputs) == 2  # x and the weight: no bias operand
+    assert_same_results(g, out, rtol=1e-5, atol=1e-5)
