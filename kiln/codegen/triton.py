@@ -33,6 +33,7 @@ import dataclasses
 
 import torch
 
+from kiln.codegen.cpp_tile import plan_tiles
 from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
 from kiln.ir.ops import Op, numel
@@ -54,11 +55,19 @@ from kiln.runtime import triton_math as km
 @dataclasses.dataclass(frozen=True)
 class TritonSchedule:
     xblock: int
-    rblock: int        # 0 for pointwise kernels
+    rblock: int        # reductions: row chunk; 2-D tiled pointwise kernels: the tile's other edge; else 0
     persistent: bool
     num_warps: int
     grid: int
+    grid_y: int = 1    # 2-D tiled pointwise kernels: tiles along the transposed axis
+    grid_z: int = 1    #   ... and the remaining (outer) loop positions
 
+    @property
+    def grid3(self) -> tuple[int, int, int]:
+        return (self.grid, self.grid_y, self.grid_z)
+
+
+TILE_X, TILE_Y = 64, 32  # 2-D tiles for pointwise kernels with transposed operands
 
 def _pow2(n: int) -> int:
     p = 1
@@ -78,6 +87,11 @@ OVERRIDE: dict[str, tuple[int, int]] = {}
 def schedule_for(k: Kernel) -> TritonSchedule:
     """Heuristic block sizes (the autotuner's starting point)."""
     rows = max(numel(k.outer), 1)
+    tiles = plan_tiles(k)
+    if tiles is not None:
+        others = rows // (tiles.a.size * tiles.b.size)
+        return TritonSchedule(TILE_X, TILE_Y, True, 4, -(-tiles.b.size // TILE_X), -(-tiles.a.size // TILE_Y),
+                              others)
     if k.is_reduction and k.rsize <= PERSISTENT_MAX and "persistent" in OVERRIDE:
         xblock, warps = OVERRIDE["persistent"]
         return TritonSchedule(xblock, max(2, _pow2(k.rsize)), True, warps, -(-rows // xblock))
@@ -163,6 +177,9 @@ class TritonKernelWriter:
 
     # ------------------------------------------------------------------ pointwise
     def _pointwise(self, pid: str) -> None:
+        if self.s.grid_y > 1 or plan_tiles(self.k) is not None:
+            self._tiled_pointwise()
+            return
         ind = "    "
         rows = numel(self.k.outer)
         self._emit(ind, f"x = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
@@ -171,6 +188,26 @@ class TritonKernelWriter:
         p = TritonPrinter(self.lines, ind, "xmask")
         for phase in self.k.phases:
             assert isinstance(phase, FullLoop)
+            for st in phase.stores:
+                self._store(p, st, "xmask", ind)
+
+    def _tiled_pointwise(self) -> None:
+        """2-D tiles [RBLOCK along the transposed loads' unit-stride loop, XBLOCK along the stores'] so both
+        sides are coalesced (Triton moves the tile through shared memory between the two orders)."""
+        ind = "    "
+        tiles = plan_tiles(self.k)
+        a, b = tiles.a, tiles.b
+        self._emit(ind, f"{b.name} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
+        self._emit(ind, f"{a.name} = tl.program_id(1) * RBLOCK + tl.arange(0, RBLOCK)[:, None]")
+        self._emit(ind, f"xmask = ({b.name} < {b.size}) & ({a.name} < {a.size})")
+        others = [(f"i{d}", size) for d, size in enumerate(self.k.outer) if f"i{d}" not in (a.name, b.name)]
+        self._emit(ind, "z = tl.program_id(2)")
+        stride = 1
+        for name, size in reversed(others):
+            self._emit(ind, f"{name} = (z // {stride}) % {size}")
+            stride *= size
+        p = TritonPrinter(self.lines, ind, "xmask")
+        for phase in self.k.phases:
             for st in phase.stores:
                 self._store(p, st, "xmask", ind)
 

@@ -77,7 +77,7 @@ class TritonGraph(CompiledGraph):
 
         def compile_one(job: tuple[int, int]) -> Any:
             fn, args, s = self._launches[job[0]][job[1]]
-            return fn.warmup(*[n.dtype for n in args], grid=(s.grid,), XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1),
+            return fn.warmup(*[n.dtype for n in args], grid=s.grid3, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1),
                              num_warps=s.num_warps)
 
         with ThreadPoolExecutor(max_workers=min(8, max(len(jobs), 1))) as pool:
@@ -97,7 +97,7 @@ class TritonGraph(CompiledGraph):
             if isinstance(fn, _Launcher):
                 fn(tensors)
                 continue
-            fn[(s.grid,)](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
+            fn[s.grid3](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
 
 
 class _Launcher:
@@ -106,7 +106,7 @@ class _Launcher:
     aligned (a caller's sliced input) goes through the JIT entry instead, which specializes for it."""
 
     def __init__(self, compiled: Any, s: Any, jit: Any):
-        self.runner = compiled[(s.grid, 1, 1)]
+        self.runner = compiled[s.grid3]
         self.constants = (s.xblock, max(s.rblock, 1))
         self.jit = jit
         self.s = s
@@ -116,7 +116,7 @@ class _Launcher:
             self.runner(*tensors, *self.constants)
         else:
             s = self.s
-            self.jit[(s.grid,)](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
+            self.jit[s.grid3](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
 
 
 class GraphReplay:

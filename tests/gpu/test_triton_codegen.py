@@ -142,3 +142,11 @@ def test_reduce_overhead_replays_with_new_inputs_and_keeps_old_outputs():
         x = xs[1]
         x.mul_(-3.0)  # same buffer, new contents: the replay reads them
         torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("shape", [(2, 20, 24, 40), (1, 7, 9, 33)])
+def test_transposed_operand_runs_in_2d_tiles(shape):
+    """out[n, c, h, w] = f(x[n, h, w, c]): loads coalesce along c, stores along h*w."""
+    r = run(lambda x, b: torch.relu(x.permute(0, 3, 1, 2) * 2.0 + b), torch.randn(shape),
+            torch.randn(shape[3], 1, 1))
+    assert "tl.program_id(2)" in r.source
