@@ -30,6 +30,7 @@ replace them.  Example (softmax over rows of 256, persistent)::
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import torch
 
@@ -293,7 +294,20 @@ class TritonKernelWriter:
 
 
 def module_source(kernels: list[Kernel], dtype_of: dict[str, torch.dtype]) -> str:
+    """The module's source.  Parameters are named by position (``p0, p1, ...``), so kernels that compute the
+    same thing on different buffers (each layer of a transformer) have the same text; each distinct text is
+    defined once and the others are aliases of it, so Triton compiles it once (GPT: 17 kernels -> 5)."""
     parts = [HEADER]
+    seen: dict[str, str] = {}
     for k in kernels:
-        parts.append(TritonKernelWriter(k, dtype_of).write())
+        writer = TritonKernelWriter(k, dtype_of)
+        text = writer.write()
+        for i, name in enumerate(writer.args()):
+            text = re.sub(rf"\b{name}\b", f"p{i}", text)
+        body = text.replace(f"def {k.name}(", "def KERNEL(", 1)
+        if body in seen:
+            parts.append(f"{k.name} = {seen[body]}  # the same kernel as {seen[body]}")
+        else:
+            seen[body] = k.name
+            parts.append(text)
     return "\n\n".join(parts)

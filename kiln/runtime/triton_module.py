@@ -74,16 +74,21 @@ class TritonGraph(CompiledGraph):
         """Compile every kernel now, several at a time (ptxas runs outside the GIL), for 16-byte aligned
         buffers (the arena's are); launches then go straight to the compiled kernels."""
         jobs = [(i, j) for i, steps in enumerate(self._launches) for j in range(len(steps))]
+        unique: dict[tuple, tuple[int, int]] = {}  # aliased kernels (same text) compile once
+        for i, j in jobs:
+            fn, args, s = self._launches[i][j]
+            unique.setdefault((id(fn), tuple(n.dtype for n in args), s), (i, j))
 
         def compile_one(job: tuple[int, int]) -> Any:
             fn, args, s = self._launches[job[0]][job[1]]
             return fn.warmup(*[n.dtype for n in args], grid=s.grid3, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1),
                              num_warps=s.num_warps)
 
-        with ThreadPoolExecutor(max_workers=min(8, max(len(jobs), 1))) as pool:
-            compiled = list(pool.map(compile_one, jobs))
-        for (i, j), ck in zip(jobs, compiled):
+        with ThreadPoolExecutor(max_workers=min(8, max(len(unique), 1))) as pool:
+            compiled = dict(zip(unique, pool.map(compile_one, unique.values())))
+        for i, j in jobs:
             fn, args, s = self._launches[i][j]
+            ck = compiled[(id(fn), tuple(n.dtype for n in args), s)]
             if hasattr(ck, "run") and hasattr(ck, "function"):
                 self._launches[i][j] = (_Launcher(ck, s, fn), args, s)
 
