@@ -462,6 +462,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
         torch.set_num_threads(args.threads)
+        if args.device == "cuda" and args.dtype == "fp32":  # fp32 means fp32: no TF32 in matmuls or cuDNN
+            torch.backends.cuda.matmul.allow_tf32 = False
+            torch.backends.cudnn.allow_tf32 = False
         info = machine_info(args)
         _progress(f"benchmarks: {info['cpu']}, torch {info['torch']}, kiln {info['kiln']}, "
                   f"{info['threads']} thread(s), backends {args.backends}")
