@@ -48,8 +48,15 @@ def is_conv2d(n: Node) -> bool:
 
 
 def library_layouts(graph: Graph) -> dict[Node, tuple[int, ...]]:
-    """Buffers whose layout the library fixes: prepacked oneDNN convolutions write channels-last."""
-    return {n: channels_last_strides(n.shape) for n in graph.nodes if is_prepacked_conv(n)}
+    """Buffers whose layout the library fixes: prepacked oneDNN convolutions write channels-last; fused
+    attention writes [B, H, T, D] as a transposed view of [B, T, H, D] (the heads' merge is then a view)."""
+    out = {n: channels_last_strides(n.shape) for n in graph.nodes if is_prepacked_conv(n)}
+    for n in graph.nodes:
+        if n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) is \
+                aten.scaled_dot_product_attention and len(n.shape) == 4:
+            b, h, t, d = n.shape
+            out[n] = (t * h * d, d, h * d, 1)
+    return out
 
 
 def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], readers: dict[Node, set[Any]],

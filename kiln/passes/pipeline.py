@@ -10,6 +10,7 @@ from typing import Callable
 
 from kiln import config
 from kiln.ir.graph import Graph, verify
+from kiln.passes.attention import fuse_attention
 from kiln.passes.conv_bias import split_conv_bias
 from kiln.passes.cse import cse
 from kiln.passes.dce import dce
@@ -50,6 +51,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("select_gemm", _select_gemm),             # after folding: weights are final; time MKL vs oneDNN per shape
     ("prepack_conv", _prepack_conv),           # after folding: reorder final conv weights once for oneDNN
     ("split_conv_bias", split_conv_bias),      # after folding (BN made the bias final); GPU convolutions only
+    ("fuse_attention", fuse_attention),        # after simplify/CSE made the softmax pattern canonical; GPU only
     ("simplify_2", simplify),                  # folding exposes x*1, x+0 and new view chains
     ("cse_2", cse),
     ("dce_2", lambda g, log: dce(g)),          # folded constants leave their inputs dead

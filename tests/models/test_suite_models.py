@@ -15,7 +15,7 @@ SMALL = {
 }
 # matmul (ATen/MKL or oneDNN, whichever measured faster), convolution and pooling
 ALLOWED_EXTERNS = {"convolution", "onednn_convolution", "mm", "addmm", "bmm", "onednn_linear",
-                   "max_pool2d_with_indices", "avg_pool2d"}
+                   "scaled_dot_product_attention", "max_pool2d_with_indices", "avg_pool2d"}
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))

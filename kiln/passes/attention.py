@@ -1,0 +1,181 @@
+"""Attention written out by hand becomes one fused attention call.
+
+``softmax(Q K^T * scale + causal mask) V`` as a model writes it lowers to two batched matmuls around a
+softmax that materializes the ``[B, H, T, T]`` scores (GPT 8 x 512 on the H200: 12.6 MB per layer written and
+read twice, plus copies of Q, K and V into batch-major layout for the matmuls).  This pass recognizes the
+pattern in the graph IR and replaces it by ``aten.scaled_dot_product_attention``, which dispatches to a
+flash-attention kernel: scores stay on chip, and Q, K, V are read through their strides (no copies).
+
+Recognized, from the second matmul up::
+
+    O   = bmm(reshape(P, [BH, T, T]), reshape(V4, [BH, T, D]))
+    P   = div(E, expand(sum(E, -1)))            E = exp(sub(L, expand(amax(L, -1))))
+    L   = [where(mask, -inf, )] [mul(, scale) | div(, c)] reshape(bmm(reshape(Q4), reshape(K4t)), [B, H, T, T])
+
+``mask`` must evaluate (from constants alone) to exactly the causal pattern (above the diagonal), and the
+matmul operands must be reshapes of ``[B, H, T, D]`` (Q, V) and ``[B, H, D, T]`` (K transposed) views.
+Anything else is left alone.
+
+Before (per head group)::                          After::
+
+    %20 = extern(%18, %19, target=aten.bmm)            %20 = extern(%13, %17', %16,
+    ... mul, where, amax, sub, exp, sum, div ...               target=aten.scaled_dot_product_attention,
+    %43 = extern(%41, %42, target=aten.bmm)                    is_causal=True, scale=0.25)
+                                                       %43 = reshape(%20, [BH, T, D])
+
+Applied to CUDA graphs, where the flash kernel exists for bf16/fp16 and fp32 (memory-efficient kernel).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from kiln.frontend.extern import build_extern
+from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.ir.interp import eval_node
+from kiln.ir.ops import Op
+from kiln.passes.rewrite import RewriteLog, rewrite
+
+aten = torch.ops.aten
+
+
+def _is_bmm(n: Node) -> bool:
+    return n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) is aten.bmm \
+        and n.attr("out_index") is None
+
+
+def _strip(n: Node, op: Op) -> Node | None:
+    return n.inputs[0] if n.op is op else None
+
+
+def _scalar(n: Node) -> float | None:
+    """The value of a broadcast scalar constant (``expand(full(v))``)."""
+    while n.op is Op.EXPAND:
+        n = n.inputs[0]
+    if n.op is Op.FULL and not n.shape:
+        return float(n.attr("value"))
+    return None
+
+
+def _const_eval(n: Node, memo: dict[Node, torch.Tensor | None]) -> torch.Tensor | None:
+    """``n``'s value when it depends on constants only, else None."""
+    if n in memo:
+        return memo[n]
+    if n.op in (Op.INPUT, Op.EXTERN):
+        value = None
+    elif n.op in (Op.CONSTANT, Op.FULL, Op.IOTA):
+        value = eval_node(n, [])
+    else:
+        args = [_const_eval(i, memo) for i in n.inputs]
+        value = None if any(a is None for a in args) else eval_node(n, args)
+    memo[n] = value
+    return value
+
+
+def _softmax_input(p: Node) -> Node | None:
+    """L for P = softmax(L) over the last axis (as lowered: amax, sub, exp, sum, div)."""
+    if p.op is not Op.DIV:
+        return None
+    e, denom = p.inputs
+    s = _strip(denom, Op.EXPAND)
+    if e.op is not Op.EXP or s is None or s.op is not Op.SUM or s.inputs[0] is not e:
+        return None
+    last = len(p.shape) - 1
+    if s.attr("axes") != (last,):
+        return None
+    sub = e.inputs[0]
+    if sub.op is not Op.SUB:
+        return None
+    logits, mx = sub.inputs
+    m = _strip(mx, Op.EXPAND)
+    if m is None or m.op is not Op.AMAX or m.inputs[0] is not logits or m.attr("axes") != (last,):
+        return None
+    return logits
+
+
+def _causal(cond: Node, t: int) -> bool:
+    value = _const_eval(cond, {})
+    if value is None or value.dtype != torch.bool or tuple(value.shape[-2:]) != (t, t):
+        return False
+    upper = torch.ones(t, t, dtype=torch.bool, device=value.device).triu(1)
+    return bool((value == upper).all())
+
+
+def _heads(flat: Node, b: int, h: int) -> Node | None:
+    """The 4-D [B, H, X, Y] node that ``flat`` ([B*H, X, Y]) reshapes."""
+    src = _strip(flat, Op.RESHAPE)
+    if src is None or len(src.shape) != 4 or tuple(src.shape[:2]) != (b, h):
+        return None
+    return src
+
+
+def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[str, ...] = ("cuda",)) -> Graph:
+    def rule(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder) -> Node | None:
+        if not _is_bmm(node) or len(inputs) != 2:
+            return None
+        p3, v3 = inputs
+        p4 = _strip(p3, Op.RESHAPE)
+        if p4 is None or len(p4.shape) != 4:
+            return None
+        logits = _softmax_input(p4)
+        if logits is None:
+            return None
+        found = _scores(logits)
+        if found is None:
+            return None
+        s4, scale, causal = found
+        s3 = _strip(s4, Op.RESHAPE)
+        if s3 is None or not _is_bmm(s3):
+            return None
+        b, h, t, t2 = p4.shape
+        q4, kt4, v4 = _heads(s3.inputs[0], b, h), _heads(s3.inputs[1], b, h), _heads(v3, b, h)
+        if q4 is None or kt4 is None or v4 is None or t != t2 or q4.shape[2] != t or v4.shape[2] != t \
+                or kt4.shape[3] != t or q4.shape[3] != kt4.shape[2] or not _on(q4, devices):
+            return None
+        k4 = bld.add(Op.PERMUTE, (kt4,), dims=(0, 1, 3, 2))
+        out4 = build_extern(bld, aten.scaled_dot_product_attention.default, [q4, k4, v4],
+                            {"is_causal": causal, "scale": scale}, tuple(v4.shape[:3]) + (v4.shape[3],),
+                            node.dtype)
+        if log:
+            log.hit("attention -> scaled_dot_product_attention" + (" (causal)" if causal else ""))
+        return bld.add(Op.RESHAPE, (out4,), shape=node.shape)
+
+    return rewrite(graph, rule)
+
+
+def _scores(logits: Node) -> tuple[Node, float, bool] | None:
+    """(S4 = the reshaped Q K^T, scale, causal) for logits = [where(mask, -inf, )] [mul(, scale) | div(, c)] S4."""
+    causal = False
+    t = logits.shape[-1]
+    if logits.op is Op.WHERE:
+        cond, fill, rest = logits.inputs
+        if _scalar(fill) != -math.inf or not _causal(cond, t):
+            return None
+        causal, logits = True, rest
+    scale = 1.0
+    if logits.op is Op.MUL:
+        a, b = logits.inputs
+        if _scalar(b) is not None:
+            scale, logits = _scalar(b), a
+        elif _scalar(a) is not None:
+            scale, logits = _scalar(a), b
+        else:
+            return None
+    elif logits.op is Op.DIV and _scalar(logits.inputs[1]) not in (None, 0.0):
+        scale, logits = 1.0 / _scalar(logits.inputs[1]), logits.inputs[0]
+    return logits, scale, causal
+
+
+def _on(n: Node, devices: tuple[str, ...]) -> bool:
+    """Is the graph's data on one of ``devices``?  Judged from the constants it reaches (weights)."""
+    stack, seen = [n], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x.op is Op.CONSTANT:
+            return x.attr("value").tensor.device.type in devices
+        stack.extend(x.inputs)
+    return False

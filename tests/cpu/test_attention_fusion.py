@@ -1,0 +1,53 @@
+"""Hand-written attention -> one scaled_dot_product_attention call (passes/attention.py).
+
+The pass is for CUDA graphs; here it runs on CPU constants (``devices=("cpu",)``) so CI checks the pattern
+matching and the numerics: causal, unmasked, and a mask that is not causal (left alone)."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import kiln
+from kiln.passes import attention, pipeline
+from kiln.report import mark, reports_since
+
+
+class Attn(nn.Module):
+    def __init__(self, d=64, heads=4, mask="causal", t=16):
+        super().__init__()
+        self.h, self.kind = heads, mask
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        m = torch.tril(torch.ones(t, t)) if mask == "causal" else (torch.rand(t, t) > 0.3).float()
+        self.register_buffer("mask", m.view(1, 1, t, t))
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.h))
+        if self.kind != "none":
+            att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
+        y = F.softmax(att, dim=-1) @ v
+        return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
+
+
+@pytest.fixture
+def on_cpu(monkeypatch):
+    steps = [(n, (lambda g, log: attention.fuse_attention(g, log, devices=("cpu",))) if n == "fuse_attention"
+              else f) for n, f in pipeline.PIPELINE]
+    monkeypatch.setattr(pipeline, "PIPELINE", steps)
+
+
+@pytest.mark.parametrize("kind,fused", [("causal", True), ("none", True), ("random", False)])
+def test_attention_fusion(on_cpu, kind, fused):
+    torch.manual_seed(0)
+    model = Attn(mask=kind).eval()
+    x = torch.randn(2, 16, 64)
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(model, fallback=False)(x)
+        torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
+    externs = reports_since(position)[-1].externs
+    assert ("scaled_dot_product_attention" in externs) == fused, externs
