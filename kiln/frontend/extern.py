@@ -90,3 +90,36 @@ def extern_args(node: Any) -> tuple[list[Any], dict[str, Any]]:
     """An EXTERN node's (args, kwargs) with its input nodes substituted back in."""
     args, kwargs = substitute(node.attr("template"), node.inputs)
     return list(args), dict(kwargs)
+
+
+def _has_ref(v: Any) -> bool:
+    if isinstance(v, (InputRef, Baked)):
+        return True
+    if isinstance(v, (list, tuple)):
+        return any(_has_ref(x) for x in v)
+    if isinstance(v, dict):
+        return any(_has_ref(x) for x in v.values())
+    return False
+
+
+def argument_builder(template: Any) -> Any:
+    """A function ``values -> (args, kwargs)`` for an EXTERN template, built once per node.
+
+    [Note: extern call overhead] ``substitute`` walks the whole template on every call (tens of microseconds
+    for a convolution's nested parameter lists).  Here the template is resolved once: constants and baked
+    values are placed in a prototype argument list, and each call only drops the input tensors into their
+    top-level slots.  Templates with tensors nested inside lists (``cat``'s operand list) use ``substitute``.
+    """
+    args, kwargs = template
+    nested = any(_has_ref(a) for a in args if not isinstance(a, (InputRef, Baked))) or _has_ref(kwargs)
+    if nested:
+        return lambda values: substitute(template, values)
+    proto = [a.value if isinstance(a, Baked) else a for a in args]
+    slots = [(i, a.index) for i, a in enumerate(args) if isinstance(a, InputRef)]
+
+    def build(values: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+        out = list(proto)
+        for i, k in slots:
+            out[i] = values[k]
+        return out, kwargs
+    return build

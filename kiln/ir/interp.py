@@ -143,3 +143,17 @@ def interpret(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor
             continue
         env[n] = eval_node(n, [env[i] for i in n.inputs])
     return [env[o] for o in graph.outputs]
+
+
+def view_function(n: Node) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A fast closure applying view node ``n`` to its input (the runtime's per-call view chains)."""
+    if n.op is Op.RESHAPE:
+        shape = n.shape
+        return lambda t: t.reshape(shape)
+    if n.op is Op.PERMUTE:
+        dims = n.attr("dims")
+        return lambda t: t.permute(dims)
+    if n.op is Op.EXPAND:
+        shape = n.shape
+        return lambda t: t.expand(shape)
+    return lambda t: eval_node(n, [t])

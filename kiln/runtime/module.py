@@ -15,9 +15,9 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln.codegen.cpp import translation_unit
-from kiln.frontend.extern import call_extern, short_name, substitute
+from kiln.frontend.extern import argument_builder, short_name
 from kiln.ir.graph import Graph, Node
-from kiln.ir.interp import eval_node
+from kiln.ir.interp import view_function
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.fuse import ExternStep, Group, partition
@@ -241,6 +241,8 @@ class CompiledGraph:
         self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in dict.fromkeys(self.graph.outputs)
                              if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) and n in plan.buffer_of]
         self._pools: list[list[torch.Tensor]] = [[] for _ in range(len(self.output_slots))]
+        self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
+        self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
 
     # ------------------------------------------------------------------ run
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -296,23 +298,32 @@ class CompiledGraph:
     def _value(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n in env:
             return env[n]
-        if n.op in VIEW:  # a view chain handed to an extern without a copy
-            return eval_node(n, [self._value(n.inputs[0], env)])
+        if n.op in VIEW:  # a view chain handed to an extern without a copy (kept for this call's other users)
+            fn = self._view_fns.get(n)
+            if fn is None:
+                fn = self._view_fns[n] = view_function(n)
+            value = env[n] = fn(self._value(n.inputs[0], env))
+            return value
         raise KeyError(f"kiln runtime: no value for {n}")
 
     def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
+        build = self._arg_builders.get(n)
+        if build is None:
+            build = self._arg_builders[n] = argument_builder(n.attr("template"))
+        args, kwargs = build([self._value(i, env) for i in n.inputs])
         if n in self.static:  # planned: the library writes straight into the arena
-            args, kwargs = substitute(n.attr("template"), [self._value(i, env) for i in n.inputs])
             if n in self.plan.cl_convs:
                 args[0] = args[0].contiguous(memory_format=torch.channels_last)
             n.attr("target").overloadpacket.out(*args, **kwargs, out=self.static[n])
             return
-        out = call_extern(n, [self._value(i, env) for i in n.inputs])
+        out = n.attr("target")(*args, **kwargs)
+        if n.attr("out_index") is not None:
+            out = out[n.attr("out_index")]
         strides = self.plan.strides_of.get(n)
         if strides is None and not out.is_contiguous():
             out = out.contiguous()
         elif strides is not None and out.stride() != strides:  # kernels read it through these strides
-            out = torch.empty_strided(out.shape, strides, dtype=out.dtype).copy_(out)
+            out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device).copy_(out)
         env[n] = out
         self.ptrs[self.slot_of[self.plan.buffer_of[n]]] = out.data_ptr()
 
