@@ -68,6 +68,8 @@ def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype)
     fp = arg_dtype.is_floating_point
     if op in _INFIX:
         return f"({a} {_INFIX[op]} {args[1]})"
+    if op is Op.TANH and fp and dtype in HALF:  # rounded to half precision anyway: the fast hardware tanh
+        return f"km.tanh_half({a})"
     if op in _UNARY_FN and fp:
         return f"{_UNARY_FN[op]}({a})"
     if op in (Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND) and not fp:
