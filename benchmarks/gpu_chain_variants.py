@@ -14,34 +14,13 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from benchmarks.gpu_profile import copy_bandwidth
+from kiln.runtime.triton_math import tanh as _tanh_accurate  # what kiln emits for fp32 (on a GPU)
+from kiln.runtime.triton_math import tanh_half as _tanh_approx  # ... and for bf16/fp16 results
 
 
 @triton.jit
 def _sigmoid_fast(x):
     return tl.fdiv(1.0, 1.0 + tl.exp(-x), ieee_rounding=False)
-
-
-@triton.jit
-def _tanh_accurate(x):
-    """Odd Taylor polynomial to x^13 for |x| < 0.55, (1 - e) / (1 + e) with e = exp(-2|x|) beyond."""
-    ax = tl.abs(x)
-    x2 = x * x
-    p = 21844.0 / 6081075.0
-    p = p * x2 - 1382.0 / 155925.0
-    p = p * x2 + 62.0 / 2835.0
-    p = p * x2 - 17.0 / 315.0
-    p = p * x2 + 2.0 / 15.0
-    p = p * x2 - 1.0 / 3.0
-    small = x + x * x2 * p
-    e = tl.exp(-2.0 * ax)
-    big = (1.0 - e) / (1.0 + e)
-    return tl.where(ax < 0.55, small, tl.where(x < 0, -big, big))
-
-
-@triton.jit
-def _tanh_approx(x):
-    return tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [x], dtype=tl.float32, is_pure=True,
-                                     pack=1)
 
 
 @triton.jit
