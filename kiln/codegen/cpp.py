@@ -15,7 +15,8 @@ from __future__ import annotations
 import torch
 
 from kiln.codegen.cpp_split import split_plan, write_split
-from kiln.codegen.cpp_tile import plan_tiles, write_tiled
+from kiln.codegen.cpp_tile import write_tiled
+from kiln.ir.tiling import plan_tiles
 from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.ops import Op, numel

@@ -34,8 +34,8 @@ import re
 
 import torch
 
-from kiln.codegen.cpp_tile import plan_tiles
 from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
+from kiln.ir.tiling import plan_tiles
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
 from kiln.ir.ops import Op, numel
 
