@@ -140,6 +140,7 @@ class CompiledGraph:
         dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
         segments, self.program = self._program(plan)
+        self._drop_after = self._releases(plan, segments, node_of)
         self._load_code(plan, segments, dtype_of, outputs, report)
         self.ptrs = (ctypes.c_void_p * max(len(self.slot_of), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
@@ -164,6 +165,41 @@ class CompiledGraph:
             self._segment_fns.append(fn)
         self.lib.kiln_set_threads.argtypes = [ctypes.c_int]
         self._threads = -1
+
+    def _releases(self, plan: Plan, segments: list[list[str]], node_of: dict[str, Node]) -> list[list[Node]]:
+        """Per program step, the per-call values (library results, cached views) no later step reads.
+
+        [Note: releasing library results] Results of extern calls that are not planned into the arena are
+        tensors the library allocated for this call; dropping each after its last reader lets the allocator
+        reuse the memory within the call, so peak memory follows the live set rather than the sum of all
+        results (ResNet-18 batch 16 on the GPU: 77 MiB -> below eager's 61 MiB of transient memory)."""
+        keep = set(self.graph.outputs)
+        stack = list(keep)
+        while stack:  # views of outputs keep their bases
+            n = stack.pop()
+            if n.op in VIEW:
+                keep.add(n.inputs[0])
+                stack.append(n.inputs[0])
+        by_name = {k.name: k for k in plan.kernels}
+        last: dict[Node, int] = {}
+        for step, (kind, item) in enumerate(self.program):
+            if kind == "segment":
+                for name in segments[item]:
+                    reads, writes = by_name[name].buffers()
+                    for b in reads | writes:
+                        last[node_of[b]] = step
+            else:
+                for i in item.inputs:
+                    while True:  # the input and the view chain down to its realized base
+                        last[i] = step
+                        if i in plan.buffer_of or i.op not in VIEW:
+                            break
+                        i = i.inputs[0]
+        drop: list[list[Node]] = [[] for _ in self.program]
+        for n, step in last.items():
+            if n not in keep and n.op not in (Op.INPUT, Op.CONSTANT) and (n.op is Op.EXTERN or n.op in VIEW):
+                drop[step].append(n)
+        return drop
 
     def _before_run(self) -> None:
         threads = torch.get_num_threads()
@@ -267,11 +303,13 @@ class CompiledGraph:
             t = self._output_buffer(k, n)
             env[n] = t
             ptrs[slot] = t.data_ptr()
-        for kind, item in self.program:
+        for step, (kind, item) in enumerate(self.program):
             if kind == "segment":
                 self._run_segment(item, env)
             else:
                 self._run_extern(item, env)
+            for n in self._drop_after[step]:
+                env.pop(n, None)
         for original, copy in write_back:
             original.copy_(copy)
         return [self._output(o, env) for o in self.graph.outputs]
