@@ -1,0 +1,70 @@
+"""The ``kiln`` command: ``kiln db list|show|export|import|prune`` (the tuning database)."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Sequence
+
+
+def _db_command(args: argparse.Namespace) -> int:
+    from kiln.tune.db import TuningDB, iter_lines
+    db = TuningDB.open(args.path)
+    try:
+        if args.action == "list":
+            records = db.records(everything=args.all)
+            for line in iter_lines(records):
+                print(line)
+            print(f"{len(records)} record(s) in {db.path}")
+        elif args.action == "show":
+            record = db.get(args.key)
+            if record is None:
+                print(f"no record for {args.key!r} on this machine", file=sys.stderr)
+                return 1
+            print(json.dumps(record.to_json(), indent=2))
+        elif args.action == "export":
+            data = db.export_json()
+            with open(args.file, "w") as f:
+                json.dump(data, f, indent=1)
+            print(f"exported {len(data)} record(s) to {args.file}")
+        elif args.action == "import":
+            with open(args.file) as f:
+                count = db.import_json(json.load(f))
+            print(f"imported {count} record(s) from {args.file}")
+        elif args.action == "prune":
+            older = args.older_than_days * 86400 if args.older_than_days is not None else None
+            print(f"pruned {db.prune(older, args.other_machines)} record(s)")
+    finally:
+        db.close()
+    return 0
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler for PyTorch")
+    sub = p.add_subparsers(dest="command", required=True)
+    db = sub.add_parser("db", help="the tuning database")
+    db.add_argument("--path", default=None, help="database file (default: <cache_dir>/tuning.sqlite)")
+    actions = db.add_subparsers(dest="action", required=True)
+    lst = actions.add_parser("list", help="records of this machine (--all: every machine)")
+    lst.add_argument("--all", action="store_true")
+    show = actions.add_parser("show", help="one record as JSON")
+    show.add_argument("key")
+    exp = actions.add_parser("export", help="all records to a JSON file")
+    exp.add_argument("file")
+    imp = actions.add_parser("import", help="records from a JSON file (faster ones win)")
+    imp.add_argument("file")
+    prune = actions.add_parser("prune", help="delete old records or those of other machines/versions")
+    prune.add_argument("--older-than-days", type=float, default=None)
+    prune.add_argument("--other-machines", action="store_true")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    if args.command == "db":
+        return _db_command(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
