@@ -44,7 +44,7 @@ REPO = Path(__file__).resolve().parents[1]
 if __package__ in (None, ""):  # run as ``python benchmarks/runner.py``
     sys.path.insert(0, str(REPO))
 
-BACKENDS = ("eager", "inductor", "kiln")
+BACKENDS = ("eager", "inductor", "kiln", "ort")  # ort: ONNX Runtime (CPU; needs onnxruntime and onnx)
 MODES = {"default": "", "reduce-overhead": "-ro", "max-autotune": "-ma"}  # mode -> backend label suffix
 DTYPES = ("fp32", "bf16", "fp16")
 # Warnings not worth recording (torch's own deprecation notices while tracing).
@@ -92,8 +92,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     bad_modes = sorted(set(modes) - set(MODES))
     if bad_modes:
         p.error(f"unknown mode(s) {bad_modes}; choose from {list(MODES)}")
-    args.backends = [b + (MODES[m] if b != "eager" else "") for b in backends for m in (modes if b != "eager"
-                                                                                        else ["default"])]
+    moded = ("inductor", "kiln")  # backends that take torch.compile modes
+    args.backends = [b + (MODES[m] if b in moded else "") for b in backends for m in (modes if b in moded
+                                                                                      else ["default"])]
+    if "ort" in backends and args.device != "cpu":
+        p.error("the ort backend (ONNX Runtime) runs on the CPU only")
     if args.tol is None:
         args.tol = 1e-3 if args.dtype == "fp32" else 2e-2
     for name in ("threads", "repeats", "calls"):
@@ -190,7 +193,33 @@ def _git_commit() -> str | None:
 # -------------------------------------------------------------------------------------------- backends
 
 
-def make_backend(name: str, model: nn.Module, kiln_mode: str) -> Callable[..., Any]:
+def ort_backend(model: nn.Module, inputs: tuple[Tensor, ...], threads: int) -> Callable[..., Any]:
+    """ONNX Runtime on the CPU: the model exported with torch.onnx (TorchScript exporter, opset 17), every
+    graph optimisation on, the runner's thread count; returns torch tensors like the model."""
+    import io
+
+    import onnxruntime
+    import torch
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, inputs, buffer, dynamo=False, opset_version=17)
+    options = onnxruntime.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_ENABLE_ALL
+    session = onnxruntime.InferenceSession(buffer.getvalue(), options, providers=["CPUExecutionProvider"])
+    names = [i.name for i in session.get_inputs()]
+
+    def run(*xs: Tensor) -> Any:
+        outs = session.run(None, {n: x.detach().numpy() for n, x in zip(names, xs)})
+        outs = [torch.from_numpy(o) for o in outs]
+        return outs[0] if len(outs) == 1 else outs
+    return run
+
+
+def make_backend(name: str, model: nn.Module, kiln_mode: str, inputs: tuple[Tensor, ...] = (),
+                 threads: int = 1) -> Callable[..., Any]:
     """Return the callable that runs ``model`` on backend label ``name`` (``inductor-ro``: Inductor in mode
     reduce-overhead, ...); compilation happens at the first call."""
     import torch
@@ -198,6 +227,8 @@ def make_backend(name: str, model: nn.Module, kiln_mode: str) -> Callable[..., A
     mode = next((m for m, s in MODES.items() if s == ("-" + suffix if suffix else "")), None)
     if base == "eager":
         return model
+    if base == "ort":
+        return ort_backend(model, inputs, threads)
     if base == "inductor" and mode is not None:
         return torch.compile(model, mode=mode)
     if base == "kiln" and mode is not None:
@@ -297,8 +328,8 @@ def first_call(result: BackendResult, model: nn.Module, inputs: tuple[Tensor, ..
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            fn = make_backend(result.backend, model, args.kiln_mode)
-            start = time.perf_counter()
+            start = time.perf_counter()  # ort builds its session here; the others compile at the first call
+            fn = make_backend(result.backend, model, args.kiln_mode, inputs, args.threads)
             out = fn(*inputs)
             if cuda:
                 torch.cuda.synchronize()
