@@ -9,8 +9,8 @@ from kiln.report import CompileReport
 
 
 def format_report(r: CompileReport, *, source: bool = True) -> str:
-    out = [f"=== kiln report: graph {r.name!r}, mode {r.mode}, compiled in {r.compile_seconds:.2f} s"
-           f"{' (module from cache)' if r.from_cache else ''}"]
+    out = [f"=== kiln report: graph {r.name!r}, mode {r.mode}, target {r.target}, compiled in "
+           f"{r.compile_seconds:.2f} s{' (module from cache)' if r.from_cache else ''}"]
     if r.fallback:
         out.append(f"!!! fell back to eager: {r.fallback}")
     if r.captured is not None:
@@ -31,8 +31,12 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
     out += ["", f"--- extern calls ({len(r.externs)}): " + (", ".join(r.externs) if r.externs else "none")]
     if r.memory:
         out.append(f"--- memory: {r.memory.get('summary', '')}")
+        for key in ("layout", "cuda_graph"):
+            if key in r.memory:
+                out.append(f"--- {key.replace('_', ' ')}: {r.memory[key]}")
     if source and r.source:
-        out += ["", "--- generated C++ (without the math prelude)", _strip_prelude(r.source)]
+        title = "generated Triton" if r.target == "triton" else "generated C++ (without the math prelude)"
+        out += ["", f"--- {title}", _strip_prelude(r.source)]
     return "\n".join(out)
 
 
