@@ -1,0 +1,142 @@
+"""Measuring schedule candidates robustly, each in its own process.
+
+A candidate is a generated C++ translation unit (kiln's format: ``kiln_segment_0(void** b)`` over a table
+of buffer pointers) plus the buffers it reads and writes.  Each candidate is compiled and timed in a fresh
+child process, so one that fails to compile, crashes (a bad schedule indexing out of bounds) or hangs is
+recorded and skipped while tuning carries on:
+
+    compile error -> status "compile-error"    (the compiler's message kept in ``detail``)
+    signal / exit -> status "crash"
+    no answer     -> status "timeout"          (the child is killed after ``timeout_s``)
+
+Timing: ``warmup`` untimed calls, then ``repeats`` timed calls; the buffers are rotated among several
+copies whose total exceeds the last-level cache, so a candidate is not timed on warm caches it would not
+have in a model; the result is the median with the interquartile spread.  ``confirm`` re-measures the best
+candidate in a second child and keeps the slower of the two medians (a lucky run cannot win).
+"""
+from __future__ import annotations
+
+import dataclasses
+import multiprocessing
+import statistics
+import time
+import traceback
+from typing import Any, Sequence
+
+ROTATE_BYTES = 64 << 20  # buffer copies rotated until their total passes this (beyond the L3 of our CPUs)
+MAX_COPIES = 8
+
+
+@dataclasses.dataclass(frozen=True)
+class Candidate:
+    name: str                                          # what schedule this is (for reports and the database)
+    source: str                                        # the translation unit
+    buffers: tuple[tuple[tuple[int, ...], str], ...]   # (shape, torch dtype name) per pointer slot
+    trace: Any = None                                  # the schedule as data (stored with the measurement)
+
+
+@dataclasses.dataclass
+class Measurement:
+    name: str
+    status: str                  # ok | compile-error | crash | timeout
+    median_s: float | None = None
+    spread_s: float | None = None
+    detail: str = ""
+    trace: Any = None
+
+
+def _child(candidate: Candidate, repeats: int, warmup: int, conn: Any) -> None:
+    """Runs in the child: build, allocate, time; sends one result tuple."""
+    try:
+        import ctypes
+
+        import torch
+
+        from kiln.runtime.build import KilnBuildError, load_module
+        try:
+            lib = load_module(candidate.source, name="kiln_candidate").lib
+        except KilnBuildError as exc:
+            conn.send(("compile-error", None, None, str(exc)[-2000:]))
+            return
+        fn = lib.kiln_segment_0
+        fn.argtypes, fn.restype = [ctypes.c_void_p], None
+        torch.manual_seed(0)
+        one_set = [_random(shape, getattr(torch, dtype)) for shape, dtype in candidate.buffers]
+        per_set = sum(t.numel() * t.element_size() for t in one_set) or 1
+        copies = max(1, min(MAX_COPIES, -(-ROTATE_BYTES // per_set)))
+        sets = [one_set] + [[t.clone() for t in one_set] for _ in range(copies - 1)]
+        tables = []
+        for s in sets:
+            table = (ctypes.c_void_p * max(len(s), 1))(*[t.data_ptr() for t in s])
+            tables.append(table)
+        for i in range(warmup):
+            fn(ctypes.addressof(tables[i % len(tables)]))
+        times = []
+        for i in range(repeats):
+            table = tables[i % len(tables)]
+            start = time.perf_counter()
+            fn(ctypes.addressof(table))
+            times.append(time.perf_counter() - start)
+        q = statistics.quantiles(times, n=4) if len(times) >= 4 else [min(times), 0, max(times)]
+        conn.send(("ok", statistics.median(times), q[2] - q[0], f"{copies} buffer set(s)"))
+    except Exception:  # noqa: BLE001 - any failure in the child is a result for the parent
+        conn.send(("crash", None, None, traceback.format_exc()[-2000:]))
+
+
+def _random(shape: tuple[int, ...], dtype: Any) -> Any:
+    import torch
+    if dtype.is_floating_point:
+        return torch.randn(shape, dtype=dtype)
+    if dtype == torch.bool:
+        return torch.rand(shape) > 0.5
+    return torch.randint(0, 7, shape, dtype=dtype)
+
+
+def measure(candidates: Sequence[Candidate], *, repeats: int = 20, warmup: int = 3, timeout_s: float = 60.0,
+            jobs: int = 2, confirm: bool = True) -> list[Measurement]:
+    """Measure every candidate (``jobs`` child processes at a time); results in the candidates' order."""
+    ctx = multiprocessing.get_context("spawn")
+    results: dict[int, Measurement] = {}
+    pending = list(enumerate(candidates))
+    running: list[tuple[int, Any, Any, float]] = []
+    while pending or running:
+        while pending and len(running) < jobs:
+            i, c = pending.pop(0)
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child, args=(c, repeats, warmup, child), daemon=True)
+            proc.start()
+            child.close()
+            running.append((i, proc, parent, time.monotonic()))
+        for entry in list(running):
+            i, proc, conn, started = entry
+            c = candidates[i]
+            if conn.poll():
+                try:
+                    status, median, spread, detail = conn.recv()
+                except EOFError:
+                    status, median, spread, detail = "crash", None, None, "the child closed its pipe"
+                results[i] = Measurement(c.name, status, median, spread, detail, c.trace)
+                proc.join(timeout=10)
+            elif not proc.is_alive():
+                results[i] = Measurement(c.name, "crash", detail=f"exit code {proc.exitcode}", trace=c.trace)
+            elif time.monotonic() - started > timeout_s:
+                proc.kill()
+                proc.join(timeout=10)
+                results[i] = Measurement(c.name, "timeout", detail=f"no result after {timeout_s:.0f} s",
+                                         trace=c.trace)
+            else:
+                continue
+            conn.close()
+            running.remove(entry)
+        time.sleep(0.01)
+    ordered = [results[i] for i in range(len(candidates))]
+    if confirm:
+        ok = [(m.median_s, i) for i, m in enumerate(ordered) if m.status == "ok"]
+        if ok:
+            best = min(ok)[1]
+            again = measure([candidates[best]], repeats=repeats, warmup=warmup, timeout_s=timeout_s, jobs=1,
+                            confirm=False)[0]
+            if again.status == "ok" and again.median_s > ordered[best].median_s:
+                ordered[best].median_s = again.median_s
+                ordered[best].detail += "; confirmed by a second run (kept the slower median)"
+    return ordered
