@@ -58,6 +58,8 @@ class Config:
     # Code generator: "auto" (C++ for CPU tensors, Triton for CUDA tensors), "cpu" (C++), or "triton" (also on
     # CPU tensors when TRITON_INTERPRET=1: how the GPU generator is tested without a GPU).
     target: str = "auto"
+    # max-autotune: seconds of measurement per compiled graph (schedules found are kept in the tuning database)
+    tune_budget_s: float = 300.0
 
     _ENV = {
         "check": ("KILN_CHECK", bool),
@@ -71,6 +73,7 @@ class Config:
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),
         "target": ("KILN_TARGET", str),
+        "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
     }
 
     @classmethod

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from kiln.codegen.cpp_schedule import CppSchedule, default_schedule
 from kiln.codegen.cpp_split import split_plan, write_split
 from kiln.codegen.cpp_tile import write_tiled
 from kiln.ir.tiling import plan_tiles
@@ -21,8 +22,6 @@ from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.ops import Op, numel
 
-PARALLEL_MIN_WORK = 1 << 15  # elements below which OpenMP's fork/join costs more than it saves
-CHUNK = 4096  # iterations per thread work item of a flat pointwise loop
 MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 
 
@@ -61,6 +60,7 @@ class KernelWriter:
                  outputs: set[str], position: dict | None = None):
         self.position = position or {}
         self.k = kernel
+        self.s = kernel.schedule if isinstance(kernel.schedule, CppSchedule) else default_schedule(kernel)
         self.slot_of = slot_of
         self.dtype_of = dtype_of
         self.outputs = outputs
@@ -95,12 +95,13 @@ class KernelWriter:
         work = numel(k.outer) * max(k.rsize, 1)
         if n_par:
             collapse = f" collapse({n_par})" if n_par > 1 else ""
-            self.lines.append(f"  #pragma omp parallel for{collapse} schedule(static) if({work} > {PARALLEL_MIN_WORK})")
+            self.lines.append(f"  #pragma omp parallel for{collapse} schedule(static) "
+                              f"if({work} > {self.s.parallel_min_work})")
         indent = "  "
         for d, size in enumerate(k.outer if open_last else k.outer[:-1]):
             var = f"o{d}" if k.is_reduction else f"i{d}"
             if not collapse_all and d == len(k.outer) - 1:
-                if n_par == 0 and size > CHUNK:
+                if n_par == 0 and size > self.s.chunk:
                     return self._chunked_loop(var, size, work, indent)
                 self.lines.append(f"{indent}#pragma omp simd")
             self.lines.append(f"{indent}for (int64_t {var} = 0; {var} < {size}; ++{var}) {{")
@@ -108,17 +109,18 @@ class KernelWriter:
         return indent
 
     def _chunked_loop(self, var: str, size: int, work: int, indent: str) -> str:
-        """A single long loop: threads take chunks of ``CHUNK`` iterations, each chunk a SIMD loop.
+        """A single long loop: threads take chunks of ``schedule.chunk`` iterations, each chunk a SIMD loop.
 
         Returns inside the inner loop; ``_close`` closes both loops (the caller counts one loop, and this
         adds one closing brace of its own via ``self._extra_close``)."""
-        chunks = (size + CHUNK - 1) // CHUNK
-        self.lines.append(f"{indent}#pragma omp parallel for schedule(static) if({work} > {PARALLEL_MIN_WORK})")
+        chunk = self.s.chunk
+        chunks = (size + chunk - 1) // chunk
+        self.lines.append(f"{indent}#pragma omp parallel for schedule(static) if({work} > {self.s.parallel_min_work})")
         self.lines.append(f"{indent}for (int64_t c = 0; c < {chunks}; ++c) {{")
         inner = indent + "  "
-        self.lines.append(f"{inner}const int64_t hi = c * {CHUNK} + {CHUNK} < {size} ? c * {CHUNK} + {CHUNK} : {size};")
+        self.lines.append(f"{inner}const int64_t hi = c * {chunk} + {chunk} < {size} ? c * {chunk} + {chunk} : {size};")
         self.lines.append(f"{inner}#pragma omp simd")
-        self.lines.append(f"{inner}for (int64_t {var} = c * {CHUNK}; {var} < hi; ++{var}) {{")
+        self.lines.append(f"{inner}for (int64_t {var} = c * {chunk}; {var} < hi; ++{var}) {{")
         self._extra_close += 1
         return inner + "  "
 
@@ -131,10 +133,10 @@ class KernelWriter:
     def _pointwise_kernel(self) -> None:
         tiles = plan_tiles(self.k)
         if tiles is not None:
-            write_tiled(self.k, tiles, self.lines, PARALLEL_MIN_WORK)
+            write_tiled(self.k, tiles, self.lines, self.s.parallel_min_work)
             return
         split = split_plan(self.k)
-        if split is not None and not (len(self.k.outer) == 1 and self.k.outer[0] > CHUNK):
+        if split is not None and not (len(self.k.outer) == 1 and self.k.outer[0] > self.s.chunk):
             indent = self._outer_loops(collapse_all=False, open_last=False)
             write_split(self.k, *split, self.lines, indent)
             self._close(len(self.k.outer) - 1)
@@ -194,7 +196,7 @@ class KernelWriter:
         [Note: split reduction] Each thread reduces a contiguous chunk into its own slot; the slots are then
         combined in thread order, so the result does not depend on scheduling (deterministic for a fixed
         thread count)."""
-        return (not self.k.outer and self.k.rsize >= PARALLEL_MIN_WORK and not phase.stores
+        return (not self.k.outer and self.k.rsize >= self.s.parallel_min_work and not phase.stores
                 and all(isinstance(p, (ReduceLoop, RowAssign, RowStore)) for p in self.k.phases)
                 and sum(isinstance(p, ReduceLoop) for p in self.k.phases) == 1)
 
@@ -221,7 +223,7 @@ class KernelWriter:
 
     def _lane_reduce(self, phase: ReduceLoop, row: ExprPrinter, inner: str, lo: str, hi: str, suffix: str) -> None:
         """Reduce r in [lo, hi) into ``VW`` lanes, then into ``<acc><suffix>``."""
-        vw = min(lanes(a.value.dtype) for a in phase.accs)
+        vw = self.s.lanes or min(lanes(a.value.dtype) for a in phase.accs)  # 0: one vector register
         for a in phase.accs:
             self.lines.append(f"{inner}{ctype(a.dtype)} {a.name}_l[{vw}];")
             self.lines.append(f"{inner}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] = {_init(a.kind, a.dtype)};")

@@ -151,6 +151,9 @@ class CompiledGraph:
                    outputs: set[str], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
         from kiln.runtime.build import load_module
+        from kiln.tune.cpu import apply_schedules
+        node_of = {name: n for n, name in plan.buffer_of.items()}
+        apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
         position = {n: i for i, n in enumerate(self.graph.nodes)}
         source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position)
         report.source = source
