@@ -2,8 +2,8 @@
 
 A candidate is a generated C++ translation unit (kiln's format: ``kiln_segment_0(void** b)`` over a table
 of buffer pointers) plus the buffers it reads and writes.  Each candidate is compiled and timed in a fresh
-child process, so one that fails to compile, crashes (a bad schedule indexing out of bounds) or hangs is
-recorded and skipped while tuning carries on:
+worker process (``kiln/tune/worker.py``), so one that fails to compile, crashes (a bad schedule indexing out
+of bounds) or hangs is recorded and skipped while tuning carries on:
 
     compile error -> status "compile-error"    (the compiler's message kept in ``detail``)
     signal / exit -> status "crash"
@@ -17,10 +17,12 @@ candidate in a second child and keeps the slower of the two medians (a lucky run
 from __future__ import annotations
 
 import dataclasses
-import multiprocessing
+import json
+import os
 import statistics
+import subprocess
+import sys
 import time
-import traceback
 from typing import Any, Sequence
 
 ROTATE_BYTES = 64 << 20  # buffer copies rotated until their total passes this (beyond the L3 of our CPUs)
@@ -45,42 +47,35 @@ class Measurement:
     trace: Any = None
 
 
-def _child(candidate: Candidate, repeats: int, warmup: int, conn: Any) -> None:
-    """Runs in the child: build, allocate, time; sends one result tuple."""
+def run_child(request: dict[str, Any]) -> tuple[str, float | None, float | None, str]:
+    """In the worker process: build, allocate, time one candidate; returns (status, median, spread, detail)."""
+    import ctypes
+
+    import torch
+
+    from kiln.runtime.build import KilnBuildError, load_module
     try:
-        import ctypes
-
-        import torch
-
-        from kiln.runtime.build import KilnBuildError, load_module
-        try:
-            lib = load_module(candidate.source, name="kiln_candidate").lib
-        except KilnBuildError as exc:
-            conn.send(("compile-error", None, None, str(exc)[-2000:]))
-            return
-        fn = lib.kiln_segment_0
-        fn.argtypes, fn.restype = [ctypes.c_void_p], None
-        torch.manual_seed(0)
-        one_set = [_random(shape, getattr(torch, dtype)) for shape, dtype in candidate.buffers]
-        per_set = sum(t.numel() * t.element_size() for t in one_set) or 1
-        copies = max(1, min(MAX_COPIES, -(-ROTATE_BYTES // per_set)))
-        sets = [one_set] + [[t.clone() for t in one_set] for _ in range(copies - 1)]
-        tables = []
-        for s in sets:
-            table = (ctypes.c_void_p * max(len(s), 1))(*[t.data_ptr() for t in s])
-            tables.append(table)
-        for i in range(warmup):
-            fn(ctypes.addressof(tables[i % len(tables)]))
-        times = []
-        for i in range(repeats):
-            table = tables[i % len(tables)]
-            start = time.perf_counter()
-            fn(ctypes.addressof(table))
-            times.append(time.perf_counter() - start)
-        q = statistics.quantiles(times, n=4) if len(times) >= 4 else [min(times), 0, max(times)]
-        conn.send(("ok", statistics.median(times), q[2] - q[0], f"{copies} buffer set(s)"))
-    except Exception:  # noqa: BLE001 - any failure in the child is a result for the parent
-        conn.send(("crash", None, None, traceback.format_exc()[-2000:]))
+        lib = load_module(request["source"], name="kiln_candidate").lib
+    except KilnBuildError as exc:
+        return "compile-error", None, None, str(exc)[-2000:]
+    fn = lib.kiln_segment_0
+    fn.argtypes, fn.restype = [ctypes.c_void_p], None
+    torch.manual_seed(0)
+    one_set = [_random(tuple(shape), getattr(torch, dtype)) for shape, dtype in request["buffers"]]
+    per_set = sum(t.numel() * t.element_size() for t in one_set) or 1
+    copies = max(1, min(MAX_COPIES, -(-ROTATE_BYTES // per_set)))
+    sets = [one_set] + [[t.clone() for t in one_set] for _ in range(copies - 1)]
+    tables = [(ctypes.c_void_p * max(len(s), 1))(*[t.data_ptr() for t in s]) for s in sets]
+    for i in range(request["warmup"]):
+        fn(ctypes.addressof(tables[i % len(tables)]))
+    times = []
+    for i in range(request["repeats"]):
+        table = tables[i % len(tables)]
+        start = time.perf_counter()
+        fn(ctypes.addressof(table))
+        times.append(time.perf_counter() - start)
+    q = statistics.quantiles(times, n=4) if len(times) >= 4 else [min(times), 0, max(times)]
+    return "ok", statistics.median(times), q[2] - q[0], f"{copies} buffer set(s)"
 
 
 def _random(shape: tuple[int, ...], dtype: Any) -> Any:
@@ -92,41 +87,52 @@ def _random(shape: tuple[int, ...], dtype: Any) -> Any:
     return torch.randint(0, 7, shape, dtype=dtype)
 
 
+def _start(c: Candidate, repeats: int, warmup: int) -> subprocess.Popen:
+    """A worker process (``python -m kiln.tune.worker``): the request on stdin, the result on stdout.  Not
+    multiprocessing: its spawn start would re-import the user's ``__main__`` in every worker."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # kiln's parent folder
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    proc = subprocess.Popen([sys.executable, "-m", "kiln.tune.worker"], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    request = {"source": c.source, "buffers": [list(b) for b in c.buffers], "repeats": repeats, "warmup": warmup}
+    proc.stdin.write(json.dumps(request))
+    proc.stdin.close()
+    return proc
+
+
+def _finish(c: Candidate, proc: subprocess.Popen) -> Measurement:
+    out, err = proc.stdout.read(), proc.stderr.read()
+    if proc.returncode != 0:
+        return Measurement(c.name, "crash", detail=f"exit code {proc.returncode}: {err[-1500:]}", trace=c.trace)
+    try:
+        status, median, spread, detail = json.loads(out.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        return Measurement(c.name, "crash", detail=f"no result: {err[-1500:]}", trace=c.trace)
+    return Measurement(c.name, status, median, spread, detail, c.trace)
+
+
 def measure(candidates: Sequence[Candidate], *, repeats: int = 20, warmup: int = 3, timeout_s: float = 60.0,
             jobs: int = 2, confirm: bool = True) -> list[Measurement]:
-    """Measure every candidate (``jobs`` child processes at a time); results in the candidates' order."""
-    ctx = multiprocessing.get_context("spawn")
+    """Measure every candidate (``jobs`` worker processes at a time); results in the candidates' order."""
     results: dict[int, Measurement] = {}
     pending = list(enumerate(candidates))
-    running: list[tuple[int, Any, Any, float]] = []
+    running: list[tuple[int, subprocess.Popen, float]] = []
     while pending or running:
         while pending and len(running) < jobs:
             i, c = pending.pop(0)
-            parent, child = ctx.Pipe(duplex=False)
-            proc = ctx.Process(target=_child, args=(c, repeats, warmup, child), daemon=True)
-            proc.start()
-            child.close()
-            running.append((i, proc, parent, time.monotonic()))
+            running.append((i, _start(c, repeats, warmup), time.monotonic()))
         for entry in list(running):
-            i, proc, conn, started = entry
+            i, proc, started = entry
             c = candidates[i]
-            if conn.poll():
-                try:
-                    status, median, spread, detail = conn.recv()
-                except EOFError:
-                    status, median, spread, detail = "crash", None, None, "the child closed its pipe"
-                results[i] = Measurement(c.name, status, median, spread, detail, c.trace)
-                proc.join(timeout=10)
-            elif not proc.is_alive():
-                results[i] = Measurement(c.name, "crash", detail=f"exit code {proc.exitcode}", trace=c.trace)
+            if proc.poll() is not None:
+                results[i] = _finish(c, proc)
             elif time.monotonic() - started > timeout_s:
                 proc.kill()
-                proc.join(timeout=10)
+                proc.wait(timeout=10)
                 results[i] = Measurement(c.name, "timeout", detail=f"no result after {timeout_s:.0f} s",
                                          trace=c.trace)
             else:
                 continue
-            conn.close()
             running.remove(entry)
         time.sleep(0.01)
     ordered = [results[i] for i in range(len(candidates))]
