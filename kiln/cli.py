@@ -1,4 +1,8 @@
-"""The ``kiln`` command: ``kiln db list|show|export|import|prune`` (the tuning database)."""
+"""The ``kiln`` command.
+
+    kiln db list|show|export|import|prune         the tuning database
+    kiln tune PACKAGE.MODULE:FACTORY [--budget S]  tune a model: FACTORY() returns (model, example_inputs)
+"""
 from __future__ import annotations
 
 import argparse
@@ -39,6 +43,40 @@ def _db_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tune_command(args: argparse.Namespace) -> int:
+    """Compile the model in max-autotune with a progress line: kernels done, best time so far, time left."""
+    import importlib
+    import time
+
+    import torch
+
+    import kiln
+    from kiln.tune import cpu as tune_cpu
+    module_name, _, attr = args.factory.partition(":")
+    factory = getattr(importlib.import_module(module_name), attr or "main")
+    model, inputs = factory()
+    start = time.monotonic()
+
+    def show(done: int, total: int, best_s: float | None, left_s: float) -> None:
+        bar = "#" * int(20 * done / max(total, 1))
+        best = f"{best_s * 1e3:.3f} ms" if best_s is not None else "-"
+        print(f"\r[{bar:<20}] kernels {done}/{total}  last best {best}  budget left {left_s:5.0f} s  "
+              f"({time.monotonic() - start:.0f} s)", end="", file=sys.stderr, flush=True)
+
+    tune_cpu.progress = show
+    before = (tune_cpu.stats.measured, tune_cpu.stats.from_database)
+    try:
+        with torch.inference_mode():
+            kiln.compile(model, mode="max-autotune", tune_budget_s=args.budget)(*inputs)
+    finally:
+        tune_cpu.progress = None
+    print(file=sys.stderr)
+    print(f"measured {tune_cpu.stats.measured - before[0]} candidate(s); "
+          f"{tune_cpu.stats.from_database - before[1]} kernel(s) already in the database; "
+          f"skipped: {tune_cpu.stats.skipped or 'none'}")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler for PyTorch")
     sub = p.add_subparsers(dest="command", required=True)
@@ -56,6 +94,9 @@ def parser() -> argparse.ArgumentParser:
     prune = actions.add_parser("prune", help="delete old records or those of other machines/versions")
     prune.add_argument("--older-than-days", type=float, default=None)
     prune.add_argument("--other-machines", action="store_true")
+    tune = sub.add_parser("tune", help="tune a model's kernels (max-autotune) with a progress bar")
+    tune.add_argument("factory", help="module:function returning (model, example_inputs)")
+    tune.add_argument("--budget", type=float, default=300.0, help="seconds of measurement (default 300)")
     return p
 
 
@@ -63,6 +104,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser().parse_args(argv)
     if args.command == "db":
         return _db_command(args)
+    if args.command == "tune":
+        return _tune_command(args)
     return 2
 
 

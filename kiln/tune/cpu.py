@@ -32,6 +32,8 @@ class TuneStats:
 
 
 stats = TuneStats()
+# ``kiln tune`` installs a callback here: progress(kernels_done, kernels_total, best_s, seconds_left)
+progress = None
 
 
 def _standalone(k: Kernel, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node],
@@ -50,7 +52,9 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
     db = TuningDB.open()
     try:
         deadline = time.monotonic() + (budget_s if budget_s is not None else config.get().tune_budget_s)
-        for k in kernels:
+        for done, k in enumerate(kernels):
+            if progress is not None:
+                progress(done, len(kernels), None, max(0.0, deadline - time.monotonic()))
             key = kernel_key(k, dtype_of)
             record = db.get(key)
             if record is not None:
@@ -71,5 +75,7 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
                 k.schedule = CppSchedule.from_trace(best.trace)
                 db.put(key, "reduction" if k.is_reduction else "pointwise", best.trace, best.median_s,
                        best.spread_s or 0.0, structure=f"cpp:{'reduction' if k.is_reduction else 'pointwise'}")
+                if progress is not None:
+                    progress(done + 1, len(kernels), best.median_s, max(0.0, deadline - time.monotonic()))
     finally:
         db.close()

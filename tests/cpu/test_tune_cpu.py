@@ -29,3 +29,24 @@ def test_max_autotune_measures_once_then_reuses():
     torch.testing.assert_close(plain, out)
     assert tune_cpu.stats.measured - before == measured   # ... measure nothing
     assert tune_cpu.stats.from_database > reused
+
+
+def small_model():
+    """A factory for ``kiln tune`` (module:function -> (model, inputs))."""
+    return torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.GELU(), torch.nn.LayerNorm(64)).eval(), \
+        (torch.randn(16, 64),)
+
+
+def test_kiln_tune_command_reports_progress(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = dict(os.environ, KILN_CACHE_DIR=str(tmp_path))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cmd = [sys.executable, "-m", "kiln", "tune", "tests.cpu.test_tune_cpu:small_model", "--budget", "120"]
+    first = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    assert first.returncode == 0, first.stderr[-2000:]
+    assert "kernels" in first.stderr and "measured" in first.stdout
+    assert "measured 0" not in first.stdout
+    second = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env, cwd=root)
+    assert "measured 0 candidate(s)" in second.stdout, second.stdout   # resumed from the database
