@@ -37,7 +37,7 @@ import torch
 from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
 from kiln.ir.tiling import plan_tiles
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
-from kiln.ir.ops import Op, numel
+from kiln.ir.ops import Op, contiguous_strides, numel
 
 PERSISTENT_MAX = 4096   # row elements kept in registers by one program
 LOOP_RBLOCK = 1024      # chunk of a looped reduction
@@ -157,13 +157,7 @@ class TritonKernelWriter:
     def _unflatten(self, flat: str, prefix: str, indent: str) -> None:
         """Loop variables ``<prefix>d`` from a flat position over ``k.outer`` (row-major)."""
         sizes = self.k.outer
-        stride = 1
-        strides = []
-        for s in reversed(sizes):
-            strides.append(stride)
-            stride *= s
-        strides.reverse()
-        for d, (size, st) in enumerate(zip(sizes, strides)):
+        for d, (size, st) in enumerate(zip(sizes, contiguous_strides(sizes))):
             v = flat if st == 1 else f"({flat} // {st})"
             if d > 0:
                 v = f"({v} % {size})"

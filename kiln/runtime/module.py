@@ -141,18 +141,17 @@ class CompiledGraph:
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
         segments, self.program = self._program(plan)
         self._drop_after = self._releases(plan, segments, node_of)
-        self._load_code(plan, segments, dtype_of, outputs, report)
+        self._load_code(plan, segments, dtype_of, outputs, node_of, report)
         self.ptrs = (ctypes.c_void_p * max(len(self.slot_of), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         self._plan_memory(plan, node_of, report)
 
     # ------------------------------------------------------------------ build helpers
     def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
-                   outputs: set[str], report: CompileReport) -> None:
+                   outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
         from kiln.runtime.build import load_module
         from kiln.tune.cpu import apply_schedules
-        node_of = {name: n for n, name in plan.buffer_of.items()}
         apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
         position = {n: i for i, n in enumerate(self.graph.nodes)}
         source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position)

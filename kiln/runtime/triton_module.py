@@ -51,14 +51,13 @@ class TritonGraph(CompiledGraph):
         super().__init__(graph, report)
 
     def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
-                   outputs: set[str], report: CompileReport) -> None:
+                   outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         for k in plan.kernels:
             k.schedule = schedule_for(k)
         source = module_source(plan.kernels, dtype_of)
         report.source = source
         module, report.from_cache = _import_source(source)
         by_name = {k.name: k for k in plan.kernels}
-        node_of = {name: n for n, name in plan.buffer_of.items()}
         self._launches: list[list[tuple[Callable, list[Node], Any]]] = []
         for names in segments:
             steps = []
