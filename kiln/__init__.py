@@ -39,7 +39,20 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
     def backend(gm: Any, example_inputs: Any) -> Callable:
         return kiln_backend(gm, example_inputs, mode=mode, options=options)
 
+    if _on_gpu(model_or_fn) and target in ("auto", "cuda", "triton"):
+        from kiln.runtime import compile_pool
+        with config.scope(**options):
+            compile_pool.warm()  # Triton compile workers start while TorchDynamo traces
+
     return torch.compile(model_or_fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+
+
+def _on_gpu(model_or_fn: Callable) -> bool:
+    import torch
+    params = getattr(model_or_fn, "parameters", None)
+    if not callable(params) or not torch.cuda.is_available():
+        return False
+    return any(p.is_cuda for p in params())
 
 
 def explain(model_or_fn: Callable, *example_inputs: Any, **options: Any) -> str:

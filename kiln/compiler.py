@@ -77,10 +77,13 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
 
     device = _device_of(fx_gm, frozen)
     triton = _use_triton(cfg.target, device)
+    start = time.perf_counter()
     graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES)
     report.captured = graph
+    report.phases["lower"] = time.perf_counter() - start
     graph = run_pipeline(graph, report, check=cfg.check)
     report.optimized = graph
+    report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
     if triton:
         from kiln.runtime.triton_module import build_triton_module
         report.target = "triton"

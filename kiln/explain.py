@@ -11,6 +11,10 @@ from kiln.report import CompileReport
 def format_report(r: CompileReport, *, source: bool = True) -> str:
     out = [f"=== kiln report: graph {r.name!r}, mode {r.mode}, target {r.target}, compiled in "
            f"{r.compile_seconds:.2f} s{' (module from cache)' if r.from_cache else ''}"]
+    if r.phases:
+        out.append("--- compile phases: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.2f} s" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+            for k, v in r.phases.items()))
     if r.fallback:
         out.append(f"!!! fell back to eager: {r.fallback}")
     if r.captured is not None:

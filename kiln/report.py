@@ -32,6 +32,7 @@ class CompileReport:
     fallback: str | None = None
     from_cache: bool = False
     compile_seconds: float = 0.0
+    phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per compile phase
     check_failures: list[str] = dataclasses.field(default_factory=list)
 
     def format(self, *, source: bool = True) -> str:

@@ -54,6 +54,10 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from kiln.frontend.decompositions import decomposition_table
+    if cfg.target != "cpu" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
+        from kiln.runtime import compile_pool
+        with config.scope(**(options or {})):
+            compile_pool.warm()  # torch.compile(backend="kiln"): start the Triton workers before AOT tracing
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     static = [_is_static(p, x) for p, x in zip(placeholders, example_inputs)]

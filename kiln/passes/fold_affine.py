@@ -3,6 +3,8 @@
 This is how BatchNorm disappears in inference: the lowering turns it into ``x * scale + shift`` with
 per-channel constants, and here ``conv(x, W, b) * s + t`` becomes ``conv(x, W * s, b * s + t)``; likewise
 ``addmm(b, x, Wt) * s + t`` -> ``addmm(b * s + t, x, Wt * s)`` and ``mm(x, Wt) + t`` -> ``addmm(t, x, Wt)``.
+On a GPU the scale is not folded (``copy_weights``): ``W * s`` would be a second copy of the weight beside the
+model's own, while ``* s`` costs nothing in the pointwise kernel that follows the convolution anyway.
 
 Before::                                                   After::
 
@@ -104,6 +106,13 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
     return build_extern(b, aten.addmm.default, [const(bias), x, const(wt)], {}, e.shape, e.dtype)
 
 
+def copy_weights(weight: torch.Tensor) -> bool:
+    """May a pass replace this weight by a modified copy?  Always on the CPU; on a GPU only when
+    ``Config.gpu_weight_copies`` is set (the model keeps its own weight, so the copy doubles its memory)."""
+    from kiln import config
+    return weight.device.type == "cpu" or config.get().gpu_weight_copies
+
+
 def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
     users = graph.users()
     for o in graph.outputs:
@@ -123,6 +132,9 @@ def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
         value = _channel_constant(other, e, channel_dim)
         if value is None:
             return None
+        weight = args[1] if e.attr("target").overloadpacket is aten.convolution else args[-1]
+        if n.op is Op.MUL and not copy_weights(_const_value(weight)):
+            return None  # a scaled weight would be a second copy of it; the scale stays in the next kernel
         if log:
             log.hit(f"{'scale' if n.op is Op.MUL else 'shift'} folded into {e.attr('target').overloadpacket.__name__}")
         new = _rebuild(b, e, args, kwargs, value if n.op is Op.MUL else None, value if n.op is Op.ADD else None)

@@ -19,7 +19,7 @@ from kiln.frontend.extern import argument_builder, short_name
 from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import view_function
 from kiln.ir.kernel import Kernel
-from kiln.ir.ops import VIEW, Op
+from kiln.ir.ops import VIEW, Op, contiguous_strides
 from kiln.passes.fuse import ExternStep, Group, partition
 from kiln.passes.dce import mutates
 from kiln.passes.kernel_build import NotFusable, build_kernel
@@ -128,6 +128,13 @@ class CompiledGraph:
     """The callable for one graph: ``module(inputs) -> outputs``."""
 
     device = torch.device("cpu")
+    # [Note: arena or allocator] On the CPU the planned intermediates live in one arena kept across calls
+    # (fresh pages cost a fault each with glibc's malloc).  On a GPU each planned buffer is taken from
+    # PyTorch's caching allocator when it is first written and handed back after its last reader, in plan
+    # order: between calls the compiled graph then holds no memory, inside a call the allocator reuses blocks
+    # across kiln buffers and library results alike (an arena cannot hold cuDNN's results), and under CUDA
+    # graph capture the same allocations come from the graph's private pool.
+    ARENA = True
 
     def __init__(self, graph: Graph, report: CompileReport):
         self.graph = graph
@@ -140,6 +147,7 @@ class CompiledGraph:
         dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
         segments, self.program = self._program(plan)
+        self._segments = segments
         self._drop_after = self._releases(plan, segments, node_of)
         self._load_code(plan, segments, dtype_of, outputs, node_of, report)
         self.ptrs = (ctypes.c_void_p * max(len(self.slot_of), 1))()
@@ -199,7 +207,9 @@ class CompiledGraph:
                         i = i.inputs[0]
         drop: list[list[Node]] = [[] for _ in self.program]
         for n, step in last.items():
-            if n not in keep and n.op not in (Op.INPUT, Op.CONSTANT) and (n.op is Op.EXTERN or n.op in VIEW):
+            if n in keep or n.op in (Op.INPUT, Op.CONSTANT):
+                continue
+            if n.op is Op.EXTERN or n.op in VIEW or not self.ARENA:
                 drop[step].append(n)
         return drop
 
@@ -255,16 +265,24 @@ class CompiledGraph:
         mplan = memory.plan(intervals)
         report.memory = {"arena_bytes": mplan.arena_bytes, "naive_bytes": mplan.naive_bytes,
                          "buffers": len(intervals), "summary": mplan.describe()}
-        self.arena = torch.empty(mplan.arena_bytes, dtype=torch.uint8, device=self.device)
         self.static: dict[Node, torch.Tensor] = {}
-        for name, off in mplan.offsets.items():
-            n = node_of[name]
-            size = n.numel * torch.empty((), dtype=n.dtype).element_size()
-            t = self.arena[off:off + size].view(n.dtype)
-            t = t.as_strided(n.shape, plan.strides_of[n]) if n in plan.strides_of else t.view(n.shape)
-            self.static[n] = t
-            self.ptrs[self.slot_of[name]] = t.data_ptr()
-        cl_weights = {c.inputs[1] for c in plan.cl_convs}
+        self.planned = {node_of[name] for name in mplan.offsets}
+        if self.ARENA:
+            self.arena = torch.empty(mplan.arena_bytes, dtype=torch.uint8, device=self.device)
+            for name, off in mplan.offsets.items():
+                n = node_of[name]
+                size = n.numel * torch.empty((), dtype=n.dtype).element_size()
+                t = self.arena[off:off + size].view(n.dtype)
+                t = t.as_strided(n.shape, plan.strides_of[n]) if n in plan.strides_of else t.view(n.shape)
+                self.static[n] = t
+                self.ptrs[self.slot_of[name]] = t.data_ptr()
+        else:
+            report.memory["summary"] += "; on this device taken from the caching allocator in plan order"
+            self._alloc_before = self._allocations(plan, node_of)
+        # NHWC copies of weights for the library; not on a GPU unless asked: the copy would be held beside the
+        # model's own weights, and cuDNN converts a weight in the call, into memory it frees at once
+        relayout = self.ARENA or config.get().gpu_weight_copies
+        cl_weights = {c.inputs[1] for c in plan.cl_convs} if relayout else set()
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:
                 t = n.attr("value").tensor.to(self.device).contiguous()  # folded scalars may sit on the CPU
@@ -281,6 +299,24 @@ class CompiledGraph:
         self._pools: list[list[torch.Tensor]] = [[] for _ in range(len(self.output_slots))]
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
+
+    def _allocations(self, plan: Plan, node_of: dict[str, Node]) -> list[list[tuple[Node, tuple, tuple, Any]]]:
+        """Per program step, the planned buffers it writes first: (node, shape, strides, dtype)."""
+        by_name = {k.name: k for k in plan.kernels}
+        segments = self._segments
+        alloc: list[list[tuple[Node, tuple, tuple, Any]]] = [[] for _ in self.program]
+        done: set[Node] = set()
+        for step, (kind, item) in enumerate(self.program):
+            if kind == "segment":
+                written = [node_of[b] for name in segments[item] for b in sorted(by_name[name].buffers()[1])]
+            else:
+                written = [item]
+            for n in written:
+                if n in self.planned and n not in done:
+                    done.add(n)
+                    strides = plan.strides_of.get(n) or contiguous_strides(n.shape)
+                    alloc[step].append((n, n.shape, strides, n.dtype))
+        return alloc
 
     # ------------------------------------------------------------------ run
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -305,7 +341,11 @@ class CompiledGraph:
             t = self._output_buffer(k, n)
             env[n] = t
             ptrs[slot] = t.data_ptr()
+        alloc_before = None if self.ARENA else self._alloc_before
         for step, (kind, item) in enumerate(self.program):
+            if alloc_before is not None:
+                for n, shape, strides, dtype in alloc_before[step]:
+                    env[n] = torch.empty_strided(shape, strides, dtype=dtype, device=self.device)
             if kind == "segment":
                 self._run_segment(item, env)
             else:
@@ -324,6 +364,8 @@ class CompiledGraph:
         references any more (Python refcount, and no views of its storage) is reused.  Nothing can observe the
         overwrite, since nothing else holds the tensor or its storage.
         """
+        if not self.ARENA:  # a caching allocator: nothing to gain, and a kept output would be held memory
+            return torch.empty(n.shape, dtype=n.dtype, device=self.device)
         pool = self._pools[k]
         for i in range(len(pool)):
             # references: the pool list and getrefcount's argument
@@ -351,10 +393,10 @@ class CompiledGraph:
         if build is None:
             build = self._arg_builders[n] = argument_builder(n.attr("template"))
         args, kwargs = build([self._value(i, env) for i in n.inputs])
-        if n in self.static:  # planned: the library writes straight into the arena
+        if n in self.planned:  # the library writes straight into the planned buffer
             if n in self.plan.cl_convs:
                 args[0] = args[0].contiguous(memory_format=torch.channels_last)
-            n.attr("target").overloadpacket.out(*args, **kwargs, out=self.static[n])
+            n.attr("target").overloadpacket.out(*args, **kwargs, out=env[n])
             return
         out = n.attr("target")(*args, **kwargs)
         if n.attr("out_index") is not None:

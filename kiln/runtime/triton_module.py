@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable
@@ -19,6 +20,7 @@ import torch
 from kiln import config
 from kiln.codegen.triton import TritonKernelWriter, module_source, schedule_for
 from kiln.ir.graph import Graph, Node
+from kiln.ir.kernel import Kernel
 from kiln.report import CompileReport
 from kiln.runtime.module import CompiledGraph, Plan
 
@@ -46,6 +48,8 @@ def _import_source(source: str) -> tuple[Any, bool]:
 
 
 class TritonGraph(CompiledGraph):
+    ARENA = False  # buffers from the caching allocator, each kernel its own step (see CompiledGraph.ARENA)
+
     def __init__(self, graph: Graph, report: CompileReport, device: torch.device):
         self.device = device
         super().__init__(graph, report)
@@ -56,9 +60,12 @@ class TritonGraph(CompiledGraph):
             k.schedule = schedule_for(k)
         source = module_source(plan.kernels, dtype_of)
         report.source = source
+        self.report_phases = report.phases
         module, report.from_cache = _import_source(source)
+        self._module_path = module.__file__
         by_name = {k.name: k for k in plan.kernels}
         self._launches: list[list[tuple[Callable, list[Node], Any]]] = []
+        self._names = segments
         for names in segments:
             steps = []
             for name in names:
@@ -67,7 +74,9 @@ class TritonGraph(CompiledGraph):
                 steps.append((getattr(module, name), args, k.schedule))
             self._launches.append(steps)
         if self.device.type == "cuda":
+            start = time.perf_counter()
             self._precompile()
+            report.phases["kernel_compile"] = time.perf_counter() - start
 
     def _precompile(self) -> None:
         """Compile every kernel now, several at a time (ptxas runs outside the GIL), for 16-byte aligned
@@ -78,10 +87,14 @@ class TritonGraph(CompiledGraph):
             fn, args, s = self._launches[i][j]
             unique.setdefault((id(fn), tuple(n.dtype for n in args), s), (i, j))
 
+        self._compile_in_workers(list(unique.values()))
+
         def compile_one(job: tuple[int, int]) -> Any:
             fn, args, s = self._launches[job[0]][job[1]]
-            return fn.warmup(*[n.dtype for n in args], grid=s.grid3, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1),
-                             num_warps=s.num_warps)
+            compiled = fn.warmup(*[n.dtype for n in args], grid=s.grid3, XBLOCK=s.xblock,
+                                 RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
+            build_launcher(compiled)
+            return compiled
 
         with ThreadPoolExecutor(max_workers=min(8, max(len(unique), 1))) as pool:
             compiled = dict(zip(unique, pool.map(compile_one, unique.values())))
@@ -91,8 +104,39 @@ class TritonGraph(CompiledGraph):
             if hasattr(ck, "run") and hasattr(ck, "function"):
                 self._launches[i][j] = (_Launcher(ck, s, fn), args, s)
 
+    def _compile_in_workers(self, jobs: list[tuple[int, int]]) -> None:
+        """Compile these launches in the worker processes first (see compile_pool); what they leave undone
+        the thread pool below compiles here."""
+        from kiln.runtime import compile_pool
+        pool = compile_pool.get()
+        if pool is None or len(jobs) < 2:
+            return
+        specs = []
+        for k, (i, j) in enumerate(jobs):
+            fn, args, s = self._launches[i][j]
+            specs.append({"id": k, "path": self._module_path, "kernel": self._names[i][j],
+                          "dtypes": [str(n.dtype).removeprefix("torch.") for n in args], "grid": list(s.grid3),
+                          "constants": {"XBLOCK": s.xblock, "RBLOCK": max(s.rblock, 1)}, "num_warps": s.num_warps})
+        start = time.perf_counter()
+        answers = pool.compile(specs)
+        self.report_phases["compile_workers"] = time.perf_counter() - start
+        self.report_phases["kernels_by_workers"] = sum(1 for a in answers.values() if a.get("ok"))
+
     def _before_run(self) -> None:
         pass
+
+    def _program(self, plan: Plan) -> tuple[list[list[str]], list[tuple[str, Any]]]:
+        """One step per kernel (not per run of kernels as in C++, where a step is one call into the library):
+        buffers are then allocated right before their first writer and freed right after their last reader."""
+        segments: list[list[str]] = []
+        program: list[tuple[str, Any]] = []
+        for s in plan.steps:
+            if isinstance(s, Kernel):
+                segments.append([s.name])
+                program.append(("segment", len(segments) - 1))
+            else:
+                program.append(("extern", s.node))
+        return segments, program
 
     def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
         steps = self._launches[index]
@@ -102,6 +146,20 @@ class TritonGraph(CompiledGraph):
                 fn(tensors)
                 continue
             fn[s.grid3](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
+
+
+def build_launcher(compiled: Any) -> None:
+    """Build the kernel's C launcher now, in this thread, into Triton's cache.
+
+    Triton builds it (a C file through the host compiler, once per argument signature) at the kernel's
+    first launch, one kernel after the other on the calling thread: with empty caches that was most of a
+    graph's kernel compile time (GPT: 10 launchers).  Built here, in parallel, the first launch only loads
+    it.  Best effort: on another Triton version the launch builds it as before."""
+    try:
+        from triton.backends.nvidia.driver import CudaLauncher
+        CudaLauncher(compiled.src, compiled.metadata)
+    except Exception:  # noqa: BLE001 - only an optimisation
+        pass
 
 
 class _Launcher:
@@ -170,15 +228,26 @@ class GraphReplay:
         return [o.clone() for o in outputs]
 
     def _record(self, inputs: list[torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
-        stream = torch.cuda.Stream()
+        stream = _capture_stream(inputs[0].device if inputs else torch.device("cuda"))
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):  # a warm-up on the capture stream (library handles, workspaces)
             self.module(inputs)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, stream=stream):
             outputs = self.module(inputs)
         return graph, outputs
+
+
+_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for every recording: cuBLAS keeps a workspace (32 MiB on Hopper) per
+    stream it has run on, so a fresh stream per graph would hold one more workspace each time."""
+    if device not in _capture_streams:
+        _capture_streams[device] = torch.cuda.Stream(device)
+    return _capture_streams[device]
 
 
 def build_triton_module(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default") -> Callable:

@@ -1,0 +1,68 @@
+"""A Triton compile worker: ``python -m kiln.runtime.compile_worker '["cuda", 90, 32]'``.
+
+Reads one JSON job per line on stdin, compiles that kernel of a generated module for the given target, and
+answers one JSON line on stdout.  The compiled kernel lands in Triton's on-disk cache, where the parent's own
+``warmup`` of the same kernel then finds it (the cache key is the same: same source, signature, options and
+target).  The worker never touches the GPU: a stub driver names the target, so no CUDA context is created.
+
+Job: ``{"id", "path", "kernel", "dtypes": ["bfloat16", ...], "grid": [x, y, z], "constants": {...},
+"num_warps"}``; answer: ``{"id", "ok", "seconds"}`` or ``{"id", "ok": false, "error"}``.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import time
+from typing import Any
+
+_modules: dict[str, Any] = {}
+
+
+def _install_stub_driver(target: list) -> None:
+    from triton.backends.compiler import GPUTarget
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime import driver
+    stub = CudaDriver.__new__(CudaDriver)  # only what a warm-up compile asks of the driver
+    stub.get_current_device = lambda: 0
+    stub.get_current_stream = lambda device=None: 0
+    stub.get_current_target = lambda: GPUTarget(target[0], target[1], target[2])
+    driver.set_active(stub)
+
+
+def _module(path: str) -> Any:
+    if path not in _modules:
+        name = "kiln_triton_" + path.rsplit("kiln_", 1)[-1].removesuffix(".py")  # the parent's module name
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _modules[path] = module
+    return _modules[path]
+
+
+def compile_job(job: dict) -> None:
+    import torch
+    fn = getattr(_module(job["path"]), job["kernel"])
+    dtypes = [getattr(torch, d) for d in job["dtypes"]]
+    compiled = fn.warmup(*dtypes, grid=tuple(job["grid"]), num_warps=job["num_warps"], **job["constants"])
+    from kiln.runtime.triton_module import build_launcher
+    build_launcher(compiled)
+
+
+def main() -> None:
+    _install_stub_driver(json.loads(sys.argv[1]))
+    import torch  # noqa: F401  (imported before the first job, while the parent is still tracing)
+    print(json.dumps({"ready": True}), flush=True)
+    for line in sys.stdin:
+        job = json.loads(line)
+        start = time.perf_counter()
+        try:
+            compile_job(job)
+            answer = {"id": job["id"], "ok": True, "seconds": time.perf_counter() - start}
+        except Exception as exc:  # noqa: BLE001 - reported to the parent, which compiles it itself
+            answer = {"id": job["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        print(json.dumps(answer), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""GPU memory: planned buffers come from the caching allocator in plan order and are released after their last
+reader; no weight is copied on a GPU (BatchNorm stays in the epilogue, cuDNN relayouts inside the call)."""
+import pytest
+import torch
+from torch import nn
+
+import kiln
+from benchmarks.models import MODELS
+from kiln.ir.ops import Op
+from kiln.report import mark, reports_since
+from kiln.runtime.triton_module import TritonGraph
+from tests.gpu.conftest import DEVICE, HAS_CUDA
+
+
+class Block(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        y = torch.sigmoid(y) * y + 1.0
+        return self.fc(y.flatten(1)).softmax(-1)
+
+
+def _compiled_module(model, x):
+    position = mark()
+    with torch.inference_mode():
+        fn = kiln.compile(model, target="triton", fallback=False, fullgraph=True)
+        got = fn(x)
+    [report] = reports_since(position)
+    return got, report
+
+
+def test_planned_buffers_are_allocated_once_and_released():
+    model = Block().to(DEVICE).eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(2, 4, 6, 6, device=DEVICE)
+    with torch.inference_mode():
+        expected = model(x)
+        got, report = _compiled_module(model, x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    assert "caching allocator" in report.memory["summary"]
+    graph = report.optimized
+    module = TritonGraph(graph, report, torch.device(DEVICE))
+    assert not hasattr(module, "arena")
+    assert all(n.op is Op.CONSTANT for n in module.static)  # nothing per call is held between calls
+    allocated = [n for step in module._alloc_before for n, *_ in step]
+    assert len(allocated) == len(set(allocated)) == len(module.planned) > 0
+    dropped = {n for step in module._drop_after for n in step}
+    assert module.planned - set(graph.outputs) <= dropped
+    # the first write of every planned buffer comes after its allocation and before its release
+    alloc_step = {n: k for k, step in enumerate(module._alloc_before) for n, *_ in step}
+    drop_step = {n: k for k, step in enumerate(module._drop_after) for n in step}
+    assert all(alloc_step[n] <= drop_step[n] for n in drop_step if n in alloc_step)
+    inputs = [x]
+    with torch.inference_mode():
+        torch.testing.assert_close(module(inputs)[0], expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="weights are copied only on CUDA devices")
+def test_no_weight_copies_on_the_gpu():
+    """Every constant the compiled graph holds is the model's own tensor, or small (per-channel values)."""
+    model, inputs = MODELS["resnet18"](size=32, device=DEVICE, dtype=torch.bfloat16)
+    own = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
+    got, report = _compiled_module(model, *inputs)
+    for n in report.optimized.nodes:
+        if n.op is Op.CONSTANT:
+            t = n.attr("value").tensor
+            assert t.untyped_storage().data_ptr() in own or t.numel() <= 4096, (n, tuple(t.shape))
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="measures CUDA memory")
+@pytest.mark.parametrize("name", ["resnet18", "gpt"])
+def test_compiled_call_peak_memory_at_most_eager(name):
+    """Peak allocated memory over a call (held by the compiled graph included) is at most eager's."""
+    small = {"resnet18": {"size": 64, "batch": 4}, "gpt": {"seq": 64}}[name]
+    model, inputs = MODELS[name](**small, device=DEVICE, dtype=torch.bfloat16)
+
+    def peak(fn):
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        with torch.inference_mode():
+            fn(*inputs)  # compiles, for kiln
+            fn(*inputs)
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            out = fn(*inputs)
+            torch.cuda.synchronize()
+        del out
+        return torch.cuda.max_memory_allocated() - base
+
+    with torch.inference_mode():
+        model(*inputs)  # library workspaces of the current stream exist for both
+    eager = peak(model)
+    compiled = peak(kiln.compile(model, fallback=False, fullgraph=True))
+    assert compiled <= eager, (compiled / 2**20, eager / 2**20)
