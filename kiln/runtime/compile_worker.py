@@ -10,7 +10,6 @@ Job: ``{"id", "path", "kernel", "dtypes": ["bfloat16", ...], "grid": [x, y, z], 
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 import time
@@ -32,11 +31,8 @@ def _install_stub_driver(target: list) -> None:
 
 def _module(path: str) -> Any:
     if path not in _modules:
-        name = "kiln_triton_" + path.rsplit("kiln_", 1)[-1].removesuffix(".py")  # the parent's module name
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        _modules[path] = module
+        from kiln.runtime.triton_module import import_file
+        _modules[path] = import_file(path)
     return _modules[path]
 
 

@@ -227,7 +227,10 @@ class CompiledGraph:
         program: list[tuple[str, Any]] = []
         for s in plan.steps:
             if isinstance(s, Kernel):
-                if program and program[-1][0] == "segment":
+                # with an arena, a run of kernels is one call into the library; without one, each kernel is
+                # its own step, so buffers are allocated right before their first writer and freed right
+                # after their last reader
+                if self.ARENA and program and program[-1][0] == "segment":
                     segments[-1].append(s.name)
                 else:
                     segments.append([s.name])

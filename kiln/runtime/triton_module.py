@@ -20,7 +20,6 @@ import torch
 from kiln import config
 from kiln.codegen.triton import TritonKernelWriter, module_source, schedule_for
 from kiln.ir.graph import Graph, Node
-from kiln.ir.kernel import Kernel
 from kiln.report import CompileReport
 from kiln.runtime.module import CompiledGraph, Plan
 
@@ -40,11 +39,19 @@ def _import_source(source: str) -> tuple[Any, bool]:
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
         tmp.write_text(source)
         os.replace(tmp, path)  # atomic: a concurrent process never imports half a file
-    spec = importlib.util.spec_from_file_location(f"kiln_triton_{digest}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = import_file(path)
     _loaded[digest] = module
     return module, cached
+
+
+def import_file(path: Path | str) -> Any:
+    """Import a generated ``kiln_<digest>.py`` as module ``kiln_triton_<digest>`` (the compile workers import
+    the same file under the same name, so Triton sees the same kernels)."""
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location("kiln_triton_" + path.stem.removeprefix("kiln_"), path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 class TritonGraph(CompiledGraph):
@@ -60,12 +67,10 @@ class TritonGraph(CompiledGraph):
             k.schedule = schedule_for(k)
         source = module_source(plan.kernels, dtype_of)
         report.source = source
-        self.report_phases = report.phases
         module, report.from_cache = _import_source(source)
         self._module_path = module.__file__
         by_name = {k.name: k for k in plan.kernels}
         self._launches: list[list[tuple[Callable, list[Node], Any]]] = []
-        self._names = segments
         for names in segments:
             steps = []
             for name in names:
@@ -75,10 +80,10 @@ class TritonGraph(CompiledGraph):
             self._launches.append(steps)
         if self.device.type == "cuda":
             start = time.perf_counter()
-            self._precompile()
+            self._precompile(report.phases)
             report.phases["kernel_compile"] = time.perf_counter() - start
 
-    def _precompile(self) -> None:
+    def _precompile(self, phases: dict[str, float]) -> None:
         """Compile every kernel now, several at a time (ptxas runs outside the GIL), for 16-byte aligned
         buffers (the arena's are); launches then go straight to the compiled kernels."""
         jobs = [(i, j) for i, steps in enumerate(self._launches) for j in range(len(steps))]
@@ -87,7 +92,7 @@ class TritonGraph(CompiledGraph):
             fn, args, s = self._launches[i][j]
             unique.setdefault((id(fn), tuple(n.dtype for n in args), s), (i, j))
 
-        self._compile_in_workers(list(unique.values()))
+        self._compile_in_workers(list(unique.values()), phases)
 
         def compile_one(job: tuple[int, int]) -> Any:
             fn, args, s = self._launches[job[0]][job[1]]
@@ -104,7 +109,7 @@ class TritonGraph(CompiledGraph):
             if hasattr(ck, "run") and hasattr(ck, "function"):
                 self._launches[i][j] = (_Launcher(ck, s, fn), args, s)
 
-    def _compile_in_workers(self, jobs: list[tuple[int, int]]) -> None:
+    def _compile_in_workers(self, jobs: list[tuple[int, int]], phases: dict[str, float]) -> None:
         """Compile these launches in the worker processes first (see compile_pool); what they leave undone
         the thread pool below compiles here."""
         from kiln.runtime import compile_pool
@@ -114,29 +119,16 @@ class TritonGraph(CompiledGraph):
         specs = []
         for k, (i, j) in enumerate(jobs):
             fn, args, s = self._launches[i][j]
-            specs.append({"id": k, "path": self._module_path, "kernel": self._names[i][j],
+            specs.append({"id": k, "path": self._module_path, "kernel": self._segments[i][j],
                           "dtypes": [str(n.dtype).removeprefix("torch.") for n in args], "grid": list(s.grid3),
                           "constants": {"XBLOCK": s.xblock, "RBLOCK": max(s.rblock, 1)}, "num_warps": s.num_warps})
         start = time.perf_counter()
         answers = pool.compile(specs)
-        self.report_phases["compile_workers"] = time.perf_counter() - start
-        self.report_phases["kernels_by_workers"] = sum(1 for a in answers.values() if a.get("ok"))
+        phases["compile_workers"] = time.perf_counter() - start
+        phases["kernels_by_workers"] = sum(1 for a in answers.values() if a.get("ok"))
 
     def _before_run(self) -> None:
         pass
-
-    def _program(self, plan: Plan) -> tuple[list[list[str]], list[tuple[str, Any]]]:
-        """One step per kernel (not per run of kernels as in C++, where a step is one call into the library):
-        buffers are then allocated right before their first writer and freed right after their last reader."""
-        segments: list[list[str]] = []
-        program: list[tuple[str, Any]] = []
-        for s in plan.steps:
-            if isinstance(s, Kernel):
-                segments.append([s.name])
-                program.append(("segment", len(segments) - 1))
-            else:
-                program.append(("extern", s.node))
-        return segments, program
 
     def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
         steps = self._launches[index]
