@@ -3,8 +3,9 @@
 This is how BatchNorm disappears in inference: the lowering turns it into ``x * scale + shift`` with
 per-channel constants, and here ``conv(x, W, b) * s + t`` becomes ``conv(x, W * s, b * s + t)``; likewise
 ``addmm(b, x, Wt) * s + t`` -> ``addmm(b * s + t, x, Wt * s)`` and ``mm(x, Wt) + t`` -> ``addmm(t, x, Wt)``.
-On a GPU the scale is not folded (``copy_weights``): ``W * s`` would be a second copy of the weight beside the
-model's own, while ``* s`` costs nothing in the pointwise kernel that follows the convolution anyway.
+On a GPU with ``Config.gpu_weight_copies`` off the scale is not folded (``copy_weights``): ``W * s`` would be a
+second copy of the weight beside the model's own, while ``* s`` costs nothing in the pointwise kernel that
+follows the convolution anyway.
 
 Before::                                                   After::
 

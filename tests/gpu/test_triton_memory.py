@@ -25,10 +25,10 @@ class Block(nn.Module):
         return self.fc(y.flatten(1)).softmax(-1)
 
 
-def _compiled_module(model, x):
+def _compiled_module(model, x, **options):
     position = mark()
     with torch.inference_mode():
-        fn = kiln.compile(model, target="triton", fallback=False, fullgraph=True)
+        fn = kiln.compile(model, target="triton", fallback=False, fullgraph=True, **options)
         got = fn(x)
     [report] = reports_since(position)
     return got, report
@@ -62,11 +62,12 @@ def test_planned_buffers_are_allocated_once_and_released():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="weights are copied only on CUDA devices")
-def test_no_weight_copies_on_the_gpu():
-    """Every constant the compiled graph holds is the model's own tensor, or small (per-channel values)."""
+def test_no_weight_copies_on_the_gpu_when_asked():
+    """With ``gpu_weight_copies=False`` every constant the compiled graph holds is the model's own tensor, or
+    small (per-channel values)."""
     model, inputs = MODELS["resnet18"](size=32, device=DEVICE, dtype=torch.bfloat16)
     own = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
-    got, report = _compiled_module(model, *inputs)
+    got, report = _compiled_module(model, *inputs, gpu_weight_copies=False)
     for n in report.optimized.nodes:
         if n.op is Op.CONSTANT:
             t = n.attr("value").tensor
@@ -76,7 +77,8 @@ def test_no_weight_copies_on_the_gpu():
 @pytest.mark.skipif(not HAS_CUDA, reason="measures CUDA memory")
 @pytest.mark.parametrize("name", ["resnet18", "gpt"])
 def test_compiled_call_peak_memory_at_most_eager(name):
-    """Peak allocated memory over a call (held by the compiled graph included) is at most eager's."""
+    """Without weight copies, peak allocated memory over a call (what the compiled graph holds included) is at
+    most eager's."""
     small = {"resnet18": {"size": 64, "batch": 4}, "gpt": {"seq": 64}}[name]
     model, inputs = MODELS[name](**small, device=DEVICE, dtype=torch.bfloat16)
 
@@ -96,5 +98,5 @@ def test_compiled_call_peak_memory_at_most_eager(name):
     with torch.inference_mode():
         model(*inputs)  # library workspaces of the current stream exist for both
     eager = peak(model)
-    compiled = peak(kiln.compile(model, fallback=False, fullgraph=True))
+    compiled = peak(kiln.compile(model, fallback=False, fullgraph=True, gpu_weight_copies=False))
     assert compiled <= eager, (compiled / 2**20, eager / 2**20)
