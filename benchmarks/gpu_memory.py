@@ -14,6 +14,7 @@ import argparse
 import json
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -43,30 +44,36 @@ def measure(model_name: str, backend: str, dtype: str) -> dict:
             "reserved_mib": (torch.cuda.memory_reserved() - base_reserved) / 2**20}
 
 
+def _measure_in_child(model_name: str, backend: str, dtype: str) -> dict:
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_memory", "--dtype", dtype,
+                           "--one", model_name, backend], capture_output=True, text=True)
+    try:
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"model": model_name, "backend": backend, "error": proc.stderr[-2000:]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="seed,mlp,resnet18,resnet18_b16,gpt,gpt_b8x512,chain")
     p.add_argument("--backends", default="eager,inductor,inductor-ro,kiln,kiln-ro")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    p.add_argument("--jobs", type=int, default=4, help="processes measuring at once")
     p.add_argument("--json")
     p.add_argument("--one", nargs=2, metavar=("MODEL", "BACKEND"), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
         print(json.dumps(measure(*args.one, args.dtype)))
         return
-    rows = []
-    print(f"{'model':14s} " + " ".join(f"{b:>13s}" for b in args.backends.split(",")) + "   (peak MiB per call)")
+    backends = args.backends.split(",")
+    jobs = [(m, b) for m in args.models.split(",") for b in backends]
+    # memory statistics are per process, so several processes can measure at once
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = list(pool.map(lambda job: _measure_in_child(*job, args.dtype), jobs))
+    print(f"{'model':14s} " + " ".join(f"{b:>13s}" for b in backends) + "   (peak MiB per call)")
     for model_name in args.models.split(","):
-        line = []
-        for backend in args.backends.split(","):
-            proc = subprocess.run([sys.executable, "-m", "benchmarks.gpu_memory", "--dtype", args.dtype,
-                                   "--one", model_name, backend], capture_output=True, text=True)
-            try:
-                row = json.loads(proc.stdout.strip().splitlines()[-1])
-            except (IndexError, json.JSONDecodeError):
-                row = {"model": model_name, "backend": backend, "error": proc.stderr[-2000:]}
-            rows.append(row)
-            line.append(f"{row['peak_mib']:13.2f}" if "peak_mib" in row else f"{'ERROR':>13s}")
+        line = [f"{r['peak_mib']:13.2f}" if "peak_mib" in r else f"{'ERROR':>13s}"
+                for r in rows if r["model"] == model_name]
         print(f"{model_name:14s} " + " ".join(line), flush=True)
     for row in rows:
         if "error" in row:

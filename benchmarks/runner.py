@@ -67,7 +67,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "results are compared with an fp32 reference")
     p.add_argument("--modes", default="default", help="comma-separated torch.compile modes run for Inductor "
                    "and kiln: default,reduce-overhead,max-autotune (labels: inductor, inductor-ro, inductor-ma)")
-    p.add_argument("--backends", default=",".join(BACKENDS), help="comma-separated subset of eager,inductor,kiln")
+    p.add_argument("--backends", default=None, help="comma-separated subset of eager,inductor,kiln,ort "
+                   "(default: all; on cuda all but ort, which runs on the CPU only)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (torch and OpenMP); default 1")
     p.add_argument("--repeats", type=int, default=10, help="interleaved timing rounds (default 10)")
     p.add_argument("--calls", type=int, default=5, help="timed calls per backend per round (default 5)")
@@ -84,7 +85,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache-dir-kiln", type=Path, default=None, metavar="DIR", help="KILN_CACHE_DIR to use")
     args = p.parse_args(argv)
     args.models = _split(args.models or ",".join(GPU_SUITE if args.device == "cuda" else DEFAULT_SUITE))
-    backends = _split(args.backends)
+    backends = _split(args.backends or ",".join(b for b in BACKENDS if args.device == "cpu" or b != "ort"))
     unknown = sorted(set(backends) - set(BACKENDS))
     if unknown:
         p.error(f"unknown backend(s) {unknown}; choose from {list(BACKENDS)}")

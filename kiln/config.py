@@ -58,6 +58,12 @@ class Config:
     # but the copies sit beside the model's own weights (ResNet-18: 22 MiB in bf16).  Off: BatchNorm runs in
     # the convolution's epilogue kernel and cuDNN converts the weight's layout inside each call.
     gpu_weight_copies: bool = True
+    # Let cuDNN measure its algorithms for the graph's convolutions (cudnn.benchmark, only while kiln's graph
+    # runs; the choice is cached per shape by PyTorch, so only the first call pays).
+    cudnn_benchmark: bool = True
+    # GPU matmuls (mm/addmm) may run as kiln's Triton template with the consumer fused in: chosen by measurement
+    # in max-autotune (kept in the tuning database, which default mode then also follows).
+    matmul_templates: bool = True
     # Processes that compile Triton kernels in parallel (0: compile in this process, with threads).  Off by
     # default: on the H200 machine a cold process compiled slower with 8 workers (MLP 9.4 s vs 6.5 s first
     # call; GPT 11.9 vs 10.6) - their start-up (each imports torch) competes with TorchDynamo's tracing.
@@ -83,6 +89,8 @@ class Config:
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),
         "target": ("KILN_TARGET", str),
         "gpu_weight_copies": ("KILN_GPU_WEIGHT_COPIES", bool),
+        "cudnn_benchmark": ("KILN_CUDNN_BENCHMARK", bool),
+        "matmul_templates": ("KILN_MATMUL_TEMPLATES", bool),
         "compile_workers": ("KILN_COMPILE_WORKERS", int),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
     }

@@ -33,6 +33,12 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
             out.append(k.format())
             out.append(f"  why: {k.reason}")
     out += ["", f"--- extern calls ({len(r.externs)}): " + (", ".join(r.externs) if r.externs else "none")]
+    m = r.matmuls
+    if m is not None and m.candidates:
+        out.append(f"--- matmuls: {m.candidates} candidates for the Triton template, {m.from_database} decided by "
+                   f"the tuning database, {m.measured} variants measured ({m.seconds:.1f} s); "
+                   f"{len(m.fused)} run as templates, {len(m.kept_extern)} stay on cuBLAS")
+        out += [f"  template {line}" for line in m.fused]
     if r.memory:
         out.append(f"--- memory: {r.memory.get('summary', '')}")
         for key in ("layout", "cuda_graph"):

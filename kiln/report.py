@@ -34,6 +34,7 @@ class CompileReport:
     compile_seconds: float = 0.0
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per compile phase
     check_failures: list[str] = dataclasses.field(default_factory=list)
+    matmuls: Any = None           # GPU: matmul template choices (kiln.runtime.matmul_step.Stats)
 
     def format(self, *, source: bool = True) -> str:
         from kiln.explain import format_report

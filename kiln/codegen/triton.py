@@ -168,7 +168,10 @@ class TritonKernelWriter:
         dtype = self.dtype_of[st.buf]
         if dtype in HALF or compute_dtype(st.value.dtype) != dtype:
             value = f"{value}.to({tl_type(dtype)})"
-        self._emit(indent, f"tl.store({st.buf} + ({p.index(st.index)}), {value}, mask={mask})")
+        offset = p.index(st.index)
+        if st.index.is_const():  # a 0-d result: the pointer is made a block of the mask's shape
+            offset += f" + 0 * ({mask}).to(tl.int32)"
+        self._emit(indent, f"tl.store({st.buf} + ({offset}), {value}, mask={mask})")
 
     # ------------------------------------------------------------------ pointwise
     def _pointwise(self, pid: str) -> None:

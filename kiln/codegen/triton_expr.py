@@ -178,7 +178,10 @@ class TritonPrinter:
         elif isinstance(e, KLoad):
             if e.buf in self.scratch:
                 return self.expr(self.scratch[e.buf], guard)
-            text = f"tl.load({e.buf} + ({self.index(e.index, guard)}), mask={self.load_mask(guard)}, other=0)"
+            if e.index.is_const():  # one element for the whole block (a 0-d buffer): a scalar load, in bounds
+                text = f"tl.load({e.buf} + ({self.index(e.index, guard)}))"
+            else:
+                text = f"tl.load({e.buf} + ({self.index(e.index, guard)}), mask={self.load_mask(guard)}, other=0)"
             if e.dtype in HALF:
                 text += ".to(tl.float32)"
         elif isinstance(e, KOp) and e.op is Op.WHERE:

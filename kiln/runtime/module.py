@@ -26,7 +26,7 @@ from kiln.passes.kernel_build import NotFusable, build_kernel
 from kiln import config
 from kiln.passes.layout import choose_layouts, library_layouts
 from kiln.report import CompileReport
-from kiln.runtime import memory
+from kiln.runtime import inplace, memory
 
 
 RECYCLE_MIN_BYTES = 1 << 16  # below this, malloc serves outputs from its free lists without page faults
@@ -46,6 +46,28 @@ def _writes_into_arena(n: Node, graph_outputs: set[Node]) -> bool:
 def _storage_uses(t: torch.Tensor) -> int:
     """Owners of ``t``'s storage, counting the temporary storage object this call creates."""
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
+
+
+def _base(n: Node, buffer_of: dict[Node, str]) -> Node:
+    """The realized node a view chain starts from."""
+    while n not in buffer_of:
+        n = n.inputs[0]
+    return n
+
+
+def _itemsize(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@dataclasses.dataclass
+class Allocation:
+    """A per-call buffer made right before its first writer (GPU path, see CompiledGraph.ARENA)."""
+    node: Node
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: torch.dtype
+    reuse: Node | None = None   # an input of the writing kernel that dies there: take its memory
+    reuse_planned: bool = False  # ... and it is one of our own buffers (no need to check its storage)
 
 
 @dataclasses.dataclass
@@ -138,7 +160,7 @@ class CompiledGraph:
 
     def __init__(self, graph: Graph, report: CompileReport):
         self.graph = graph
-        plan = make_plan(graph)
+        plan = self._fuse_steps(make_plan(graph), report)
         self.plan = plan
         report.kernels = plan.kernels
         report.externs = [short_name(s.node.attr("target")) for s in plan.steps if isinstance(s, ExternStep)]
@@ -193,13 +215,13 @@ class CompiledGraph:
         by_name = {k.name: k for k in plan.kernels}
         last: dict[Node, int] = {}
         for step, (kind, item) in enumerate(self.program):
-            if kind == "segment":
-                for name in segments[item]:
-                    reads, writes = by_name[name].buffers()
+            if kind in ("segment", "fused"):
+                for k in ([by_name[name] for name in segments[item]] if kind == "segment" else [item]):
+                    reads, writes = k.buffers()
                     for b in reads | writes:
                         last[node_of[b]] = step
-            else:
-                for i in item.inputs:
+            if kind in ("extern", "fused"):
+                for i in (item.inputs if kind == "extern" else item.node_inputs):
                     while True:  # the input and the view chain down to its realized base
                         last[i] = step
                         if i in plan.buffer_of or i.op not in VIEW:
@@ -222,6 +244,9 @@ class CompiledGraph:
     def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
         self._segment_fns[index](self.ptrs_addr)
 
+    def _run_fused(self, step: Any, env: dict[Node, torch.Tensor]) -> None:
+        raise NotImplementedError(f"kiln: {type(self).__name__} has no fused steps ({step})")
+
     def _program(self, plan: Plan) -> tuple[list[list[str]], list[tuple[str, Any]]]:
         segments: list[list[str]] = []
         program: list[tuple[str, Any]] = []
@@ -235,29 +260,37 @@ class CompiledGraph:
                 else:
                     segments.append([s.name])
                     program.append(("segment", len(segments) - 1))
-            else:
+            elif isinstance(s, ExternStep):
                 program.append(("extern", s.node))
+            else:  # a step of the target's own (a matmul template with its epilogue)
+                program.append(("fused", s))
         return segments, program
+
+    def _fuse_steps(self, plan: Plan, report: CompileReport) -> Plan:
+        """Target-specific rewriting of the plan's steps (the GPU fuses matmul epilogues); none here."""
+        return plan
 
     def _plan_memory(self, plan: Plan, node_of: dict[str, Node], report: CompileReport) -> None:
         graph_outputs = set(self.graph.outputs)
         step_index: dict[str, int] = {}
         last_use: dict[str, int] = {}
         for k, s in enumerate(plan.steps):
-            if isinstance(s, Kernel):
+            if isinstance(s, ExternStep):
+                if _writes_into_arena(s.node, graph_outputs):
+                    step_index.setdefault(plan.buffer_of[s.node], k)
+                inputs = s.node.inputs
+            else:  # kernels, and fused steps (which also read graph nodes, through views)
                 reads, writes = s.buffers()
                 for w in writes:
                     step_index.setdefault(w, k)
                 for r in reads:
                     last_use[r] = k
-            else:
-                if _writes_into_arena(s.node, graph_outputs):
-                    step_index.setdefault(plan.buffer_of[s.node], k)
-                for i in s.node.inputs:
-                    base = i
-                    while base not in plan.buffer_of:
-                        base = base.inputs[0]
-                    last_use[plan.buffer_of[base]] = k
+                inputs = [] if isinstance(s, Kernel) else s.node_inputs
+            for i in inputs:
+                base = i
+                while base not in plan.buffer_of:
+                    base = base.inputs[0]
+                last_use[plan.buffer_of[base]] = k
         intervals = []
         for name, start in step_index.items():
             n = node_of[name]
@@ -280,8 +313,13 @@ class CompiledGraph:
                 self.static[n] = t
                 self.ptrs[self.slot_of[name]] = t.data_ptr()
         else:
-            report.memory["summary"] += "; on this device taken from the caching allocator in plan order"
             self._alloc_before = self._allocations(plan, node_of)
+            reused = sum(a.reuse is not None for step in self._alloc_before for a in step)
+            report.memory["peak_bytes"] = self._planned_peak()
+            report.memory["in_place"] = reused
+            report.memory["summary"] += (f"; on this device taken from the caching allocator in plan order, "
+                                         f"{reused} written in place, peak {report.memory['peak_bytes'] / 2**20:.2f}"
+                                         f" MiB per call (kiln buffers and library results)")
         # NHWC copies of weights for the library; not on a GPU unless asked: the copy would be held beside the
         # model's own weights, and cuDNN converts a weight in the call, into memory it frees at once
         relayout = self.ARENA or config.get().gpu_weight_copies
@@ -303,23 +341,74 @@ class CompiledGraph:
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
 
-    def _allocations(self, plan: Plan, node_of: dict[str, Node]) -> list[list[tuple[Node, tuple, tuple, Any]]]:
-        """Per program step, the planned buffers it writes first: (node, shape, strides, dtype)."""
+    def _allocations(self, plan: Plan, node_of: dict[str, Node]) -> list[list[Allocation]]:
+        """Per program step, the buffers it writes first (planned intermediates and the graph's outputs), each
+        allocated right before that step, or taking the memory of an input that dies there (``reuse``)."""
         by_name = {k.name: k for k in plan.kernels}
-        segments = self._segments
-        alloc: list[list[tuple[Node, tuple, tuple, Any]]] = [[] for _ in self.program]
+        buf_of = plan.buffer_of
+        # outputs kiln writes (library results arrive allocated; a fused step writes its matmul's own result)
+        fused = {s.node for kind, s in self.program if kind == "fused" and s.epilogue is None}
+        outputs = {n for n in self.graph.outputs
+                   if n in buf_of and (n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in fused)}
+        alloc: list[list[Allocation]] = [[] for _ in self.program]
         done: set[Node] = set()
+        taken: set[Node] = set()
         for step, (kind, item) in enumerate(self.program):
+            dying = set(self._drop_after[step])
             if kind == "segment":
-                written = [node_of[b] for name in segments[item] for b in sorted(by_name[name].buffers()[1])]
+                kernels = [by_name[name] for name in self._segments[item]]
+                written = [node_of[b] for k in kernels for b in sorted(k.buffers()[1])]
+            elif kind == "fused":
+                # in place only over the epilogue's own inputs, never over the matmul's operands: other
+                # programs read an operand's rows and columns until they finish
+                kernels = [item.epilogue] if item.epilogue is not None else []
+                written = [node_of[b] for b in sorted(item.buffers()[1])]
+                dying -= {_base(i, buf_of) for i in item.node_inputs}
             else:
-                written = [item]
+                kernels, written = [], [item]
             for n in written:
-                if n in self.planned and n not in done:
-                    done.add(n)
-                    strides = plan.strides_of.get(n) or contiguous_strides(n.shape)
-                    alloc[step].append((n, n.shape, strides, n.dtype))
+                if (n not in self.planned and n not in outputs) or n in done:
+                    continue
+                done.add(n)
+                strides = plan.strides_of.get(n) or contiguous_strides(n.shape)
+                reuse = None
+                if len(kernels) == 1:
+                    for b in inplace.overwritable_inputs(kernels[0], buf_of[n]):
+                        m = node_of[b]
+                        if (m in dying and m not in taken and m.op not in (Op.INPUT, Op.CONSTANT)
+                                and m.numel == n.numel and _itemsize(m.dtype) == _itemsize(n.dtype)):
+                            reuse = m
+                            taken.add(m)
+                            break
+                alloc[step].append(Allocation(n, n.shape, strides, n.dtype, reuse, reuse in self.planned))
         return alloc
+
+    def _planned_peak(self) -> int:
+        """Bytes of per-call buffers live at once, walking the program: kiln's buffers and library results
+        (not the libraries' own workspaces)."""
+        live: dict[Node, int] = {}
+        peak = 0
+        for step, (kind, item) in enumerate(self.program):
+            for a in self._alloc_before[step]:
+                live[a.node] = live.pop(a.reuse) if a.reuse is not None else a.node.numel * _itemsize(a.dtype)
+            if kind == "extern" and item not in self.planned and item.op is Op.EXTERN:
+                live[item] = item.numel * _itemsize(item.dtype)
+            peak = max(peak, sum(live.values()))
+            for n in self._drop_after[step]:
+                live.pop(n, None)
+        return peak
+
+    def _allocate(self, a: "Allocation", env: dict[Node, torch.Tensor]) -> torch.Tensor:
+        if a.reuse is not None:
+            src = env[a.reuse]
+            # a library result may share its storage (a view of another tensor): take it only when this call
+            # holds the sole reference and the storage is large enough; our own buffers always qualify
+            if a.reuse_planned or (_storage_uses(src) == 2 and (src.storage_offset() + src.numel())
+                                   * src.element_size() <= src.untyped_storage().nbytes()):
+                if src.dtype != a.dtype:
+                    src = src.view(a.dtype)
+                return src.as_strided(a.shape, a.strides, src.storage_offset())
+        return torch.empty_strided(a.shape, a.strides, dtype=a.dtype, device=self.device)
 
     # ------------------------------------------------------------------ run
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
@@ -340,17 +429,20 @@ class CompiledGraph:
                     t = t.contiguous()
             env[n] = t
             ptrs[slot] = t.data_ptr()
-        for k, (n, slot) in enumerate(self.output_slots):
-            t = self._output_buffer(k, n)
-            env[n] = t
-            ptrs[slot] = t.data_ptr()
+        if self.ARENA:  # (without one, outputs are allocated at their first writer, see _allocations)
+            for k, (n, slot) in enumerate(self.output_slots):
+                t = self._output_buffer(k, n)
+                env[n] = t
+                ptrs[slot] = t.data_ptr()
         alloc_before = None if self.ARENA else self._alloc_before
         for step, (kind, item) in enumerate(self.program):
             if alloc_before is not None:
-                for n, shape, strides, dtype in alloc_before[step]:
-                    env[n] = torch.empty_strided(shape, strides, dtype=dtype, device=self.device)
+                for a in alloc_before[step]:
+                    env[a.node] = self._allocate(a, env)
             if kind == "segment":
                 self._run_segment(item, env)
+            elif kind == "fused":
+                self._run_fused(item, env)
             else:
                 self._run_extern(item, env)
             for n in self._drop_after[step]:
@@ -367,8 +459,6 @@ class CompiledGraph:
         references any more (Python refcount, and no views of its storage) is reused.  Nothing can observe the
         overwrite, since nothing else holds the tensor or its storage.
         """
-        if not self.ARENA:  # a caching allocator: nothing to gain, and a kept output would be held memory
-            return torch.empty(n.shape, dtype=n.dtype, device=self.device)
         pool = self._pools[k]
         for i in range(len(pool)):
             # references: the pool list and getrefcount's argument
@@ -396,9 +486,11 @@ class CompiledGraph:
         if build is None:
             build = self._arg_builders[n] = argument_builder(n.attr("template"))
         args, kwargs = build([self._value(i, env) for i in n.inputs])
+        if n in self.plan.cl_convs:
+            # a channels-last input makes the library's result channels-last too (with an NCHW weight and
+            # input it would be NCHW, and copied to the layout the kernels read: the graph's first convolution)
+            args[0] = args[0].contiguous(memory_format=torch.channels_last)
         if n in self.planned:  # the library writes straight into the planned buffer
-            if n in self.plan.cl_convs:
-                args[0] = args[0].contiguous(memory_format=torch.channels_last)
             n.attr("target").overloadpacket.out(*args, **kwargs, out=env[n])
             return
         out = n.attr("target")(*args, **kwargs)

@@ -7,20 +7,26 @@ grid.  Under ``TRITON_INTERPRET=1`` the same module runs on CPU tensors (how CI 
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import os
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
 from kiln import config
 from kiln.codegen.triton import TritonKernelWriter, module_source, schedule_for
 from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import Op
 from kiln.report import CompileReport
+from kiln.codegen.triton_matmul import template_source
+from kiln.frontend.extern import argument_builder
+from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
 from kiln.runtime.module import CompiledGraph, Plan
 
 _loaded: dict[str, Any] = {}
@@ -60,11 +66,45 @@ class TritonGraph(CompiledGraph):
     def __init__(self, graph: Graph, report: CompileReport, device: torch.device):
         self.device = device
         super().__init__(graph, report)
+        self._cudnn_benchmark = device.type == "cuda" and config.get().cudnn_benchmark and any(
+            getattr(n.attr("target"), "overloadpacket", None) is torch.ops.aten.convolution
+            for n in graph.nodes if n.op is Op.EXTERN)
+
+    def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if not self._cudnn_benchmark:
+            return super().__call__(inputs)
+        before = torch.backends.cudnn.benchmark
+        torch.backends.cudnn.benchmark = True  # this graph's convolutions only (see Config.cudnn_benchmark)
+        try:
+            return super().__call__(inputs)
+        finally:
+            torch.backends.cudnn.benchmark = before
+
+    def _fuse_steps(self, plan: Plan, report: CompileReport) -> Plan:
+        """Matmuls whose measured (or recorded) best is kiln's Triton template take their epilogue kernel in."""
+        from kiln.runtime import matmul_step
+        if not config.get().matmul_templates or (self.device.type != "cuda" and matmul_step.FORCE is None):
+            return plan
+        from kiln.runtime.matmul_step import fuse_matmuls
+        steps, stats = fuse_matmuls(plan.steps, self.graph.outputs, plan.buffer_of, plan.strides_of, self.device,
+                                    tune=report.mode == "max-autotune")
+        report.phases["matmul_tuning"] = stats.seconds
+        report.matmuls = stats
+        fused = {id(s.epilogue) for s in steps if isinstance(s, MatmulStep) and s.epilogue is not None}
+        plan.steps = steps
+        plan.kernels = [k for k in plan.kernels if id(k) not in fused]
+        return plan
 
     def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         for k in plan.kernels:
             k.schedule = schedule_for(k)
+        for s in plan.steps:
+            if isinstance(s, MatmulStep):  # the same text the measurement compiled: Triton's cache has it
+                module, _ = _import_source(matmul_module_text(template_source(s.spec, dtype_of)))
+                s.fn = getattr(module, s.spec.name)
+                s.args = [node_of[b] for b in s.spec.epilogue_args(dtype_of)] if s.epilogue is not None else [
+                    s.node]
         source = module_source(plan.kernels, dtype_of)
         report.source = source
         module, report.from_cache = _import_source(source)
@@ -130,6 +170,13 @@ class TritonGraph(CompiledGraph):
     def _before_run(self) -> None:
         pass
 
+    def _run_fused(self, step: MatmulStep, env: dict[Node, torch.Tensor]) -> None:
+        build = self._arg_builders.get(step.node)
+        if build is None:
+            build = self._arg_builders[step.node] = argument_builder(step.node.attr("template"))
+        operands, _ = build([self._value(i, env) for i in step.node.inputs])
+        launch(step.fn, step.spec, step.config, launch_args(step.spec, operands, [env[n] for n in step.args]))
+
     def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
         steps = self._launches[index]
         for i, (fn, args, s) in enumerate(steps):
@@ -177,7 +224,7 @@ class GraphReplay:
     """``reduce-overhead``: the compiled graph recorded once as a CUDA graph and replayed.
 
     Inputs are copied into static buffers before each replay (skipped when the caller passes those very
-    buffers), and outputs are returned as copies, so later replays never overwrite a result the caller kept.
+    buffers).  Outputs are handed out without a copy, and stay the caller's: see [Note: outputs of a replay].
     The first call runs normally (it also compiles every kernel); the second records the graph."""
 
     WARMUP_CALLS = 1
@@ -189,10 +236,11 @@ class GraphReplay:
         # [Note: graphs keyed by input addresses] A graph reads its inputs at the addresses it was recorded
         # with.  A caller that passes the same buffers again (same addresses, shapes and strides) gets a
         # replay with no input copy; other inputs are copied into the buffers of a graph recorded on copies.
-        self.graphs: dict[tuple, tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]] = {}
-        self.copy_graph: tuple[torch.cuda.CUDAGraph, list[torch.Tensor]] | None = None
+        self.graphs: dict[tuple, _Recording] = {}
+        self.copy_graph: _Recording | None = None
         self.static_inputs: list[torch.Tensor] = []
         self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
+        self.unprotected_runs = 0  # calls run without the graph: the caller held views of earlier outputs
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         for k, (x, (shape, dtype)) in enumerate(zip(inputs, self.expected)):
@@ -215,20 +263,95 @@ class GraphReplay:
             for static, x in zip(self.static_inputs, inputs):
                 static.copy_(x)
             entry = self.copy_graph
-        graph, outputs = entry
-        graph.replay()
-        return [o.clone() for o in outputs]
+        if not entry.release_outputs():
+            self.unprotected_runs += 1
+            return self.module(inputs)
+        entry.graph.replay()
+        return entry.hand_out()
 
-    def _record(self, inputs: list[torch.Tensor]) -> tuple[torch.cuda.CUDAGraph, list[torch.Tensor]]:
+    def _record(self, inputs: list[torch.Tensor]) -> "_Recording":
         stream = _capture_stream(inputs[0].device if inputs else torch.device("cuda"))
         stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # a warm-up on the capture stream (library handles, workspaces)
+        # [Note: cuBLAS workspace of a recording] cuBLAS keeps a workspace (32 MiB on Hopper) per stream,
+        # allocated at its first call there and held for good.  Cleared around the warm-up and the capture,
+        # the workspace the recording uses is allocated during the capture, from the graph's private pool,
+        # and handed back to that pool after it: the graph owns it and no stream holds another one for us.
+        with _cublas_workspaces_cleared(), torch.cuda.stream(stream):  # warm-up: library handles, plans
             self.module(inputs)
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, stream=stream):
+        with _cublas_workspaces_cleared(), torch.cuda.graph(graph, stream=stream):
             outputs = self.module(inputs)
-        return graph, outputs
+        return _Recording(graph, outputs, inputs)
+
+
+class _Recording:
+    """One CUDA graph and the static outputs it writes.
+
+    [Note: outputs of a replay] Each replay writes the same output buffers.  The caller gets an alias of each
+    (a second tensor on the same storage, no copy), and may keep it: before the next replay overwrites the
+    buffer, an alias still alive is moved onto a copy of its values (``set_``: the caller's tensor object
+    keeps its values, only its storage changes), and one that was dropped costs nothing.  The usual
+    ``out = model(x)`` loop holds the previous output during the call, so it pays one copy; a caller that
+    drops outputs first pays none.  If the caller holds views of an output (which cannot be moved), the call
+    runs without the graph, on fresh buffers.  Outputs that share storage with an input or with each other
+    are handed out as copies."""
+
+    def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[torch.Tensor], inputs: list[torch.Tensor]):
+        self.graph = graph
+        self.outputs = outputs
+        storages = [o.untyped_storage().data_ptr() for o in outputs]
+        taken = {x.untyped_storage().data_ptr() for x in inputs}
+        self.aliased = [storages.count(p) == 1 and p not in taken for p in storages]
+        self.handed: list[weakref.ref | None] = [None] * len(outputs)
+
+    def release_outputs(self) -> bool:
+        """Make the static outputs free to overwrite; False if the caller holds a view we cannot move."""
+        for k, ref in enumerate(self.handed):
+            if ref is None:
+                continue
+            static, alias = self.outputs[k], ref()
+            holders = _storage_users(static) - 1  # minus the static tensor itself
+            if alias is None:
+                if holders:
+                    return False
+                self.handed[k] = None
+                continue
+            if holders != 1:
+                return False
+            copy = alias.clone()
+            with torch.inference_mode(alias.is_inference()):
+                alias.set_(copy.untyped_storage(), copy.storage_offset(), copy.shape, copy.stride())
+            self.handed[k] = None
+        return True
+
+    def hand_out(self) -> list[torch.Tensor]:
+        result = []
+        for k, (o, alias_ok) in enumerate(zip(self.outputs, self.aliased)):
+            if alias_ok:
+                alias = o.detach()
+                self.handed[k] = weakref.ref(alias)
+                result.append(alias)
+            else:
+                result.append(o.clone())
+        return result
+
+
+def _storage_users(t: torch.Tensor) -> int:
+    """Tensors sharing ``t``'s storage (not counting the temporary storage object made to ask)."""
+    return torch._C._storage_Use_Count(t.untyped_storage()._cdata) - 1
+
+
+@contextlib.contextmanager
+def _cublas_workspaces_cleared() -> Iterator[None]:
+    clear = getattr(torch._C, "_cuda_clearCublasWorkspaces", None)
+    if clear is not None:
+        clear()
+    try:
+        yield
+    finally:
+        if clear is not None:
+            clear()
 
 
 _capture_streams: dict[torch.device, torch.cuda.Stream] = {}

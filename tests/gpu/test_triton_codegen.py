@@ -144,6 +144,50 @@ def test_reduce_overhead_replays_with_new_inputs_and_keeps_old_outputs():
         torch.testing.assert_close(compiled(x), f(x), rtol=1e-4, atol=1e-5)
 
 
+def test_reduce_overhead_outputs_are_not_copied_and_stay_the_callers():
+    """Outputs are aliases of the graph's buffers (no copy); one the caller keeps is moved onto a copy before
+    the next replay, a view the caller keeps makes the call run without the graph, an output fed back as the
+    next input works, and outputs sharing storage come out right."""
+    if not HAS_CUDA:
+        pytest.skip("CUDA graphs need a GPU")
+    lin = torch.nn.Linear(32, 32).to(DEVICE).eval()
+
+    def f(x):
+        y = torch.tanh(lin(x)) + x
+        return y, y.t(), x * 2
+
+    compiled = kiln.compile(f, mode="reduce-overhead", fallback=False)
+    x = torch.randn(8, 32, device=DEVICE)
+    with torch.inference_mode():
+        for _ in range(3):  # run, record, replay
+            compiled(x)
+        first = compiled(x)[0]
+        ptr = first.data_ptr()
+        expected = f(x)[0]
+        del first
+        again = compiled(x)[0]
+        assert again.data_ptr() == ptr  # the dropped output's buffer is written again: no copy was made
+        kept = again
+        x2 = torch.randn(8, 32, device=DEVICE)
+        x.copy_(x2)
+        newer = compiled(x)
+        torch.testing.assert_close(kept, expected, rtol=1e-4, atol=1e-5)  # moved onto a copy, unchanged
+        for got, want in zip(newer, f(x2)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        view = newer[0][1:3]  # a view of an output pins its buffer: the next call runs without the graph
+        held = view.clone()
+        del newer
+        x.normal_()
+        for got, want in zip(compiled(x), f(x)):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(view, held)
+        h = x.clone()
+        for _ in range(4):  # fed back: the output buffer is the next call's input
+            want = f(h)[0]
+            h = compiled(h)[0]
+            torch.testing.assert_close(h, want, rtol=1e-4, atol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [(2, 20, 24, 40), (1, 7, 9, 33)])
 def test_transposed_operand_runs_in_2d_tiles(shape):
     """out[n, c, h, w] = f(x[n, h, w, c]): loads coalesce along c, stores along h*w."""

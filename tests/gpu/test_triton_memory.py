@@ -48,14 +48,17 @@ def test_planned_buffers_are_allocated_once_and_released():
     module = TritonGraph(graph, report, torch.device(DEVICE))
     assert not hasattr(module, "arena")
     assert all(n.op is Op.CONSTANT for n in module.static)  # nothing per call is held between calls
-    allocated = [n for step in module._alloc_before for n, *_ in step]
-    assert len(allocated) == len(set(allocated)) == len(module.planned) > 0
+    allocated = [a.node for step in module._alloc_before for a in step]
+    kernel_outputs = {n for n in graph.outputs if n.op is not Op.EXTERN}
+    assert len(allocated) == len(set(allocated)) == len(module.planned | kernel_outputs) > 0
     dropped = {n for step in module._drop_after for n in step}
     assert module.planned - set(graph.outputs) <= dropped
     # the first write of every planned buffer comes after its allocation and before its release
-    alloc_step = {n: k for k, step in enumerate(module._alloc_before) for n, *_ in step}
+    alloc_step = {a.node: k for k, step in enumerate(module._alloc_before) for a in step}
     drop_step = {n: k for k, step in enumerate(module._drop_after) for n in step}
     assert all(alloc_step[n] <= drop_step[n] for n in drop_step if n in alloc_step)
+    # the convolution's result dies in the BatchNorm/ReLU kernel, which writes over it
+    assert any(a.reuse is not None and a.reuse.op is Op.EXTERN for step in module._alloc_before for a in step)
     inputs = [x]
     with torch.inference_mode():
         torch.testing.assert_close(module(inputs)[0], expected, rtol=1e-4, atol=1e-5)
@@ -100,3 +103,52 @@ def test_compiled_call_peak_memory_at_most_eager(name):
     eager = peak(model)
     compiled = peak(kiln.compile(model, fallback=False, fullgraph=True, gpu_weight_copies=False))
     assert compiled <= eager, (compiled / 2**20, eager / 2**20)
+
+
+class _Weighted(nn.Module):
+    def __init__(self, rows, cols, body):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(rows, cols, device=DEVICE), requires_grad=False)
+        self.body = body
+
+    def forward(self, x):
+        return self.body(x, self.w)
+
+
+def _module_for(fn, *inputs):
+    position = mark()
+    with torch.inference_mode():
+        compiled = kiln.compile(fn, target="triton", fallback=False, fullgraph=True)
+        compiled(*inputs)
+    [report] = reports_since(position)
+    return TritonGraph(report.optimized, report, torch.device(DEVICE)), report
+
+
+def _reuses(module):
+    return [(a.node, a.reuse) for step in module._alloc_before for a in step if a.reuse is not None]
+
+
+@pytest.mark.parametrize("cols", [48, 5000])  # persistent and looped rows
+def test_results_take_the_memory_of_inputs_that_die_with_them(cols):
+    """A matmul result read for the last time by a softmax (with a ReLU prologue), which writes each row back
+    elementwise, gives its memory to the softmax's result; the values are eager's."""
+    f = _Weighted(24, cols, lambda x, w: torch.softmax(torch.relu(x @ w) * 1.5, dim=-1))
+    x = torch.randn(6, 24, device=DEVICE)
+    module, report = _module_for(f, x)
+    [(result, taken)] = _reuses(module)
+    assert result is report.optimized.outputs[0] and taken.op is Op.EXTERN and report.memory["in_place"] == 1
+    with torch.inference_mode():
+        got = module([x])[0]
+    torch.testing.assert_close(got, f(x), rtol=1e-4, atol=1e-5)
+    assert report.memory["peak_bytes"] == 6 * cols * 4  # one [6, cols] fp32 buffer, not two
+
+
+def test_no_reuse_when_other_elements_are_read():
+    """``y + y.flip(-1)`` reads element ``n - 1 - i`` of ``y`` while writing element ``i``: another program may
+    already have overwritten it, so the result gets its own buffer."""
+    f = _Weighted(16, 40, lambda x, w: (x @ w) + (x @ w).flip(-1) * 2.0)
+    x = torch.randn(5, 16, device=DEVICE)
+    module, _ = _module_for(f, x)
+    assert _reuses(module) == []
+    with torch.inference_mode():
+        torch.testing.assert_close(module([x])[0], f(x), rtol=1e-4, atol=1e-5)

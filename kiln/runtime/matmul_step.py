@@ -1,0 +1,376 @@
+"""Matmuls on the GPU: the cuBLAS extern, or kiln's Triton template with the consumer fused as its epilogue.
+
+``fuse_matmuls`` walks a plan's steps.  For each ``aten.mm`` / ``aten.addmm`` extern it finds the epilogue a
+template could take over (the one pointwise kernel that reads the product, at the element it writes, see
+``epilogue_for``) and chooses between
+
+- ``extern``: cuBLAS writes C, the pointwise kernel reads it back (what kiln did before the template), and
+- ``template``: one Triton kernel, C kept in registers (``codegen/triton_matmul.py``), in one of the tile
+  configurations of ``candidate_configs``.
+
+The choice: a tuning-database record for this problem when there is one (any mode); otherwise in
+``max-autotune`` every candidate is compiled (in parallel) and timed on the GPU (CUDA events, median), the
+fastest wins and is recorded; otherwise (``default``) the heuristic keeps cuBLAS, which wins on most shapes of
+the suite in our measurements unless tuned (see benchmarks/RESULTS.md).
+
+Before (plan steps)::                            After::
+
+    extern  %7 = aten.addmm(%b, %x, %wt)            matmul  kernel_4 <- addmm(%b, %x, %wt)  [128x128x64 ...]
+    kernel_4  buf9[i] = gelu(buf7[i])
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable
+
+import torch
+
+from kiln import config
+from kiln.codegen.triton import module_source, schedule_for
+from kiln.codegen.triton_matmul import HEADER, MatmulConfig, MatmulSpec, candidate_configs, template_source
+from kiln.ir.graph import Node
+from kiln.ir.index import Lin, Var
+from kiln.ir.interp import view_function
+from kiln.ir.kernel import FullLoop, KLoad, Kernel, subexprs
+from kiln.ir.ops import VIEW, Op, contiguous_strides, numel
+from kiln.passes.dce import mutates
+from kiln.passes.fuse import ExternStep
+
+aten = torch.ops.aten
+# Tests (and experiments) set this: every candidate runs as the template in this configuration, nothing is
+# measured or recorded (with TRITON_INTERPRET=1 this is how CI runs the template on CPU tensors).
+FORCE: MatmulConfig | None = None
+_TEMPLATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@dataclasses.dataclass
+class MatmulStep:
+    """A program step: the matmul ``node`` computed by the Triton template, its epilogue kernel fused."""
+    node: Node                   # the mm/addmm extern (its result is not materialized when fused)
+    epilogue: Kernel | None
+    spec: MatmulSpec
+    config: MatmulConfig
+    out_buf: str                 # what the step writes when there is no epilogue: C's own buffer
+    fn: Any = None               # the jitted template, bound by the runtime
+    args: list[Node] = dataclasses.field(default_factory=list)  # epilogue buffer nodes, in argument order
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def node_inputs(self) -> list[Node]:
+        return list(self.node.inputs)
+
+    def buffers(self) -> tuple[set[str], set[str]]:
+        """Buffers read and written besides the matmul operands (which are graph nodes, read through views)."""
+        if self.epilogue is None:
+            return set(), {self.out_buf}
+        reads, writes = self.epilogue.buffers()
+        return reads - {self.spec.c_buf}, writes
+
+    def describe(self) -> str:
+        what = f"epilogue {self.epilogue.name}" if self.epilogue is not None else "no epilogue"
+        return f"{self.spec.name}: {self.spec.m}x{self.spec.n}x{self.spec.k} {what} [{self.config}]"
+
+
+def _is_matmul(n: Node) -> bool:
+    target = getattr(n.attr("target"), "overloadpacket", None)
+    if target not in (aten.mm, aten.addmm) or n.attr("out_index") is not None or len(n.shape) != 2:
+        return False
+    if n.dtype not in _TEMPLATE_DTYPES or any(len(i.shape) > 2 or i.dtype != n.dtype for i in n.inputs):
+        return False
+    args, kwargs = n.attr("template")
+    if target is aten.addmm and (len(n.inputs) != 3 or kwargs.get("beta", 1) != 1 or kwargs.get("alpha", 1) != 1
+                                 or len(args) > 3):
+        return False
+    return target is aten.addmm or len(n.inputs) == 2
+
+
+def _is_flat(index: Lin, outer: tuple[int, ...]) -> bool:
+    """Is ``index`` the row-major flat position over ``outer`` (``sum(i_d * stride_d)``)?"""
+    if index.const != 0:
+        return False
+    strides = contiguous_strides(outer)
+    seen = set()
+    for atom in index.atoms():
+        if not isinstance(atom, Var) or not re.fullmatch(r"i\d+", atom.name):
+            return False
+        d = int(atom.name[1:])
+        if d >= len(outer) or index.coefficient(atom) != strides[d]:
+            return False
+        seen.add(d)
+    return all(d in seen for d, size in enumerate(outer) if size > 1)
+
+
+def epilogue_for(node: Node, c_buf: str, steps: list[Any], start: int, graph_outputs: set[Node]) -> Kernel | None:
+    """The pointwise kernel after ``steps[start]`` that is the product's only reader and reads it at the
+    element it stores (row-major over an outer loop of m*n points), or None."""
+    if node in graph_outputs:
+        return None
+    found = None
+    for s in steps[start + 1:]:
+        if isinstance(s, Kernel):
+            if c_buf in s.buffers()[0]:
+                if found is not None:
+                    return None
+                found = s
+        elif isinstance(s, ExternStep):
+            if mutates(s.node) or any(_reaches(i, node) for i in s.node.inputs):
+                return None
+        else:
+            return None
+    k = found
+    if k is None or k.is_reduction or len(k.phases) != 1 or not isinstance(k.phases[0], FullLoop):
+        return None
+    if numel(k.outer) != numel(node.shape):
+        return None
+    for st in k.phases[0].stores:
+        for x in subexprs(st.value):
+            if isinstance(x, KLoad) and x.buf == c_buf and not _is_flat(x.index, k.outer):
+                return None
+        if any(isinstance(y, KLoad) and y.buf == c_buf for y in _index_loads(st)):
+            return None
+    return k
+
+
+def _index_loads(st) -> list:
+    from kiln.ir.kernel import index_exprs
+    return [y for e in index_exprs(st.index) for y in subexprs(e)]
+
+
+def _reaches(n: Node, target: Node) -> bool:
+    while True:
+        if n is target:
+            return True
+        if n.op not in VIEW:
+            return False
+        n = n.inputs[0]
+
+
+# ---------------------------------------------------------------------------------------------- choosing
+
+
+@dataclasses.dataclass
+class Stats:
+    """What ``fuse_matmuls`` did, for the report."""
+    candidates: int = 0
+    from_database: int = 0
+    measured: int = 0          # template configurations and extern paths timed
+    fused: list[str] = dataclasses.field(default_factory=list)
+    kept_extern: list[str] = dataclasses.field(default_factory=list)
+    seconds: float = 0.0
+
+
+def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[Node, str],
+                 strides_of: dict[Node, tuple[int, ...]], device: torch.device, tune: bool) -> tuple[list[Any], Stats]:
+    """The plan's steps with the chosen matmuls (and their epilogues) replaced by ``MatmulStep``s."""
+    from kiln.tune.db import TuningDB
+    start = time.perf_counter()
+    stats = Stats()
+    dtype_of = {b: n.dtype for n, b in buffer_of.items()}
+    node_of = {b: n for n, b in buffer_of.items()}
+    outputs = set(graph_outputs)
+    candidates = []
+    for i, s in enumerate(steps):
+        if isinstance(s, ExternStep) and _is_matmul(s.node) and s.node in buffer_of:
+            node = s.node
+            pinned = node in outputs or any(_reaches(o, node) for o in graph_outputs)
+            epilogue = None if pinned else epilogue_for(node, buffer_of[node], steps, i, outputs)
+            if epilogue is None and not tune and FORCE is None:
+                continue  # a record could only choose the template alone, which default mode never tries
+            candidates.append((i, node, epilogue))
+    stats.candidates = len(candidates)
+    if not candidates:
+        return steps, stats
+    db = TuningDB.open()
+    replaced: dict[int, MatmulStep] = {}
+    dropped: set[int] = set()
+    try:
+        for i, node, epilogue in candidates:
+            spec = _spec(node, epilogue, buffer_of)
+            source = template_source(spec, dtype_of)
+            operands = _operand_tensors(node, buffer_of, strides_of, device)
+            key = _key(source, spec, operands)
+            record = None if FORCE is not None else db.get(key)
+            if FORCE is not None:
+                choice = {"choice": "template", "config": FORCE.trace()}
+            elif record is not None:
+                stats.from_database += 1
+                choice = record.trace
+            elif tune:
+                choice, best_s, spread_s, n = _measure(spec, source, node, epilogue, operands, dtype_of, node_of,
+                                                        strides_of, device)
+                stats.measured += n
+                db.put(key, "gpu-matmul", choice, best_s, spread_s, structure=f"gpu-matmul:{spec.bias}")
+            else:
+                continue
+            label = f"{node} {spec.m}x{spec.n}x{spec.k}"
+            if choice.get("choice") != "template":
+                stats.kept_extern.append(label)
+                continue
+            step = MatmulStep(node, epilogue, spec, MatmulConfig.from_trace(choice["config"]), buffer_of[node])
+            stats.fused.append(step.describe())
+            replaced[i] = step
+            if epilogue is not None:
+                dropped.add(next(j for j, s in enumerate(steps) if s is epilogue))
+    finally:
+        db.close()
+    out = []
+    for j, s in enumerate(steps):
+        if j in replaced and replaced[j].epilogue is None:
+            out.append(replaced[j])
+        elif j in dropped:
+            out.append(next(r for r in replaced.values() if r.epilogue is s))
+        elif j not in replaced:
+            out.append(s)
+    stats.seconds = time.perf_counter() - start
+    return out, stats
+
+
+def _spec(node: Node, epilogue: Kernel | None, buffer_of: dict[Node, str]) -> MatmulSpec:
+    a, b = node.inputs[-2:]
+    name = f"matmul_{epilogue.name}" if epilogue is not None else f"matmul_{buffer_of[node]}"
+    tf32 = node.dtype == torch.float32 and torch.backends.cuda.matmul.allow_tf32
+    return MatmulSpec(name, node.shape[0], node.shape[1], a.shape[1], a.dtype, node.dtype,
+                      len(node.inputs) == 3, epilogue, buffer_of[node], tf32)
+
+
+def _key(source: str, spec: MatmulSpec, operands: list[torch.Tensor]) -> str:
+    """The problem as the database knows it: the template's text with buffer and kernel names made positional
+    (every layer of a transformer shares it), and the operands' strides."""
+    text = re.sub(r"\bbuf\d+\b", "B", source.replace(spec.name, "KERNEL"))
+    text = re.sub(r"\bkernel_\d+_\w+", "K", text)
+    strides = ";".join(",".join(map(str, t.stride())) for t in operands)
+    return "gpu-matmul:" + hashlib.sha256(f"{text}|{strides}".encode()).hexdigest()[:32]
+
+
+def _random_like(n: Node, strides_of: dict[Node, tuple[int, ...]], device: torch.device) -> torch.Tensor:
+    strides = strides_of.get(n) or contiguous_strides(n.shape)
+    t = torch.empty_strided(n.shape, strides, dtype=n.dtype, device=device)
+    return t.normal_() if n.dtype.is_floating_point else t.zero_()
+
+
+def _base_tensor(n: Node, strides_of: dict[Node, tuple[int, ...]], device: torch.device) -> torch.Tensor:
+    if n.op is Op.CONSTANT:
+        return n.attr("value").tensor.to(device).contiguous()
+    return _random_like(n, strides_of, device)
+
+
+def _operand_tensors(node: Node, buffer_of: dict[Node, str], strides_of: dict[Node, tuple[int, ...]],
+                     device: torch.device) -> list[torch.Tensor]:
+    """Tensors laid out as the matmul's operands will be at run time (views applied to their bases)."""
+    out = []
+    for x in node.inputs:
+        chain = []
+        while x not in buffer_of and x.op in VIEW:
+            chain.append(x)
+            x = x.inputs[0]
+        t = _base_tensor(x, strides_of, device)
+        for v in reversed(chain):
+            t = view_function(v)(t)
+        out.append(t)
+    return out
+
+
+def launch_args(spec: MatmulSpec, operands: list[Any], epilogue: list[torch.Tensor]) -> list[Any]:
+    """The template's arguments; ``operands`` as the extern takes them (``bias, a, b`` or ``a, b``)."""
+    a, b = operands[-2:]
+    args: list[Any] = [a, b]
+    tail = [a.stride(0), a.stride(1), b.stride(0), b.stride(1)]
+    if spec.bias:
+        bias = operands[0].expand(spec.m, spec.n)
+        args.append(bias)
+        tail += list(bias.stride())
+    return args + epilogue + tail
+
+
+def launch(fn: Any, spec: MatmulSpec, c: MatmulConfig, args: list[Any]) -> None:
+    grid = (-(-spec.m // c.block_m) * -(-spec.n // c.block_n),)
+    fn[grid](*args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+             num_warps=c.num_warps, num_stages=c.num_stages)
+
+
+def _time(fn: Callable[[], None], calls: int = 10, rounds: int = 7) -> tuple[float, float]:
+    """Median and spread (max - min) over rounds of seconds per call, ``calls`` back to back per round."""
+    fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(rounds):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / calls)
+    times.sort()
+    return times[len(times) // 2], times[-1] - times[0]
+
+
+def _measure(spec: MatmulSpec, source: str, node: Node, epilogue: Kernel | None, operands: list[torch.Tensor],
+             dtype_of: dict[str, torch.dtype], node_of: dict[str, Node], strides_of: dict[Node, tuple[int, ...]],
+             device: torch.device) -> tuple[dict, float, float, int]:
+    """Time the extern path and every template configuration on this GPU; the fastest as a database trace."""
+    from kiln.codegen.triton import TritonKernelWriter
+    from kiln.frontend.extern import argument_builder
+    from kiln.runtime.triton_module import _import_source
+    tensors: dict[str, torch.Tensor] = {}
+    if epilogue is not None:
+        for b in TritonKernelWriter(epilogue, dtype_of).args():
+            if b != spec.c_buf:
+                n = node_of[b]
+                tensors[b] = _base_tensor(n, strides_of, device) if n.op is Op.CONSTANT else _random_like(
+                    n, strides_of, device)
+    ep_tensors = [tensors[b] for b in spec.epilogue_args(dtype_of)] if epilogue is not None else [
+        torch.empty(node.shape, dtype=node.dtype, device=device)]
+    ext_args, ext_kwargs = argument_builder(node.attr("template"))(operands)
+    target = node.attr("target")
+    if epilogue is not None:
+        module, _ = _import_source(module_source([epilogue], dtype_of))
+        ep_fn, s = getattr(module, epilogue.name), schedule_for(epilogue)
+        ep_names = TritonKernelWriter(epilogue, dtype_of).args()
+
+        def extern_path() -> None:
+            c = target(*ext_args, **ext_kwargs)
+            ts = [c if b == spec.c_buf else tensors[b] for b in ep_names]
+            ep_fn[s.grid3](*ts, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
+    else:
+        def extern_path() -> None:
+            target(*ext_args, **ext_kwargs)
+    results: list[tuple[float, float, dict]] = [(*_time(extern_path), {"choice": "extern"})]
+    module, _ = _import_source(matmul_module_text(source))
+    fn = getattr(module, spec.name)
+    args = launch_args(spec, ext_args, ep_tensors)
+    configs = candidate_configs(spec.m, spec.n, spec.k, spec.dtype)
+
+    def compile_one(c: MatmulConfig) -> bool:
+        try:
+            grid = (-(-spec.m // c.block_m) * -(-spec.n // c.block_n),)
+            fn.warmup(*args, grid=grid, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
+                      num_warps=c.num_warps, num_stages=c.num_stages)
+            return True
+        except Exception:  # noqa: BLE001 - a configuration that does not compile (shared memory) is skipped
+            return False
+
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        compiled = list(pool.map(compile_one, configs))
+    for c, ok in zip(configs, compiled):
+        if not ok:
+            continue
+        try:
+            median, spread = _time(lambda: launch(fn, spec, c, args))
+        except Exception:  # noqa: BLE001 - fails at launch (resources): skipped
+            continue
+        results.append((median, spread, {"choice": "template", "config": c.trace()}))
+    best = min(results, key=lambda r: r[0])
+    return best[2], best[0], best[1], len(results)
+
+
+def matmul_module_text(source: str) -> str:
+    """One template instance as a module of its own (imported through the source cache)."""
+    return HEADER + "\n\n" + source
