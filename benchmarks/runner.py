@@ -69,6 +69,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
                    "and kiln: default,reduce-overhead,max-autotune (labels: inductor, inductor-ro, inductor-ma)")
     p.add_argument("--backends", default=None, help="comma-separated subset of eager,inductor,kiln,ort "
                    "(default: all; on cuda all but ort, which runs on the CPU only)")
+    p.add_argument("--skip", default="", help="comma-separated backend labels to leave out (e.g. inductor-ma: "
+                   "Inductor's max-autotune compiles for minutes per model)")
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (torch and OpenMP); default 1")
     p.add_argument("--repeats", type=int, default=10, help="interleaved timing rounds (default 10)")
     p.add_argument("--calls", type=int, default=5, help="timed calls per backend per round (default 5)")
@@ -96,6 +98,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     moded = ("inductor", "kiln")  # backends that take torch.compile modes
     args.backends = [b + (MODES[m] if b in moded else "") for b in backends for m in (modes if b in moded
                                                                                       else ["default"])]
+    args.backends = [b for b in args.backends if b not in _split(args.skip)]
     if "ort" in backends and args.device != "cpu":
         p.error("the ort backend (ONNX Runtime) runs on the CPU only")
     if args.tol is None:
@@ -130,6 +133,10 @@ def setup_environment(args: argparse.Namespace) -> list[Path]:
             fresh = Path(tempfile.mkdtemp(prefix=f"bench-{env.lower()}-"))
             temporary.append(fresh)
             os.environ[env] = str(fresh)
+    if args.fresh_caches and "TRITON_CACHE_DIR" not in os.environ:  # compiled Triton kernels: cold for both
+        fresh = Path(tempfile.mkdtemp(prefix="bench-triton-"))
+        temporary.append(fresh)
+        os.environ["TRITON_CACHE_DIR"] = str(fresh)
     return temporary
 
 

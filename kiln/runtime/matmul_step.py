@@ -24,19 +24,15 @@ import dataclasses
 import hashlib
 import re
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
-from kiln import config
-from kiln.codegen.triton import module_source, schedule_for
-from kiln.codegen.triton_matmul import HEADER, MatmulConfig, MatmulSpec, candidate_configs, template_source
+from kiln.codegen.triton_matmul import HEADER, MatmulConfig, MatmulSpec, template_source
 from kiln.ir.graph import Node
 from kiln.ir.index import Lin, Var
-from kiln.ir.interp import view_function
 from kiln.ir.kernel import FullLoop, KLoad, Kernel, subexprs
-from kiln.ir.ops import VIEW, Op, contiguous_strides, numel
+from kiln.ir.ops import VIEW, contiguous_strides, numel
 from kiln.passes.dce import mutates
 from kiln.passes.fuse import ExternStep
 
@@ -170,6 +166,7 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
                  strides_of: dict[Node, tuple[int, ...]], device: torch.device, tune: bool) -> tuple[list[Any], Stats]:
     """The plan's steps with the chosen matmuls (and their epilogues) replaced by ``MatmulStep``s."""
     from kiln.tune.db import TuningDB
+    from kiln.tune.gpu_matmul import Problem, measure_problems, operand_tensors
     start = time.perf_counter()
     stats = Stats()
     dtype_of = {b: n.dtype for n, b in buffer_of.items()}
@@ -188,38 +185,46 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
     if not candidates:
         return steps, stats
     db = TuningDB.open()
-    replaced: dict[int, MatmulStep] = {}
-    dropped: set[int] = set()
+    choices: dict[int, dict] = {}
     try:
+        problems: dict[str, Problem] = {}  # by database key: the layers of a transformer share one
         for i, node, epilogue in candidates:
             spec = _spec(node, epilogue, buffer_of)
-            source = template_source(spec, dtype_of)
-            operands = _operand_tensors(node, buffer_of, strides_of, device)
-            key = _key(source, spec, operands)
-            record = None if FORCE is not None else db.get(key)
             if FORCE is not None:
-                choice = {"choice": "template", "config": FORCE.trace()}
-            elif record is not None:
+                choices[i] = {"choice": "template", "config": FORCE.trace()}
+                continue
+            source = template_source(spec, dtype_of)
+            operands = operand_tensors(node, buffer_of, strides_of, device)
+            key = _key(source, spec, operands)
+            record = db.get(key)
+            if record is not None:
                 stats.from_database += 1
-                choice = record.trace
+                choices[i] = record.trace
             elif tune:
-                choice, best_s, spread_s, n = _measure(spec, source, node, epilogue, operands, dtype_of, node_of,
-                                                        strides_of, device)
-                stats.measured += n
-                db.put(key, "gpu-matmul", choice, best_s, spread_s, structure=f"gpu-matmul:{spec.bias}")
-            else:
-                continue
-            label = f"{node} {spec.m}x{spec.n}x{spec.k}"
-            if choice.get("choice") != "template":
-                stats.kept_extern.append(label)
-                continue
-            step = MatmulStep(node, epilogue, spec, MatmulConfig.from_trace(choice["config"]), buffer_of[node])
-            stats.fused.append(step.describe())
-            replaced[i] = step
-            if epilogue is not None:
-                dropped.add(next(j for j, s in enumerate(steps) if s is epilogue))
+                problems.setdefault(key, Problem(key, spec, source, node, epilogue, operands)).members.append(i)
+        if problems:
+            for p in measure_problems(list(problems.values()), dtype_of, node_of, strides_of, device):
+                stats.measured += p.measured
+                db.put(p.key, "gpu-matmul", p.choice, p.median_s, p.spread_s, structure=f"gpu-matmul:{p.spec.bias}")
+                for i in p.members:
+                    choices[i] = p.choice
     finally:
         db.close()
+    replaced: dict[int, MatmulStep] = {}
+    dropped: set[int] = set()
+    for i, node, epilogue in candidates:
+        choice = choices.get(i)
+        if choice is None:
+            continue
+        spec = _spec(node, epilogue, buffer_of)
+        if choice.get("choice") != "template":
+            stats.kept_extern.append(f"{node} {spec.m}x{spec.n}x{spec.k}")
+            continue
+        step = MatmulStep(node, epilogue, spec, MatmulConfig.from_trace(choice["config"]), buffer_of[node])
+        stats.fused.append(step.describe())
+        replaced[i] = step
+        if epilogue is not None:
+            dropped.add(next(j for j, s in enumerate(steps) if s is epilogue))
     out = []
     for j, s in enumerate(steps):
         if j in replaced and replaced[j].epilogue is None:
@@ -249,34 +254,6 @@ def _key(source: str, spec: MatmulSpec, operands: list[torch.Tensor]) -> str:
     return "gpu-matmul:" + hashlib.sha256(f"{text}|{strides}".encode()).hexdigest()[:32]
 
 
-def _random_like(n: Node, strides_of: dict[Node, tuple[int, ...]], device: torch.device) -> torch.Tensor:
-    strides = strides_of.get(n) or contiguous_strides(n.shape)
-    t = torch.empty_strided(n.shape, strides, dtype=n.dtype, device=device)
-    return t.normal_() if n.dtype.is_floating_point else t.zero_()
-
-
-def _base_tensor(n: Node, strides_of: dict[Node, tuple[int, ...]], device: torch.device) -> torch.Tensor:
-    if n.op is Op.CONSTANT:
-        return n.attr("value").tensor.to(device).contiguous()
-    return _random_like(n, strides_of, device)
-
-
-def _operand_tensors(node: Node, buffer_of: dict[Node, str], strides_of: dict[Node, tuple[int, ...]],
-                     device: torch.device) -> list[torch.Tensor]:
-    """Tensors laid out as the matmul's operands will be at run time (views applied to their bases)."""
-    out = []
-    for x in node.inputs:
-        chain = []
-        while x not in buffer_of and x.op in VIEW:
-            chain.append(x)
-            x = x.inputs[0]
-        t = _base_tensor(x, strides_of, device)
-        for v in reversed(chain):
-            t = view_function(v)(t)
-        out.append(t)
-    return out
-
-
 def launch_args(spec: MatmulSpec, operands: list[Any], epilogue: list[torch.Tensor]) -> list[Any]:
     """The template's arguments; ``operands`` as the extern takes them (``bias, a, b`` or ``a, b``)."""
     a, b = operands[-2:]
@@ -293,82 +270,6 @@ def launch(fn: Any, spec: MatmulSpec, c: MatmulConfig, args: list[Any]) -> None:
     grid = (-(-spec.m // c.block_m) * -(-spec.n // c.block_n),)
     fn[grid](*args, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
              num_warps=c.num_warps, num_stages=c.num_stages)
-
-
-def _time(fn: Callable[[], None], calls: int = 10, rounds: int = 7) -> tuple[float, float]:
-    """Median and spread (max - min) over rounds of seconds per call, ``calls`` back to back per round."""
-    fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / calls)
-    times.sort()
-    return times[len(times) // 2], times[-1] - times[0]
-
-
-def _measure(spec: MatmulSpec, source: str, node: Node, epilogue: Kernel | None, operands: list[torch.Tensor],
-             dtype_of: dict[str, torch.dtype], node_of: dict[str, Node], strides_of: dict[Node, tuple[int, ...]],
-             device: torch.device) -> tuple[dict, float, float, int]:
-    """Time the extern path and every template configuration on this GPU; the fastest as a database trace."""
-    from kiln.codegen.triton import TritonKernelWriter
-    from kiln.frontend.extern import argument_builder
-    from kiln.runtime.triton_module import _import_source
-    tensors: dict[str, torch.Tensor] = {}
-    if epilogue is not None:
-        for b in TritonKernelWriter(epilogue, dtype_of).args():
-            if b != spec.c_buf:
-                n = node_of[b]
-                tensors[b] = _base_tensor(n, strides_of, device) if n.op is Op.CONSTANT else _random_like(
-                    n, strides_of, device)
-    ep_tensors = [tensors[b] for b in spec.epilogue_args(dtype_of)] if epilogue is not None else [
-        torch.empty(node.shape, dtype=node.dtype, device=device)]
-    ext_args, ext_kwargs = argument_builder(node.attr("template"))(operands)
-    target = node.attr("target")
-    if epilogue is not None:
-        module, _ = _import_source(module_source([epilogue], dtype_of))
-        ep_fn, s = getattr(module, epilogue.name), schedule_for(epilogue)
-        ep_names = TritonKernelWriter(epilogue, dtype_of).args()
-
-        def extern_path() -> None:
-            c = target(*ext_args, **ext_kwargs)
-            ts = [c if b == spec.c_buf else tensors[b] for b in ep_names]
-            ep_fn[s.grid3](*ts, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
-    else:
-        def extern_path() -> None:
-            target(*ext_args, **ext_kwargs)
-    results: list[tuple[float, float, dict]] = [(*_time(extern_path), {"choice": "extern"})]
-    module, _ = _import_source(matmul_module_text(source))
-    fn = getattr(module, spec.name)
-    args = launch_args(spec, ext_args, ep_tensors)
-    configs = candidate_configs(spec.m, spec.n, spec.k, spec.dtype)
-
-    def compile_one(c: MatmulConfig) -> bool:
-        try:
-            grid = (-(-spec.m // c.block_m) * -(-spec.n // c.block_n),)
-            fn.warmup(*args, grid=grid, BLOCK_M=c.block_m, BLOCK_N=c.block_n, BLOCK_K=c.block_k, GROUP_M=c.group_m,
-                      num_warps=c.num_warps, num_stages=c.num_stages)
-            return True
-        except Exception:  # noqa: BLE001 - a configuration that does not compile (shared memory) is skipped
-            return False
-
-    with ThreadPoolExecutor(max_workers=8) as pool:
-        compiled = list(pool.map(compile_one, configs))
-    for c, ok in zip(configs, compiled):
-        if not ok:
-            continue
-        try:
-            median, spread = _time(lambda: launch(fn, spec, c, args))
-        except Exception:  # noqa: BLE001 - fails at launch (resources): skipped
-            continue
-        results.append((median, spread, {"choice": "template", "config": c.trace()}))
-    best = min(results, key=lambda r: r[0])
-    return best[2], best[0], best[1], len(results)
 
 
 def matmul_module_text(source: str) -> str:

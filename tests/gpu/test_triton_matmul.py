@@ -92,3 +92,20 @@ def test_max_autotune_measures_once_then_reads_the_database(tmp_path, monkeypatc
     assert first.matmuls.measured > 3 and first.matmuls.from_database == 0
     _, second = _compile(model, x, mode="max-autotune", cache_dir=str(tmp_path))
     assert second.matmuls.measured == 0 and second.matmuls.from_database == 3
+
+
+def test_cost_model_ranks_filling_tiles_first():
+    """The ranking prefers tiles that give every SM work on a skinny problem and large tiles on a big one, and
+    never proposes a configuration whose pipeline does not fit in shared memory."""
+    from kiln.codegen.triton_matmul import MatmulSpec
+    from kiln.tune.gpu_matmul import SHARED_MEMORY, estimate_s, rank_configs
+
+    def spec(m, n, k):
+        return MatmulSpec("t", m, n, k, torch.bfloat16, torch.bfloat16, False, None, "c")
+    big = rank_configs(spec(4096, 4096, 4096), sms=132)[0]
+    assert big.block_m * big.block_n >= 128 * 128
+    skinny = rank_configs(spec(64, 1024, 4096), sms=132)[0]
+    assert (-(-64 // skinny.block_m)) * (-(-1024 // skinny.block_n)) >= 16  # not 4 programs on 132 SMs
+    huge = MatmulConfig(256, 256, 128, 8, 8, 5)
+    assert (huge.num_stages * 512 * 128 * 2 > SHARED_MEMORY) and estimate_s(huge, 4096, 4096, 4096,
+                                                                           torch.bfloat16, 132) == float("inf")

@@ -1,0 +1,74 @@
+"""How well the GPU matmul cost model ranks tile configurations (kiln/tune/gpu_matmul.py), on the suite.
+
+Compiles the suite's matmul models in max-autotune with an empty tuning database and *every* candidate
+configuration measured, then per problem: Spearman correlation between the model's estimate and the measured
+time, and whether the model's top ``MEASURED`` contain a configuration within 5% of the exhaustive best.
+
+    python -m benchmarks.matmul_cost_model --models mlp,gpt,gpt_b8x512
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import tempfile
+
+import torch
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        for rank, i in enumerate(order):
+            r[i] = float(rank)
+        return r
+    rx, ry = ranks(xs), ranks(ys)
+    n = len(xs)
+    mx, my = sum(rx) / n, sum(ry) / n
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default="mlp,gpt,gpt_b8x512")
+    args = p.parse_args()
+    os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-costmodel-")
+    import kiln
+    from benchmarks import models
+    from kiln.codegen.triton_matmul import MatmulConfig
+    from kiln.tune import gpu_matmul
+    seen = []
+    gpu_matmul.OBSERVERS.append(seen.append)
+    top = gpu_matmul.MEASURED
+    gpu_matmul.MEASURED = 1000
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    for name in args.models.split(","):
+        model, inputs = models.build(name, device="cuda", dtype=torch.bfloat16)
+        with torch.inference_mode():
+            kiln.compile(model, mode="max-autotune")(*inputs)
+    rhos, hits = [], 0
+    for prob in seen:
+        s = prob.spec
+        rows = [(MatmulConfig.from_trace(c["config"]), t) for c, t in prob.timings if c["choice"] == "template"]
+        if len(rows) < 3:
+            continue
+        est = [gpu_matmul.estimate_s(c, s.m, s.n, s.k, s.dtype, sms) for c, _ in rows]
+        measured = [t for _, t in rows]
+        rho = spearman(est, measured)
+        ranked = sorted(zip(est, measured), key=lambda r: r[0])
+        best = min(measured)
+        hit = min(t for _, t in ranked[:top]) <= 1.05 * best
+        rhos.append(rho)
+        hits += hit
+        extern = next(t for c, t in prob.timings if c["choice"] == "extern")
+        print(f"{s.m}x{s.n}x{s.k} epilogue={prob.epilogue is not None}: {len(rows)} configs, spearman {rho:.2f}, "
+              f"top-{top} within 5%: {hit}, best template {best * 1e6:.1f} us vs cuBLAS path {extern * 1e6:.1f} us")
+    if rhos:
+        print(f"problems {len(rhos)}: mean spearman {sum(rhos) / len(rhos):.2f}, top-{top} hit rate "
+              f"{hits / len(rhos):.0%}")
+
+
+if __name__ == "__main__":
+    main()
