@@ -28,3 +28,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "tests/gpu/" in str(item.fspath):
             item.add_marker(skip)
+
+
+def compile_and_run(model, *inputs, **options):
+    """Compile ``model`` for the Triton target (no fallback, one graph), call it once: (outputs, report)."""
+    import kiln
+    from kiln.report import mark, reports_since
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(model, target="triton", fallback=False, fullgraph=True, **options)(*inputs)
+    [report] = reports_since(position)
+    return got, report

@@ -11,7 +11,7 @@ import kiln
 from kiln.codegen.triton_matmul import MatmulConfig
 from kiln.report import mark, reports_since
 from kiln.runtime import matmul_step
-from tests.gpu.conftest import DEVICE, HAS_CUDA
+from tests.gpu.conftest import DEVICE, HAS_CUDA, compile_and_run
 
 
 @pytest.fixture
@@ -38,13 +38,6 @@ class Block(nn.Module):
         return self.head(y * 0.5), y
 
 
-def _compile(model, x, **options):
-    position = mark()
-    with torch.inference_mode():
-        fn = kiln.compile(model, target="triton", fallback=False, fullgraph=True, **options)
-        got = fn(x)
-    [report] = reports_since(position)
-    return got, report
 
 
 @pytest.mark.parametrize("rows", [20, 1])
@@ -53,7 +46,7 @@ def test_template_with_fused_epilogues_matches_eager(forced, rows):
     x = torch.randn(rows, 40, device=DEVICE)
     with torch.inference_mode():
         expected = model(x)
-    got, report = _compile(model, x)
+    got, report = compile_and_run(model, x)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-4)
     m = report.matmuls
@@ -86,11 +79,11 @@ def test_max_autotune_measures_once_then_reads_the_database(tmp_path, monkeypatc
     with torch.inference_mode():
         expected = [t.float() for t in Block.forward(model.float(), x.float())]
         model.to(torch.bfloat16)
-    got, first = _compile(model, x, mode="max-autotune", cache_dir=str(tmp_path))
+    got, first = compile_and_run(model, x, mode="max-autotune", cache_dir=str(tmp_path))
     for g, e in zip(got, expected):
         torch.testing.assert_close(g.float(), e, rtol=2e-2, atol=2e-2)
     assert first.matmuls.measured > 3 and first.matmuls.from_database == 0
-    _, second = _compile(model, x, mode="max-autotune", cache_dir=str(tmp_path))
+    _, second = compile_and_run(model, x, mode="max-autotune", cache_dir=str(tmp_path))
     assert second.matmuls.measured == 0 and second.matmuls.from_database == 3
 
 

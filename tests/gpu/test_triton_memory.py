@@ -9,7 +9,7 @@ from benchmarks.models import MODELS
 from kiln.ir.ops import Op
 from kiln.report import mark, reports_since
 from kiln.runtime.triton_module import TritonGraph
-from tests.gpu.conftest import DEVICE, HAS_CUDA
+from tests.gpu.conftest import DEVICE, HAS_CUDA, compile_and_run
 
 
 class Block(nn.Module):
@@ -25,13 +25,6 @@ class Block(nn.Module):
         return self.fc(y.flatten(1)).softmax(-1)
 
 
-def _compiled_module(model, x, **options):
-    position = mark()
-    with torch.inference_mode():
-        fn = kiln.compile(model, target="triton", fallback=False, fullgraph=True, **options)
-        got = fn(x)
-    [report] = reports_since(position)
-    return got, report
 
 
 def test_planned_buffers_are_allocated_once_and_released():
@@ -41,7 +34,7 @@ def test_planned_buffers_are_allocated_once_and_released():
     x = torch.randn(2, 4, 6, 6, device=DEVICE)
     with torch.inference_mode():
         expected = model(x)
-        got, report = _compiled_module(model, x)
+        got, report = compile_and_run(model, x)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     assert "caching allocator" in report.memory["summary"]
     graph = report.optimized
@@ -70,7 +63,7 @@ def test_no_weight_copies_on_the_gpu_when_asked():
     small (per-channel values)."""
     model, inputs = MODELS["resnet18"](size=32, device=DEVICE, dtype=torch.bfloat16)
     own = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
-    got, report = _compiled_module(model, *inputs, gpu_weight_copies=False)
+    got, report = compile_and_run(model, *inputs, gpu_weight_copies=False)
     for n in report.optimized.nodes:
         if n.op is Op.CONSTANT:
             t = n.attr("value").tensor
