@@ -145,3 +145,48 @@ def test_no_reuse_when_other_elements_are_read():
     assert _reuses(module) == []
     with torch.inference_mode():
         torch.testing.assert_close(module([x])[0], f(x), rtol=1e-4, atol=1e-5)
+
+
+class _FakeGraph:
+    """Stands in for a CUDA graph (CI has no GPU): a replay writes ``fill`` into the recording's outputs."""
+
+    def __init__(self, outputs):
+        self.outputs, self.fill = outputs, 0.0
+
+    def replay(self):
+        self.fill += 1
+        for o in self.outputs:
+            o.fill_(self.fill)
+
+
+def test_replay_outputs_are_aliases_moved_onto_copies_only_when_kept():
+    """The logic of [Note: outputs of a replay], on CPU tensors: a dropped output costs nothing, a kept one is
+    moved onto a copy before the next replay (its values stay), a kept view blocks the replay, and outputs
+    sharing storage with an input or with each other are handed out as copies."""
+    from kiln.runtime.triton_module import _Recording
+    x = torch.zeros(4)
+    y = torch.zeros(3, 2)
+    outputs = [torch.zeros(5), y, y.t(), x[:2]]  # private; two sharing storage; a view of an input
+    rec = _Recording(None, outputs, [x])
+    rec.graph = _FakeGraph(outputs)
+    assert rec.aliased == [True, False, False, False]
+
+    def call():
+        assert rec.release_outputs()
+        rec.graph.replay()
+        return rec.hand_out()
+
+    first = call()
+    assert first[0].untyped_storage().data_ptr() == outputs[0].untyped_storage().data_ptr()  # no copy
+    assert all(o.untyped_storage().data_ptr() != s.untyped_storage().data_ptr()
+               for o, s in zip(first[1:], outputs[1:]))
+    del first
+    kept = call()[0]  # the previous output was dropped: nothing to move
+    second = call()
+    assert torch.equal(kept, torch.full((5,), 2.0))  # moved onto a copy before the third replay
+    assert torch.equal(second[0], torch.full((5,), 3.0))
+    view = second[0][1:3]
+    del second
+    assert not rec.release_outputs()  # a view of the buffer is still held: the caller must get fresh buffers
+    del view
+    assert rec.release_outputs()
