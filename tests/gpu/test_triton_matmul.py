@@ -84,7 +84,7 @@ def test_max_autotune_measures_once_then_reads_the_database(tmp_path, monkeypatc
         torch.testing.assert_close(g.float(), e, rtol=2e-2, atol=2e-2)
     assert first.matmuls.measured > 3 and first.matmuls.from_database == 0
     _, second = compile_and_run(model, x, mode="max-autotune", cache_dir=str(tmp_path))
-    assert second.matmuls.measured == 0 and second.matmuls.from_database == 3
+    assert second.matmuls.measured == 0 and second.matmuls.from_database == 2  # the head has no epilogue
 
 
 def test_cost_model_ranks_filling_tiles_first():
