@@ -43,6 +43,19 @@ def measure(fn, lanes: int, chains: int = 16, iters: int = 20_000_000) -> float:
     return 2 * lanes * chains * iters / best / 1e9
 
 
+def peak_gflops() -> float:
+    """This core's fp32 FMA peak (the faster of the 512- and 256-bit probes), GFLOP/s."""
+    from kiln.runtime.build import load_module
+    lib = load_module(SOURCE, name="fma_probe").lib
+    best = 0.0
+    for name, lanes in (("fma512", 16), ("fma256", 8)):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = [ctypes.c_int64], ctypes.c_double
+        fn(1000)
+        best = max(best, measure(fn, lanes))
+    return best
+
+
 def main() -> None:
     from kiln.runtime.build import load_module
     lib = load_module(SOURCE, name="fma_probe").lib

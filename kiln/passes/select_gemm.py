@@ -1,9 +1,10 @@
-"""Pick the GEMM library per linear layer, by measurement.
+"""Pick the GEMM implementation per linear layer, by measurement.
 
-On CPUs the library, not the compiler, decides GEMM-heavy models (see shared/ANCHORS.md: on the AMD CPUs we
-run on, oneDNN's fp32 GEMM is about 2x MKL's, which is what ``aten.addmm`` calls).  For each
-``addmm(b, x, W.t())`` / ``mm(x, W.t())`` with a frozen weight, both candidates run a few times on random
-inputs of the real shape and the faster one is kept; the choice is memoised per shape and thread count.
+On CPUs the GEMM, not the rest of the compiler, decides GEMM-heavy models (see shared/ANCHORS.md: on the AMD
+CPUs we run on, oneDNN's fp32 GEMM is well ahead of MKL's, which is what ``aten.addmm`` calls).  For each
+``addmm(b, x, W.t())`` / ``mm(x, W.t())`` with a frozen weight, the candidates - MKL, oneDNN, and kiln's own
+GEMM (``codegen/cpp_gemm.py``, on a weight packed at compile time) - run a few times on random inputs of the
+real shape and the fastest is kept; the choice is memoised per shape and thread count.
 
 Before::                                                     After (when oneDNN measured faster)::
 
@@ -18,11 +19,11 @@ import time
 
 import torch
 
-from kiln.frontend.extern import build_extern, extern_args
+from kiln.frontend.extern import Baked, build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import decisions
+from kiln.runtime import cpu_gemm, decisions
 
 aten = torch.ops.aten
 _choices: dict[tuple[int, ...], str] = {}
@@ -46,7 +47,7 @@ def _best_of(fn, reps: int = 3) -> float:
 
 
 def _store_name() -> str:
-    return f"gemm_choices-{_machine_key()}.json"
+    return f"gemm_choices-v2-{_machine_key()}.json"  # v2: kiln's GEMM is a candidate
 
 
 def _machine_key() -> str:
@@ -75,8 +76,8 @@ def _save() -> None:
 
 
 def choose(m: int, k: int, n: int) -> str:
-    """'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape and machine
-    (kept on disk beside the module cache, so a new process measures nothing)."""
+    """'kiln', 'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape and
+    machine (kept on disk beside the module cache, so a new process measures nothing)."""
     if not _loaded:
         _load()
     key = (m, k, n, torch.get_num_threads())
@@ -88,15 +89,20 @@ def choose(m: int, k: int, n: int) -> str:
         def aten_call() -> torch.Tensor:
             return torch.addmm(b, x, w.t())
 
-        def onednn_call() -> torch.Tensor:
-            return torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
-
-        t_aten = t_onednn = float("inf")
+        calls = {"aten": aten_call}
+        if onednn_available():
+            calls["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+        if cpu_gemm.available():
+            packed = cpu_gemm.pack_weight(w)
+            calls["kiln"] = lambda: torch.ops.kiln.linear_packed(x, packed, b, n)
+        best = {name: float("inf") for name in calls}
         with torch.inference_mode():
             for _ in range(REPEATS):  # alternate, best of each: robust to a noisy neighbour
-                t_aten = min(t_aten, _best_of(aten_call, 1))
-                t_onednn = min(t_onednn, _best_of(onednn_call, 1))
-        _choices[key] = "onednn" if t_onednn < 0.97 * t_aten else "aten"
+                for name, fn in calls.items():
+                    best[name] = min(best[name], _best_of(fn, 1))
+        # ATen unless another is clearly (3%) faster: the default path is the one users know
+        winner = min(best, key=best.get)
+        _choices[key] = winner if best[winner] < 0.97 * best["aten"] else "aten"
         _save()
     return _choices[key]
 
@@ -109,7 +115,7 @@ def _weight(n: Node) -> Node | None:
 
 
 def select_gemm(graph: Graph, log: RewriteLog | None = None) -> Graph:
-    if not onednn_available():
+    if not onednn_available() and not cpu_gemm.available():
         return graph
 
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
@@ -129,7 +135,14 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None) -> Graph:
             return None
         m, k = x.shape
         n = node.shape[1]
-        if 2 * m * k * n < MIN_FLOPS or choose(m, k, n) != "onednn":
+        choice = choose(m, k, n) if 2 * m * k * n >= MIN_FLOPS else "aten"
+        if choice == "kiln":
+            if log:
+                log.hit(f"{packet.__name__} -> kiln GEMM")
+            packed = cpu_gemm.pack_weight(w.attr("value").tensor.float())
+            return build_extern(b, torch.ops.kiln.linear_packed.default,
+                                [x, Baked(packed, f"packed{list(w.shape)}"), bias, n], {}, node.shape, node.dtype)
+        if choice != "onednn":
             return None
         if log:
             log.hit(f"{packet.__name__} -> oneDNN linear")

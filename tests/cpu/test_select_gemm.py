@@ -10,7 +10,8 @@ from kiln.report import mark, reports_since
 pytestmark = pytest.mark.skipif(not select_gemm.onednn_available(), reason="oneDNN not built into torch")
 
 
-@pytest.mark.parametrize("choice,extern", [("onednn", {"onednn_linear"}), ("aten", {"addmm", "mm"})])
+@pytest.mark.parametrize("choice,extern", [("onednn", {"onednn_linear"}), ("aten", {"addmm", "mm"}),
+                                           ("kiln", {"linear_packed"})])
 def test_linear_runs_with_either_library(monkeypatch, choice, extern):
     monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: choice)
     model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 128, bias=False)).eval()
@@ -25,6 +26,6 @@ def test_linear_runs_with_either_library(monkeypatch, choice, extern):
 def test_choice_is_measured_once_per_shape(monkeypatch):
     select_gemm._choices.clear()
     first = select_gemm.choose(32, 64, 48)
-    assert first in ("onednn", "aten")
+    assert first in ("onednn", "aten", "kiln")
     monkeypatch.setattr(select_gemm, "_best_of", lambda fn, reps=1: pytest.fail("measured twice"))
     assert select_gemm.choose(32, 64, 48) == first

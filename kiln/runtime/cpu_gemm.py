@@ -1,0 +1,76 @@
+"""kiln's CPU GEMM at run time: the compiled library, weight packing, and the ``kiln::linear_packed`` op.
+
+The weight of a linear layer is packed once, when the graph is compiled (``pack_weight``: NR-wide panels, see
+``codegen/cpp_gemm.py``), and the graph calls ``torch.ops.kiln.linear_packed(x, packed, bias, n)`` like any
+ATen extern, so the GEMM library choice (``passes/select_gemm.py``) can measure it against MKL and oneDNN.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source
+
+_F = ctypes.POINTER(ctypes.c_float)
+_I = ctypes.c_int64
+
+
+@functools.lru_cache(maxsize=None)
+def library(schedule: GemmSchedule = GemmSchedule()) -> ctypes.CDLL:
+    from kiln.runtime.build import load_module
+    lib = load_module(gemm_source(schedule), name="kiln_gemm").lib
+    lib.kiln_pack_b.argtypes = [ctypes.c_void_p, _I, _I, _I, _I, ctypes.c_void_p]
+    lib.kiln_pack_b.restype = None
+    lib.kiln_gemm.argtypes = [ctypes.c_void_p, _I, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _I, _I, _I, _I]
+    lib.kiln_gemm.restype = None
+    return lib
+
+
+def available() -> bool:
+    """Does this machine build the GEMM (AVX2+FMA or AVX-512, a working compiler)?"""
+    try:
+        library()
+        return True
+    except Exception:  # noqa: BLE001 - no vector ISA or no compiler: the libraries stay
+        return False
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """``W[N, K]`` (a linear layer's weight; the product uses ``W^T``) as packed panels, 1-D fp32."""
+    lib = library()
+    n, k = w.shape
+    nr = lib.kiln_gemm_nr()
+    w = w.contiguous()
+    out = torch.empty(-(-n // nr) * nr * k, dtype=torch.float32)
+    lib.kiln_pack_b(w.data_ptr(), k, n, 1, k, out.data_ptr())
+    return out
+
+
+def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
+        raise ValueError(f"kiln::linear_packed expects a 2-D fp32 CPU input, got {x.dtype} {list(x.shape)} "
+                         f"on {x.device}")
+    if x.stride(1) != 1:
+        x = x.contiguous()
+    m, k = x.shape
+    out = torch.empty(m, n, dtype=torch.float32)
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
+    library().kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+                        out.data_ptr(), n, m, n, k)
+    return out
+
+
+@torch.library.custom_op("kiln::linear_packed", mutates_args=(), device_types="cpu")
+def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    """``x @ W^T + bias`` with ``W`` given packed by ``pack_weight``."""
+    return linear_packed_impl(x, packed, bias, n)
+
+
+@linear_packed.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+    return x.new_empty(x.shape[0], n)

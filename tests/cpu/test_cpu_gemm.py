@@ -1,0 +1,45 @@
+"""kiln's CPU GEMM (codegen/cpp_gemm.py) against a float64 reference, on shapes that exercise every edge: rows
+and columns that do not fill a micro-tile, K spanning several KC blocks, M spanning several MC blocks, one row,
+a strided input, no bias.  Tolerance: the sum over K runs in another order than the reference's, so the error
+bound grows with K (|error| <= K * eps32 * max|a| * max|b| per element, about 6e-8 * K here)."""
+import pytest
+import torch
+
+from kiln.codegen.cpp_gemm import GemmSchedule
+from kiln.runtime import cpu_gemm
+
+pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="needs AVX2+FMA or AVX-512 and a C++ compiler")
+
+
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (13, 7, 33), (37, 1100, 70), (300, 64, 31), (25, 513, 96)])
+@pytest.mark.parametrize("bias", [True, False])
+def test_gemm_matches_float64(m, k, n, bias):
+    gen = torch.Generator().manual_seed(m * 1000 + k + n)
+    x = torch.randn(m, k, generator=gen)
+    w = torch.randn(n, k, generator=gen)
+    b = torch.randn(n, generator=gen) if bias else None
+    got = torch.ops.kiln.linear_packed(x, cpu_gemm.pack_weight(w), b, n)
+    want = x.double() @ w.double().t() + (b.double() if bias else 0)
+    scale = x.abs().max() * w.abs().max()
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=float(6e-8 * k * scale) + 1e-6)
+
+
+def test_strided_input_and_small_blocks():
+    """A row-strided input (a slice of a wider tensor) and a schedule with tiny blocks (many K and M blocks)."""
+    from kiln.codegen.cpp_gemm import gemm_source
+    from kiln.runtime.build import load_module
+    wide = torch.randn(50, 90)
+    x = wide[:, 5:45]  # row stride 90
+    w, b = torch.randn(45, 40), torch.randn(45)
+    got = torch.ops.kiln.linear_packed(x, cpu_gemm.pack_weight(w), b, 45)
+    torch.testing.assert_close(got, torch.addmm(b, x, w.t()), rtol=1e-5, atol=1e-4)
+    small = cpu_gemm.library(GemmSchedule(kc=16, mc=2 * load_module(gemm_source(GemmSchedule())).lib.kiln_gemm_mr()))
+    out = torch.empty(50, 45)
+    packed = cpu_gemm.pack_weight(w)
+    small.kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), b.data_ptr(), out.data_ptr(), 45, 50, 45, 40)
+    torch.testing.assert_close(out, torch.addmm(b, x, w.t()), rtol=1e-5, atol=1e-4)
+
+
+def test_bad_input_is_named():
+    with pytest.raises(ValueError, match="2-D fp32 CPU input"):
+        torch.ops.kiln.linear_packed(torch.randn(2, 3, dtype=torch.float64), torch.zeros(96), None, 3)
