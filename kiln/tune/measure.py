@@ -101,7 +101,8 @@ def _start(c: Candidate, repeats: int, warmup: int) -> subprocess.Popen:
 
 
 def _finish(c: Candidate, proc: subprocess.Popen) -> Measurement:
-    out, err = proc.stdout.read(), proc.stderr.read()
+    with proc.stdout, proc.stderr:  # closed here: the pipes are this measurement's, nobody reads them later
+        out, err = proc.stdout.read(), proc.stderr.read()
     if proc.returncode != 0:
         return Measurement(c.name, "crash", detail=f"exit code {proc.returncode}: {err[-1500:]}", trace=c.trace)
     try:
@@ -129,6 +130,8 @@ def measure(candidates: Sequence[Candidate], *, repeats: int = 20, warmup: int =
             elif time.monotonic() - started > timeout_s:
                 proc.kill()
                 proc.wait(timeout=10)
+                proc.stdout.close()
+                proc.stderr.close()
                 results[i] = Measurement(c.name, "timeout", detail=f"no result after {timeout_s:.0f} s",
                                          trace=c.trace)
             else:
