@@ -33,7 +33,7 @@ import torch
 from kiln.codegen.triton_matmul import HEADER, MatmulConfig, MatmulSpec, template_source
 from kiln.ir.graph import Node
 from kiln.ir.index import Lin, Var
-from kiln.ir.kernel import FullLoop, KLoad, Kernel, subexprs
+from kiln.ir.kernel import FullLoop, KLoad, Kernel, Store, index_exprs, subexprs
 from kiln.ir.ops import VIEW, contiguous_strides, numel
 from kiln.passes.dce import mutates
 from kiln.passes.fuse import ExternStep
@@ -136,8 +136,8 @@ def epilogue_for(node: Node, c_buf: str, steps: list[Any], start: int, graph_out
     return k
 
 
-def _index_loads(st) -> list:
-    from kiln.ir.kernel import index_exprs
+def _index_loads(st: Store) -> list:
+    """Expressions inside a store's index (a scatter-like write reads them)."""
     return [y for e in index_exprs(st.index) for y in subexprs(e)]
 
 
