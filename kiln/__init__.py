@@ -57,5 +57,5 @@ def _on_gpu(model_or_fn: Callable) -> bool:
 
 def explain(model_or_fn: Callable, *example_inputs: Any, **options: Any) -> str:
     """Compile ``model_or_fn`` on ``example_inputs`` and return (and print) kiln's report."""
-    from kiln.explain import explain as _explain
+    from kiln.explaining import explain as _explain
     return _explain(model_or_fn, *example_inputs, **options)

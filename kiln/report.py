@@ -37,7 +37,7 @@ class CompileReport:
     matmuls: Any = None           # GPU: matmul template choices (kiln.runtime.matmul_step.Stats)
 
     def format(self, *, source: bool = True) -> str:
-        from kiln.explain import format_report
+        from kiln.explaining import format_report
         return format_report(self, source=source)
 
 

@@ -1,4 +1,5 @@
-"""``kiln.explain``: the graph IR after capture and after the passes, each kernel with the nodes it fuses and
+"""What ``kiln.explain`` prints (a module of its own name would replace the ``kiln.explain`` function on the
+package when first imported): the graph IR after capture and after the passes, each kernel with the nodes it fuses and
 why, the extern calls, the memory plan and the generated C++."""
 from __future__ import annotations
 
