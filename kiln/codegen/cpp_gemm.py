@@ -2,17 +2,18 @@
 
 ``C[M, N] = A[M, K] @ B[K, N] (+ bias[N])`` in fp32, the loop nest of the BLIS family::
 
-    for pc in K step KC:                      B's rows pc..pc+KC of every NR-wide panel: packed once (weights:
-      for ic in M step MC:   (threads)          at compile time, ``pack_b``), KC x NR floats per micro-panel
+    for ic in M step MC:                      B is packed once (weights: at compile time, ``pack_b``) in
+      for pc in K step KC:                      NR-wide panels, KC x NR floats per micro-panel
         pack A[ic:ic+MC, pc:pc+KC] -> MR-row panels, k-major (one broadcast per row per k)
-        for jr in N step NR:                  the B micro-panel (KC x NR) stays in L1 across the ir loop
+        for jr in N step NR:   (threads)      the B micro-panel (KC x NR) stays in L1/L2 across the ir loop
           for ir in MC step MR:               the A block (MC x KC) stays in L2
             micro-kernel: MR x NR accumulators in vector registers, KC rank-1 updates, C += (or =) tile
 
-The micro-kernel keeps ``MR x NR / lanes`` accumulators (AVX-512: 12 x 32 -> 24 zmm registers, plus two for B
-and one broadcast of A); AVX2 machines get 6 x 16 (12 ymm).  The ISA is the compiling machine's
-(``-march=native``; kiln compiles where it runs).  Edge tiles are computed whole into a scratch tile (the
-packed panels are zero-padded) and only the valid part is written.  ``MC`` and ``KC`` are schedule data.
+The micro-kernel keeps ``MR x NR / lanes`` accumulators (AVX-512: 8 x 32 -> 16 zmm registers by default, up to
+14 x 32, plus two for B and one broadcast of A); AVX2 machines get 6 x 16 (12 ymm).  The ISA is the compiling
+machine's (``-march=native``; kiln compiles where it runs).  Edge tiles are computed whole into a scratch tile
+(the packed panels are zero-padded) and only the valid part is written.  The tile rows are compiled in; ``KC``
+and ``MC`` are arguments, chosen per shape by ``schedule_for``.
 """
 from __future__ import annotations
 
@@ -21,14 +22,28 @@ import dataclasses
 
 @dataclasses.dataclass(frozen=True)
 class GemmSchedule:
-    kc: int = 512   # depth of one rank-KC update (B micro-panel KC x NR floats, from L1/L2)
-    mc: int = 144   # rows of A packed at once (a multiple of MR): MC x KC floats in L2
-    mr: int = 12    # AVX-512 micro-tile rows (x 32 columns): 2 * MR accumulators of the 32 zmm registers
+    mr: int = 8     # AVX-512 micro-tile rows (x 32 columns): 2 * MR accumulators of the 32 zmm registers
+    kc: int = 1024  # depth of one rank-KC update (the B micro-panel, KC x NR floats, is read from L1/L2)
+    mc: int = 192   # rows of A packed at once (a multiple of MR): MC x KC floats stay in L2
     prefetch: int = 0  # k steps ahead to prefetch the B micro-panel into L1 (0: none)
-    # (2048^3 on one Zen 5 core: KC 192-512 x MC 96-288 all ran at 91-104 GFLOP/s, 512 x 144 among the best)
 
     def trace(self) -> dict[str, int]:
         return dataclasses.asdict(self)
+
+
+L2_BLOCK = 768 * 1024  # bytes of packed A a block may take (of the core's 1 MiB L2)
+KC_MAX = 1024
+
+
+def schedule_for(m: int, k: int) -> GemmSchedule:
+    """K in equal blocks of at most ``KC_MAX`` (each block re-reads and re-writes C), A blocks that fill
+    ``L2_BLOCK``.  8-row micro-tiles: with deep K blocks they ran as fast as 12 or 14 rows (Zen 5, one core:
+    2048^3 107 GFLOP/s; 64x1024x4096 104, where 14-row tiles made 90) and waste no rows on 64 or 256.
+    Measured KC 192-1024 x MC 96-384: the deepest K blocks won on every suite shape."""
+    mr = 8
+    kc = -(-k // -(-k // KC_MAX)) if k > 0 else 1
+    mc = max(mr, min(L2_BLOCK // (4 * kc) // mr * mr, -(-m // mr) * mr))
+    return GemmSchedule(mr=mr, kc=kc, mc=mc)
 
 
 SOURCE = r"""
@@ -63,8 +78,6 @@ typedef __m256 vec;
 #error "kiln's GEMM needs AVX2+FMA or AVX-512"
 #endif
 #define NV (KILN_NR / LANES)
-#define KC KILN_KC
-#define MC KILN_MC
 
 extern "C" int kiln_gemm_mr() { return KILN_MR; }
 extern "C" int kiln_gemm_nr() { return KILN_NR; }
@@ -134,51 +147,41 @@ static inline void micro(const float* __restrict ap, const float* __restrict bp,
     }
 }
 
-// C[M, N] (row stride ldc) = A[M, K] (row stride lda, unit column stride) @ packed B (+ bias)
+// C[M, N] (row stride ldc) = A[M, K] (row stride lda, unit column stride) @ packed B (+ bias).
+// Threads share each packed A block and split its NR-wide column panels (so a 64-row product, one block,
+// still uses every thread); the implicit barriers of the two omp-for loops order packing and use.
 extern "C" void kiln_gemm(const float* a, int64_t lda, const float* bpacked, const float* bias, float* c,
-                          int64_t ldc, int64_t m, int64_t n, int64_t k) {
-  int64_t blocks = (m + MC - 1) / MC;
-#pragma omp parallel
-  {
-    float* ap = (float*)std::aligned_alloc(64, sizeof(float) * MC * KC + 64);
+                          int64_t ldc, int64_t m, int64_t n, int64_t k, int64_t KC, int64_t MC, int threads) {
+  float* ap = (float*)std::aligned_alloc(64, sizeof(float) * (MC + KILN_MR) * KC + 64);
+  int64_t panels = (n + KILN_NR - 1) / KILN_NR;
+#pragma omp parallel num_threads(threads)
+  for (int64_t ic = 0; ic < m; ic += MC) {
+    int64_t mc = m - ic < MC ? m - ic : MC;
+    for (int64_t pc = 0; pc < k; pc += KC) {
+      int64_t kc = k - pc < KC ? k - pc : KC;
 #pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      int64_t ic = blk * MC, mc = m - ic < MC ? m - ic : MC;
-      for (int64_t pc = 0; pc < k; pc += KC) {
-        int64_t kc = k - pc < KC ? k - pc : KC;
-        pack_a(a + ic * lda + pc, lda, mc, kc, ap);
-        for (int64_t jr = 0; jr < n; jr += KILN_NR) {
-          const float* bp = bpacked + (jr / KILN_NR) * k * KILN_NR + pc * KILN_NR;
-          int nr = (int)(n - jr < KILN_NR ? n - jr : KILN_NR);
-          for (int64_t ir = 0; ir < mc; ir += KILN_MR) {
-            int mr = (int)(mc - ir < KILN_MR ? mc - ir : KILN_MR);
-            micro(ap + ir * kc, bp, kc, c + (ic + ir) * ldc + jr, ldc, mr, nr, pc == 0, bias ? bias + jr : nullptr);
-          }
+      for (int64_t i0 = 0; i0 < mc; i0 += KILN_MR)
+        pack_a(a + (ic + i0) * lda + pc, lda, mc - i0 < KILN_MR ? mc - i0 : KILN_MR, kc, ap + i0 * kc);
+#pragma omp for schedule(static)
+      for (int64_t p = 0; p < panels; ++p) {
+        int64_t jr = p * KILN_NR;
+        const float* bp = bpacked + p * k * KILN_NR + pc * KILN_NR;
+        int nr = (int)(n - jr < KILN_NR ? n - jr : KILN_NR);
+        for (int64_t ir = 0; ir < mc; ir += KILN_MR) {
+          int mr = (int)(mc - ir < KILN_MR ? mc - ir : KILN_MR);
+          micro(ap + ir * kc, bp, kc, c + (ic + ir) * ldc + jr, ldc, mr, nr, pc == 0, bias ? bias + jr : nullptr);
         }
       }
     }
-    std::free(ap);
   }
+  std::free(ap);
 }
 """
 
 
-# Relative rate of the AVX-512 micro-tile by its rows (fewer rows: more loads per FMA), measured on 2048^3.
-_TILE_RATE = {14: 1.0, 12: 0.99, 8: 0.96}
-MC_TARGET = 144
-
-
-def schedule_for_rows(m: int) -> GemmSchedule:
-    """The micro-tile height that wastes least on ``m`` rows: edge tiles are computed whole, so 64 rows in
-    12-row tiles compute 72 (Zen 5, 64x1024x4096: 8-row tiles 83 GFLOP/s, 12-row 76)."""
-    def rate(mr: int) -> float:
-        return _TILE_RATE[mr] * m / (-(-m // mr) * mr)
-    mr = max(_TILE_RATE, key=lambda r: (rate(r), r))
-    return GemmSchedule(mc=MC_TARGET // mr * mr, mr=mr)
-
-
 def gemm_source(schedule: GemmSchedule) -> str:
-    head = f"#define KILN_KC {schedule.kc}\n#define KILN_MC {schedule.mc}\n#define KILN_MR512 {schedule.mr}\n"
+    """The library for this schedule's compile-time part (tile rows, prefetch); KC and MC are arguments."""
+    head = f"#define KILN_MR512 {schedule.mr}\n"
     if schedule.prefetch:
         head += f"#define KILN_PREFETCH {schedule.prefetch}\n"
     return head + SOURCE

@@ -47,7 +47,7 @@ def _best_of(fn, reps: int = 3) -> float:
 
 
 def _store_name() -> str:
-    return f"gemm_choices-v2-{_machine_key()}.json"  # v2: kiln's GEMM is a candidate
+    return f"gemm_choices-v3-{_machine_key()}.json"  # v3: kiln's GEMM (deep K blocks) is a candidate
 
 
 def _machine_key() -> str:

@@ -11,7 +11,7 @@ import functools
 
 import torch
 
-from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for_rows
+from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
 
 _F = ctypes.POINTER(ctypes.c_float)
 _I = ctypes.c_int64
@@ -23,20 +23,10 @@ def library(schedule: GemmSchedule = GemmSchedule()) -> ctypes.CDLL:
     lib = load_module(gemm_source(schedule), name="kiln_gemm").lib
     lib.kiln_pack_b.argtypes = [ctypes.c_void_p, _I, _I, _I, _I, ctypes.c_void_p]
     lib.kiln_pack_b.restype = None
-    lib.kiln_gemm.argtypes = [ctypes.c_void_p, _I, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _I, _I, _I, _I]
+    lib.kiln_gemm.argtypes = [ctypes.c_void_p, _I, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _I, _I, _I, _I,
+                              _I, _I, ctypes.c_int]
     lib.kiln_gemm.restype = None
     return lib
-
-
-def _has_avx512() -> bool:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return "avx512f" in f.read()
-    except OSError:
-        return False
-
-
-_AVX512 = _has_avx512()
 
 
 def available() -> bool:
@@ -71,9 +61,10 @@ def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
         return out
     if k == 0:
         return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
-    lib = library(schedule_for_rows(m)) if _AVX512 else library()  # (AVX2 has one micro-tile)
-    lib.kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-                  out.data_ptr(), n, m, n, k)
+    s = schedule_for(m, k)
+    library(GemmSchedule(mr=s.mr)).kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(),
+                                             bias.data_ptr() if bias is not None else None, out.data_ptr(), n, m, n,
+                                             k, s.kc, s.mc, torch.get_num_threads())
     return out
 
 

@@ -24,22 +24,45 @@ def test_gemm_matches_float64(m, k, n, bias):
     torch.testing.assert_close(got.double(), want, rtol=0, atol=float(6e-8 * k * scale) + 1e-6)
 
 
-def test_strided_input_and_small_blocks():
-    """A row-strided input (a slice of a wider tensor) and a schedule with tiny blocks (many K and M blocks)."""
-    from kiln.codegen.cpp_gemm import gemm_source
-    from kiln.runtime.build import load_module
+@pytest.mark.parametrize("mr", [8, 12, 14])
+def test_strided_input_small_blocks_and_tile_heights(mr):
+    """A row-strided input (a slice of a wider tensor) through the op, and each micro-tile height with tiny
+    blocks (many K and M blocks, edge tiles in both directions)."""
     wide = torch.randn(50, 90)
     x = wide[:, 5:45]  # row stride 90
     w, b = torch.randn(45, 40), torch.randn(45)
-    got = torch.ops.kiln.linear_packed(x, cpu_gemm.pack_weight(w), b, 45)
-    torch.testing.assert_close(got, torch.addmm(b, x, w.t()), rtol=1e-5, atol=1e-4)
-    small = cpu_gemm.library(GemmSchedule(kc=16, mc=2 * load_module(gemm_source(GemmSchedule())).lib.kiln_gemm_mr()))
+    want = torch.addmm(b, x, w.t())
+    torch.testing.assert_close(torch.ops.kiln.linear_packed(x, cpu_gemm.pack_weight(w), b, 45), want,
+                               rtol=1e-5, atol=1e-4)
+    lib = cpu_gemm.library(GemmSchedule(mr=mr))
     out = torch.empty(50, 45)
     packed = cpu_gemm.pack_weight(w)
-    small.kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), b.data_ptr(), out.data_ptr(), 45, 50, 45, 40)
-    torch.testing.assert_close(out, torch.addmm(b, x, w.t()), rtol=1e-5, atol=1e-4)
+    lib.kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), b.data_ptr(), out.data_ptr(), 45, 50, 45, 40,
+                  16, 2 * lib.kiln_gemm_mr(), 2)
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)
+
+
+def test_schedule_blocks_k_evenly_and_fills_l2():
+    from kiln.codegen.cpp_gemm import KC_MAX, L2_BLOCK, schedule_for
+    s = schedule_for(2048, 3000)
+    assert s.kc == 1000 and s.kc <= KC_MAX  # three equal K blocks, not 1024 + 1024 + 952
+    assert s.mc % s.mr == 0 and s.mc * s.kc * 4 <= L2_BLOCK
+    assert schedule_for(64, 768).mc == 64  # no more rows packed than there are
 
 
 def test_bad_input_is_named():
     with pytest.raises(ValueError, match="2-D fp32 CPU input"):
         torch.ops.kiln.linear_packed(torch.randn(2, 3, dtype=torch.float64), torch.zeros(96), None, 3)
+
+
+@pytest.mark.parametrize("m", [5, 300])
+def test_threads_share_a_block_and_split_column_panels(m):
+    """Two threads: one row block (5 rows) is split by column panels; several blocks (300 rows) too."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        x, w, b = torch.randn(m, 200), torch.randn(150, 200), torch.randn(150)
+        got = torch.ops.kiln.linear_packed(x, cpu_gemm.pack_weight(w), b, 150)
+    finally:
+        torch.set_num_threads(threads)
+    torch.testing.assert_close(got, torch.addmm(b, x, w.t()), rtol=1e-5, atol=1e-4)
