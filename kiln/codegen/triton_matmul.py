@@ -76,15 +76,6 @@ def candidate_configs(m: int, n: int, k: int, dtype: torch.dtype) -> list[Matmul
     return list(dict.fromkeys(space)) or [MatmulConfig(16, 64, 64, 8, 4, 3)]
 
 
-def default_config(m: int, n: int, k: int, dtype: torch.dtype) -> MatmulConfig:
-    """The heuristic pick: the largest tile that still gives every SM a program or two."""
-    for c in candidate_configs(m, n, k, dtype):
-        tiles = -(-m // c.block_m) * -(-n // c.block_n)
-        if tiles >= 132:
-            return c
-    return candidate_configs(m, n, k, dtype)[-1]
-
-
 @dataclasses.dataclass
 class MatmulSpec:
     """What one template instance computes (shapes, dtypes, the fused epilogue)."""
@@ -136,7 +127,7 @@ def template_source(spec: MatmulSpec, dtype_of: dict[str, torch.dtype]) -> str:
         "    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)",
         f"    for kk in range(0, tl.cdiv({k}, BLOCK_K)):",
     ]
-    if k % 16 == 0 and all(k % c == 0 for c in (16, 32, 64, 128) if c <= k):
+    if k % 128 == 0:  # every BLOCK_K of the search space divides K: no masks in the loop
         lines += ["        a_t = tl.load(a_ptr)", "        b_t = tl.load(b_ptr)"]
     else:
         lines += [f"        kmask = rk < {k} - kk * BLOCK_K",
