@@ -1,7 +1,7 @@
 """Hand-written attention -> one scaled_dot_product_attention call (passes/attention.py).
 
-The pass is for CUDA graphs; here it runs on CPU constants (``devices=("cpu",)``) so CI checks the pattern
-matching and the numerics: causal, unmasked, and a mask that is not causal (left alone)."""
+The pass runs on CUDA and CPU graphs; here on CPU constants (the fixture pins ``devices=("cpu",)``), so CI checks
+the pattern matching and the numerics: causal, unmasked, and a mask that is not causal (left alone)."""
 import math
 
 import pytest
