@@ -185,7 +185,7 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
                 # H200 cuBLAS was faster on all 8 such problems of the suite (benchmarks/RESULTS.md), so they
                 # are not measured (it halves max-autotune's compile time on the transformers)
                 continue
-            candidates.append((i, node, epilogue))
+            candidates.append((i, node, epilogue, _spec(node, epilogue, buffer_of)))
     stats.candidates = len(candidates)
     if not candidates:
         return steps, stats
@@ -193,20 +193,19 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
     choices: dict[int, dict] = {}
     try:
         problems: dict[str, Problem] = {}  # by database key: the layers of a transformer share one
-        for i, node, epilogue in candidates:
-            spec = _spec(node, epilogue, buffer_of)
+        for i, node, epilogue, spec in candidates:
             if FORCE is not None:
                 choices[i] = {"choice": "template", "config": FORCE.trace()}
                 continue
             source = template_source(spec, dtype_of)
-            operands = operand_tensors(node, buffer_of, strides_of, device)
-            key = _key(source, spec, operands)
+            # the operands' strides, from meta tensors: nothing is allocated unless the problem is measured
+            key = _key(source, spec, operand_tensors(node, buffer_of, strides_of, torch.device("meta")))
             record = db.get(key)
             if record is not None:
                 stats.from_database += 1
                 choices[i] = record.trace
             elif tune:
-                problems.setdefault(key, Problem(key, spec, source, node, epilogue, operands)).members.append(i)
+                problems.setdefault(key, Problem(key, spec, source, node, epilogue)).members.append(i)
         if problems:
             for p in measure_problems(list(problems.values()), dtype_of, node_of, strides_of, device):
                 stats.measured += p.measured
@@ -215,29 +214,24 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
                     choices[i] = p.choice
     finally:
         db.close()
-    replaced: dict[int, MatmulStep] = {}
-    dropped: set[int] = set()
-    for i, node, epilogue in candidates:
+    index_of = {id(s): j for j, s in enumerate(steps)}
+    place: dict[int, MatmulStep] = {}  # plan position -> the fused step that takes it (the epilogue's, if any)
+    moved: set[int] = set()            # extern steps whose matmul now runs inside a fused step later on
+    for i, node, epilogue, spec in candidates:
         choice = choices.get(i)
         if choice is None:
             continue
-        spec = _spec(node, epilogue, buffer_of)
         if choice.get("choice") != "template":
             stats.kept_extern.append(f"{node} {spec.m}x{spec.n}x{spec.k}")
             continue
         step = MatmulStep(node, epilogue, spec, MatmulConfig.from_trace(choice["config"]), buffer_of[node])
         stats.fused.append(step.describe())
-        replaced[i] = step
-        if epilogue is not None:
-            dropped.add(next(j for j, s in enumerate(steps) if s is epilogue))
-    out = []
-    for j, s in enumerate(steps):
-        if j in replaced and replaced[j].epilogue is None:
-            out.append(replaced[j])
-        elif j in dropped:
-            out.append(next(r for r in replaced.values() if r.epilogue is s))
-        elif j not in replaced:
-            out.append(s)
+        if epilogue is None:
+            place[i] = step
+        else:
+            place[index_of[id(epilogue)]] = step
+            moved.add(i)
+    out = [place.get(j, s) for j, s in enumerate(steps) if j not in moved]
     stats.seconds = time.perf_counter() - start
     return out, stats
 

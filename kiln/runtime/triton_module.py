@@ -27,7 +27,7 @@ from kiln.report import CompileReport
 from kiln.codegen.triton_matmul import template_source
 from kiln.frontend.extern import argument_builder
 from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
-from kiln.runtime.module import CompiledGraph, Plan
+from kiln.runtime.module import CompiledGraph, Plan, _storage_uses
 
 _loaded: dict[str, Any] = {}
 
@@ -311,7 +311,7 @@ class _Recording:
             if ref is None:
                 continue
             static, alias = self.outputs[k], ref()
-            holders = _storage_users(static) - 1  # minus the static tensor itself
+            holders = _storage_uses(static) - 2  # minus the static tensor itself and the count's own reference
             if alias is None:
                 if holders:
                     return False
@@ -335,11 +335,6 @@ class _Recording:
             else:
                 result.append(o.clone())
         return result
-
-
-def _storage_users(t: torch.Tensor) -> int:
-    """Tensors sharing ``t``'s storage (not counting the temporary storage object made to ask)."""
-    return torch._C._storage_Use_Count(t.untyped_storage()._cdata) - 1
 
 
 @contextlib.contextmanager

@@ -41,7 +41,6 @@ class Problem:
     source: str
     node: Node
     epilogue: Kernel | None
-    operands: list[torch.Tensor]
     members: list[int] = dataclasses.field(default_factory=list)  # plan steps that share it
     # results
     choice: dict = dataclasses.field(default_factory=dict)
@@ -145,7 +144,8 @@ def _prepare(p: Problem, dtype_of: dict[str, torch.dtype], node_of: dict[str, No
         ep_tensors = [tensors[b] for b in spec.epilogue_args(dtype_of)]
     else:
         ep_tensors = [torch.empty(p.node.shape, dtype=p.node.dtype, device=device)]
-    ext_args, ext_kwargs = argument_builder(p.node.attr("template"))(p.operands)
+    operands = operand_tensors(p.node, {n: b for b, n in node_of.items()}, strides_of, device)
+    ext_args, ext_kwargs = argument_builder(p.node.attr("template"))(operands)
     target = p.node.attr("target")
     if epilogue is not None:
         module, _ = _import_source(module_source([epilogue], dtype_of))

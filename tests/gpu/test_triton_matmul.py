@@ -103,3 +103,28 @@ def test_cost_model_ranks_filling_tiles_first():
     huge = MatmulConfig(256, 256, 128, 8, 8, 5)
     assert (huge.num_stages * 512 * 128 * 2 > SHARED_MEMORY) and estimate_s(huge, 4096, 4096, 4096,
                                                                            torch.bfloat16, 132) == float("inf")
+
+
+def test_database_key_needs_no_allocation(tmp_path, monkeypatch):
+    """Default mode looks every candidate up in the tuning database: the key (template text and operand strides)
+    comes from meta tensors, and equals the key real tensors give; with no record, the plan is left alone."""
+    from kiln.codegen.triton_matmul import template_source
+    from kiln.runtime.matmul_step import _key, _spec, fuse_matmuls
+    from kiln.runtime.triton_module import TritonGraph
+    from kiln.tune.gpu_matmul import operand_tensors
+    monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
+    model = Block().to(DEVICE).eval()
+    x = torch.randn(6, 40, device=DEVICE)
+    _, report = compile_and_run(model, x, matmul_templates=False)
+    plan = TritonGraph(report.optimized, report, torch.device(DEVICE)).plan
+    dtype_of = {b: n.dtype for n, b in plan.buffer_of.items()}
+    steps, stats = fuse_matmuls(plan.steps, report.optimized.outputs, plan.buffer_of, plan.strides_of,
+                                torch.device(DEVICE), tune=False)
+    assert steps == plan.steps and stats.candidates == 2 and stats.from_database == 0
+    node = next(s.node for s in plan.steps if getattr(s, "node", None) is not None and "addmm" in str(
+        s.node.attr("target")))
+    spec = _spec(node, None, plan.buffer_of)
+    source = template_source(spec, dtype_of)
+    keys = {_key(source, spec, operand_tensors(node, plan.buffer_of, plan.strides_of, torch.device(d)))
+            for d in ("meta", DEVICE)}
+    assert len(keys) == 1
