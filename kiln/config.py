@@ -68,6 +68,10 @@ class Config:
     # default: on the H200 machine a cold process compiled slower with 8 workers (MLP 9.4 s vs 6.5 s first
     # call; GPT 11.9 vs 10.6) - their start-up (each imports torch) competes with TorchDynamo's tracing.
     compile_workers: int = 0
+    # CPU 3x3 stride-1 convolutions may run as kiln's Winograd F(m x m, 3 x 3) for these output tile sizes m,
+    # when measured faster than oneDNN (comma-separated; "" turns it off).  F(2x2) errs like direct
+    # convolution (within ~1.5x); F(4x4) is faster still but ~10x less accurate in fp32, so it is opt-in ("2,4").
+    winograd_tiles: str = "2"
     # Fall back to eager (with a warning) when code generation or compilation fails, instead of raising.
     fallback: bool = True
     # Code generator: "auto" (C++ for CPU tensors, Triton for CUDA tensors), "cpu" (C++), or "triton" (also on
@@ -92,6 +96,7 @@ class Config:
         "cudnn_benchmark": ("KILN_CUDNN_BENCHMARK", bool),
         "matmul_templates": ("KILN_MATMUL_TEMPLATES", bool),
         "compile_workers": ("KILN_COMPILE_WORKERS", int),
+        "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
     }
 

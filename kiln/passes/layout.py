@@ -25,6 +25,7 @@ import torch
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.passes.prepack_conv import is_prepacked_conv
+from kiln.passes import winograd
 
 aten = torch.ops.aten
 NHWC_ORDER = (0, 2, 3, 1)  # loop/memory order of the logical dims (N, C, H, W)
@@ -36,8 +37,8 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def is_conv2d(n: Node) -> bool:
-    """A 2-D convolution extern (ATen's, or oneDNN's with a prepacked weight)."""
-    if is_prepacked_conv(n):
+    """A 2-D convolution extern (ATen's, oneDNN's with a prepacked weight, or kiln's Winograd)."""
+    if writes_channels_last(n) or winograd.is_winograd_conv(n):
         return True
     if n.op is not Op.EXTERN or n.attr("out_index") is not None or not n.dtype.is_floating_point:
         return False
@@ -47,10 +48,16 @@ def is_conv2d(n: Node) -> bool:
     return not args[6]  # not transposed
 
 
+def writes_channels_last(n: Node) -> bool:
+    """Convolution externs whose library writes channels-last output whatever the input's layout."""
+    return is_prepacked_conv(n) or winograd.writes_channels_last(n)
+
+
 def library_layouts(graph: Graph) -> dict[Node, tuple[int, ...]]:
-    """Buffers whose layout the library fixes: prepacked oneDNN convolutions write channels-last; fused
+    """Buffers whose layout the library fixes: oneDNN's prepacked and kiln's Winograd convolutions write
+    channels-last; fused
     attention writes [B, H, T, D] as a transposed view of [B, T, H, D] (the heads' merge is then a view)."""
-    out = {n: channels_last_strides(n.shape) for n in graph.nodes if is_prepacked_conv(n)}
+    out = {n: channels_last_strides(n.shape) for n in graph.nodes if writes_channels_last(n)}
     for n in graph.nodes:
         if n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) is \
                 aten.scaled_dot_product_attention and len(n.shape) == 4:
@@ -78,7 +85,8 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
         feeds_nhwc = bool(readers.get(conv, set()) & nhwc_groups)
         if conv not in outputs and (feeds_nhwc or conv.inputs[0] in nhwc):
             nhwc[conv] = channels_last_strides(conv.shape)
-    cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and not is_prepacked_conv(c)}
+    cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and not is_prepacked_conv(c)
+                and not winograd.is_winograd_conv(c)}  # these read any layout
     # weights go channels-last only when nothing but convolutions reads them
     cl_convs = {c for c in cl_convs if readers.get(c.inputs[1], set()) <= {"extern"}}
     return nhwc, cl_convs

@@ -20,6 +20,7 @@ from kiln.passes.rewrite import RewriteLog
 from kiln.passes.prepack_conv import prepack_conv
 from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
+from kiln.passes.winograd import winograd_conv
 from kiln.report import CompileReport, PassRecord
 
 Pass = Callable[[Graph, RewriteLog], Graph]
@@ -38,6 +39,10 @@ def _select_gemm(g: Graph, log: RewriteLog) -> Graph:
     return select_gemm(g, log) if config.get().library_selection else g
 
 
+def _winograd(g: Graph, log: RewriteLog) -> Graph:
+    return winograd_conv(g, log) if config.get().library_selection else g
+
+
 def _prepack_conv(g: Graph, log: RewriteLog) -> Graph:
     return prepack_conv(g, log) if config.get().library_selection else g
 
@@ -49,6 +54,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold_constants", _fold),                 # weights are constants: BN scale/shift, transposed weights
     ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
     ("select_gemm", _select_gemm),             # after folding: weights are final; time MKL vs oneDNN per shape
+    ("winograd", _winograd),                   # after folding (final weights, BN bias); before oneDNN takes the rest
     ("prepack_conv", _prepack_conv),           # after folding: reorder final conv weights once for oneDNN
     ("split_conv_bias", split_conv_bias),      # after folding (BN made the bias final); GPU convolutions only
     ("fuse_attention", fuse_attention),        # after simplify/CSE made the softmax pattern canonical; GPU only

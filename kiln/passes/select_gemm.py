@@ -13,10 +13,6 @@ Before::                                                     After (when oneDNN 
 """
 from __future__ import annotations
 
-import hashlib
-import platform
-import time
-
 import torch
 
 from kiln.frontend.extern import Baked, build_extern, extern_args
@@ -26,9 +22,7 @@ from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_gemm, decisions
 
 aten = torch.ops.aten
-_choices: dict[tuple[int, ...], str] = {}
-_loaded = False
-REPEATS = 4
+_choices = decisions.ShapeChoices("gemm_choices-v3")  # v3: kiln's GEMM (deep K blocks) is a candidate
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the library
 
 
@@ -36,75 +30,24 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def _best_of(fn, reps: int = 3) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
-
-
-def _store_name() -> str:
-    return f"gemm_choices-v3-{_machine_key()}.json"  # v3: kiln's GEMM (deep K blocks) is a candidate
-
-
-def _machine_key() -> str:
-    """Choices hold for one CPU model and torch build."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return hashlib.sha256(f"{cpu}|{torch.__version__}".encode()).hexdigest()[:16]
-
-
-def _load() -> None:
-    global _loaded
-    _loaded = True
-    for key, value in decisions.load(_store_name()).items():
-        try:
-            _choices.setdefault(tuple(int(v) for v in key.split(",")), value)
-        except ValueError:
-            pass  # a damaged entry: measured again
-
-
-def _save() -> None:
-    decisions.save(_store_name(), {",".join(map(str, k)): v for k, v in _choices.items()})
-
-
 def choose(m: int, k: int, n: int) -> str:
     """'kiln', 'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape and
     machine (kept on disk beside the module cache, so a new process measures nothing)."""
-    if not _loaded:
-        _load()
     key = (m, k, n, torch.get_num_threads())
-    if key not in _choices:
+    if _choices.get(key) is None:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(m, k, generator=gen)
         w = torch.randn(n, k, generator=gen)
         b = torch.randn(n, generator=gen)
-        def aten_call() -> torch.Tensor:
-            return torch.addmm(b, x, w.t())
-
-        calls = {"aten": aten_call}
+        calls = {"aten": lambda: torch.addmm(b, x, w.t())}
         if onednn_available():
             calls["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
         if cpu_gemm.available():
             packed = cpu_gemm.pack_weight(w)
             calls["kiln"] = lambda: torch.ops.kiln.linear_packed(x, packed, b, n)
-        best = {name: float("inf") for name in calls}
-        with torch.inference_mode():
-            for _ in range(REPEATS):  # alternate, best of each: robust to a noisy neighbour
-                for name, fn in calls.items():
-                    best[name] = min(best[name], _best_of(fn, 1))
-        # ATen unless another is clearly (3%) faster: the default path is the one users know
-        winner = min(best, key=best.get)
-        _choices[key] = winner if best[winner] < 0.97 * best["aten"] else "aten"
-        _save()
-    return _choices[key]
+        with torch.inference_mode():  # ATen unless another is clearly faster: the default path users know
+            _choices.put(key, decisions.fastest(calls, baseline="aten"))
+    return _choices.get(key)
 
 
 def _weight(n: Node) -> Node | None:

@@ -34,3 +34,66 @@ def save(name: str, data: dict[str, Any]) -> None:
         os.replace(tmp, path)
     except OSError:
         pass
+
+
+def machine_key() -> str:
+    """Measured choices hold for one CPU model and torch build."""
+    import hashlib
+    import platform
+
+    import torch
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    return hashlib.sha256(f"{cpu}|{torch.__version__}".encode()).hexdigest()[:16]
+
+
+class ShapeChoices:
+    """Choices keyed by tuples of ints (a problem's shape and thread count), read from and written through to
+    the decisions file ``<prefix>-<machine key>.json`` (the prefix carries a version: bump it when the
+    candidates change, so old choices are measured again)."""
+
+    def __init__(self, prefix: str):
+        self.prefix = prefix
+        self._choices: dict[tuple[int, ...], Any] = {}
+        self._loaded = False
+
+    def _name(self) -> str:
+        return f"{self.prefix}-{machine_key()}.json"
+
+    def get(self, key: tuple[int, ...]) -> Any:
+        if not self._loaded:
+            self._loaded = True
+            for text, value in load(self._name()).items():
+                try:
+                    self._choices.setdefault(tuple(int(v) for v in text.split(",")), value)
+                except ValueError:
+                    pass  # a damaged entry: measured again
+        return self._choices.get(key)
+
+    def put(self, key: tuple[int, ...], value: Any) -> None:
+        self._choices[key] = value
+        save(self._name(), {",".join(map(str, k)): v for k, v in self._choices.items()})
+
+    def clear(self) -> None:
+        self._choices.clear()
+        self._loaded = True
+
+
+def fastest(calls: dict[str, Any], baseline: str, repeats: int = 4, margin: float = 0.97) -> str:
+    """The name of the fastest of ``calls`` (zero-argument functions), timed alternately, best of ``repeats``
+    each (robust to a noisy neighbour); ``baseline`` unless another is clearly (``margin``) faster."""
+    import time
+    best = {name: float("inf") for name in calls}
+    for fn in calls.values():
+        fn()  # warm-up: first-call allocations, lazy library loading
+    for _ in range(repeats):
+        for name, fn in calls.items():
+            start = time.perf_counter()
+            fn()
+            best[name] = min(best[name], time.perf_counter() - start)
+    winner = min(best, key=best.get)
+    return winner if best[winner] < margin * best[baseline] else baseline

@@ -1,0 +1,137 @@
+"""kiln's Winograd convolution at run time: the compiled library, the weight transform, the ``kiln::conv_winograd``
+op, and the per-shape measurement that decides between it and oneDNN.
+
+The weight is transformed (``U = G g G^T`` for every channel pair, in float64) and packed for the GEMM once, when
+the graph is compiled; the graph calls ``torch.ops.kiln.conv_winograd(x, packed, bias, residual, ...)`` like
+any extern.  The op reads its input in any layout (channels-last with vector loads, NCHW with gathers) and writes its
+output channels-last (``[N, C, H, W]`` with NHWC strides) or, for a graph's output, NCHW (scatters), and
+its epilogue adds the bias and an optional residual and applies an optional ReLU (``max(0, x)`` keeping NaN, as
+``torch.relu``), so a ResNet block's conv-BN(-add)-ReLU is one call.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kiln.codegen.cpp_gemm import schedule_for
+from kiln.codegen.cpp_winograd import winograd_matrices, winograd_source
+
+_I = ctypes.c_int64
+_P = ctypes.c_void_p
+TILE_SIZES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3)
+L2_BLOCK = 768 * 1024  # bytes the transformed tiles of one block (V and M) may take
+
+
+@functools.lru_cache(maxsize=None)
+def library(m: int) -> ctypes.CDLL:
+    from kiln.runtime.build import load_module
+    lib = load_module(winograd_source(m), name=f"kiln_winograd{m}").lib
+    lib.kiln_pack_b.argtypes = [_P, _I, _I, _I, _I, _P]
+    lib.kiln_pack_b.restype = None
+    lib.kiln_winograd.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I,
+                                  _I, _I, _I, _I, _I, _I, ctypes.c_int, _I, _I, ctypes.c_int]
+    lib.kiln_winograd.restype = None
+    return lib
+
+
+def available(m: int = 2) -> bool:
+    try:
+        library(m)
+        return True
+    except Exception:  # noqa: BLE001 - no vector ISA or no compiler: oneDNN stays
+        return False
+
+
+def supports(weight_shape: tuple[int, ...], stride: list[int], dilation: list[int], groups: int) -> bool:
+    """3x3 filters, unit stride and dilation, no groups: the case Winograd's F(m, 3) computes."""
+    return (len(weight_shape) == 4 and tuple(weight_shape[2:]) == (3, 3) and list(stride) == [1, 1]
+            and list(dilation) == [1, 1] and groups == 1)
+
+
+def transform_weight(w: torch.Tensor, m: int) -> torch.Tensor:
+    """``w [K, C, 3, 3]`` -> per tile position p, ``U[p] = (G w G^T)[p]`` as a ``[C x K]`` GEMM operand packed in
+    NR-wide panels; 1-D fp32, positions one after another."""
+    _, g, _ = winograd_matrices(m)
+    gm = torch.tensor([[float(v) for v in g.row(i)] for i in range(g.rows)], dtype=torch.float64)
+    u = torch.einsum("ia,kcab,jb->ijkc", gm, w.detach().to(torch.float64).cpu(), gm)
+    alpha = g.rows
+    k, c = w.shape[:2]
+    u = u.reshape(alpha * alpha, k, c).to(torch.float32).contiguous()
+    lib = library(m)
+    nr = lib.kiln_gemm_nr()
+    panel = -(-k // nr) * nr * c
+    out = torch.empty(alpha * alpha * panel, dtype=torch.float32)
+    for p in range(alpha * alpha):  # B[c][k] = U[p][k][c]: unit stride along c, c along k
+        lib.kiln_pack_b(u[p].data_ptr(), c, k, 1, c, out[p * panel:].data_ptr())
+    return out
+
+
+def tiles_per_block(m: int, c: int, k: int, threads: int, tiles: int) -> int:
+    """Tiles per block: V and M of one block fill ``L2_BLOCK``, a multiple of the GEMM's tile rows, and at least
+    one block per thread."""
+    alpha2 = (m + 2) ** 2
+    tb = max(8, L2_BLOCK // (4 * alpha2 * (c + k)) // 8 * 8)
+    per_thread = -(-tiles // max(1, threads))
+    return max(8, min(tb, -(-per_thread // 8) * 8))
+
+
+def _gatherable(t: torch.Tensor) -> torch.Tensor:
+    """Channels 1 float apart (vector loads), or few enough that lane offsets fit the gathers' int32."""
+    if t.stride(1) == 1 or t.stride(1) * 16 < 2 ** 31:
+        return t
+    return t.contiguous(memory_format=torch.channels_last)
+
+
+def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                       residual: torch.Tensor | None, out_channels: int, tile: int, padding: list[int],
+                       relu: bool, channels_last: bool) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
+        raise ValueError(f"kiln::conv_winograd expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} "
+                         f"{list(x.shape)} on {x.device}")
+    if tile not in TILE_SIZES:
+        raise ValueError(f"kiln::conv_winograd: tile must be one of {TILE_SIZES}, got {tile}")
+    n, c, h, w = x.shape
+    ph, pw = padding
+    ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
+    k = out_channels
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"kiln::conv_winograd: input {list(x.shape)} with padding {padding} is smaller than "
+                         "the 3x3 filter")
+    if residual is not None and (tuple(residual.shape) != (n, k, ho, wo) or residual.dtype != torch.float32):
+        raise ValueError(f"kiln::conv_winograd: residual {residual.dtype} {list(residual.shape)}, expected "
+                         f"float32 {[n, k, ho, wo]}")
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    y = _gatherable(torch.empty((n, k, ho, wo), dtype=torch.float32, memory_format=layout))
+    if y.numel() == 0:
+        return y
+    x = _gatherable(x)
+    res = _gatherable(residual) if residual is not None else None
+    rs = res.stride() if res is not None else (0, 0, 0, 0)
+    threads = torch.get_num_threads()
+    tiles = n * -(-ho // tile) * -(-wo // tile)
+    tb = tiles_per_block(tile, c, k, threads, tiles)
+    kc = schedule_for(tb, c).kc if c > 0 else 1
+    library(tile).kiln_winograd(
+        x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+        res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), k, ph, pw, ho, wo,
+        int(relu), tb, kc, threads)
+    return y
+
+
+@torch.library.custom_op("kiln::conv_winograd", mutates_args=(), device_types="cpu")
+def conv_winograd(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                  out_channels: int, tile: int, padding: list[int], relu: bool,
+                  channels_last: bool = True) -> torch.Tensor:
+    """``[relu](conv2d(x, W, bias, padding) [+ residual])`` for a 3x3 stride-1 ``W`` given by
+    ``transform_weight(W, tile)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``."""
+    return conv_winograd_impl(x, packed, bias, residual, out_channels, tile, padding, relu, channels_last)
+
+
+@conv_winograd.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+      out_channels: int, tile: int, padding: list[int], relu: bool, channels_last: bool = True) -> torch.Tensor:
+    n, _, h, w = x.shape
+    return x.new_empty((n, out_channels, h + 2 * padding[0] - 2, w + 2 * padding[1] - 2),
+                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)

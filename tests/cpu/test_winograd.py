@@ -1,0 +1,152 @@
+"""kiln's Winograd convolution: the derived matrices, the op against float64 convolution in every layout and
+epilogue, the pass (choice, epilogue absorption, NCHW graph outputs), and its error messages."""
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln import config
+from kiln.codegen.cpp_winograd import winograd_matrices
+from kiln.passes import winograd
+from kiln.report import mark, reports_since
+from kiln.runtime import cpu_conv
+
+pytestmark = pytest.mark.skipif(not cpu_conv.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")
+CL = torch.channels_last
+
+
+@pytest.mark.parametrize("m", cpu_conv.TILE_SIZES)
+def test_matrices_compute_correlation(m):
+    at, g, bt = (np.array(x.tolist(), dtype=np.float64) for x in winograd_matrices(m))
+    rng = np.random.default_rng(m)
+    d, f = rng.standard_normal(m + 2), rng.standard_normal(3)
+    np.testing.assert_allclose(at @ ((g @ f) * (bt @ d)), [d[i:i + 3] @ f for i in range(m)], atol=1e-12)
+
+
+def _relative_error(y: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((y.double() - ref).abs() / (ref.abs() + 1)).max().item()
+
+
+@pytest.mark.parametrize("m", cpu_conv.TILE_SIZES)
+@pytest.mark.parametrize("n,c,h,w,k,pad", [(1, 5, 9, 11, 7, 1), (2, 17, 13, 10, 33, 0), (1, 64, 12, 12, 48, 1),
+                                           (1, 3, 3, 3, 1, 0)])
+def test_op_matches_float64_convolution(m, n, c, h, w, k, pad):
+    gen = torch.Generator().manual_seed(n * 100 + c)
+    x = torch.randn(n, c, h, w, generator=gen)
+    weight = torch.randn(k, c, 3, 3, generator=gen)
+    bias = torch.randn(k, generator=gen)
+    ref = F.conv2d(x.double(), weight.double(), bias.double(), padding=pad)
+    direct = _relative_error(F.conv2d(x, weight, bias, padding=pad), ref)  # fp32 direct convolution's own error
+    y = torch.ops.kiln.conv_winograd(x, cpu_conv.transform_weight(weight, m), bias, None, k, m, [pad, pad], False)
+    assert y.shape == ref.shape and y.stride(1) == 1  # channels-last
+    # F(2x2) rounds like direct convolution; F(4x4)'s larger transform entries cost about a decimal digit
+    assert _relative_error(y, ref) <= (3 if m == 2 else 30) * direct + 1e-6
+
+
+@pytest.mark.parametrize("x_layout", [CL, torch.contiguous_format])
+@pytest.mark.parametrize("r_layout", [CL, torch.contiguous_format])
+@pytest.mark.parametrize("out_channels_last", [True, False])
+def test_layouts_and_epilogue(x_layout, r_layout, out_channels_last):
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 20, 10, 9, generator=gen).contiguous(memory_format=x_layout)
+    weight = torch.randn(24, 20, 3, 3, generator=gen) / 8
+    bias = torch.randn(24, generator=gen)
+    residual = torch.randn(2, 24, 10, 9, generator=gen).contiguous(memory_format=r_layout)
+    residual[0, 3, 4, 4] = float("nan")  # relu keeps NaN, as torch.relu
+    y = torch.ops.kiln.conv_winograd(x, cpu_conv.transform_weight(weight, 2), bias, residual, 24, 2, [1, 1], True,
+                                     out_channels_last)
+    ref = torch.relu(F.conv2d(x, weight, bias, padding=1) + residual)
+    assert y.is_contiguous(memory_format=CL if out_channels_last else torch.contiguous_format)
+    torch.testing.assert_close(y, ref, rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
+    assert torch.isnan(y[0, 3, 4, 4])
+
+
+def test_two_threads_match_one():
+    x = torch.randn(1, 32, 30, 30)
+    packed = cpu_conv.transform_weight(torch.randn(40, 32, 3, 3), 2)
+    previous = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = torch.ops.kiln.conv_winograd(x, packed, None, None, 40, 2, [1, 1], False)
+        torch.set_num_threads(2)
+        two = torch.ops.kiln.conv_winograd(x, packed, None, None, 40, 2, [1, 1], False)
+    finally:
+        torch.set_num_threads(previous)
+    assert torch.equal(one, two)  # blocks of tiles are independent: the same arithmetic in any thread
+
+
+def test_bad_input_is_named():
+    packed = cpu_conv.transform_weight(torch.randn(8, 4, 3, 3), 2)
+    with pytest.raises(ValueError, match="4-D fp32 CPU input"):
+        torch.ops.kiln.conv_winograd(torch.randn(1, 4, 8, 8).double(), packed, None, None, 8, 2, [1, 1], False)
+    with pytest.raises(ValueError, match="smaller than the 3x3 filter"):
+        torch.ops.kiln.conv_winograd(torch.randn(1, 4, 2, 2), packed, None, None, 8, 2, [0, 0], False)
+    with pytest.raises(ValueError, match="residual"):
+        torch.ops.kiln.conv_winograd(torch.randn(1, 4, 8, 8), packed, None, torch.randn(1, 8, 7, 7), 8, 2, [1, 1],
+                                     False)
+    with pytest.raises(ValueError, match="tile must be one of"):
+        torch.ops.kiln.conv_winograd(torch.randn(1, 4, 8, 8), packed, None, None, 8, 3, [1, 1], False)
+
+
+class _Block(nn.Module):
+    """conv-BN-ReLU, conv-BN + identity, ReLU: a ResNet basic block."""
+
+    def __init__(self, ch: int = 32):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch)
+        self.conv2, self.bn2 = nn.Conv2d(ch, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch)
+        for bn in (self.bn1, self.bn2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x)
+
+
+def test_pass_takes_block_with_epilogues(monkeypatch):
+    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    model = _Block().eval()
+    x = torch.randn(2, 32, 16, 16)
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert out.is_contiguous()  # the graph output is written NCHW, eager's layout
+    report = reports_since(position)[-1]
+    assert report.externs == ["conv_winograd", "conv_winograd"], report.externs
+    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    assert "relu -> Winograd epilogue: 2" in notes and "residual add -> Winograd epilogue: 1" in notes, notes
+    assert not report.kernels  # BN folded, add and both ReLUs in the epilogues: nothing left to generate
+
+
+def test_relu_used_twice_is_not_absorbed(monkeypatch):
+    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    conv = nn.Conv2d(8, 8, 3, padding=1)
+
+    def fn(x):
+        y = conv(x)
+        return torch.relu(y), y * 2  # the conv's result is needed without the ReLU too
+
+    x = torch.randn(1, 8, 10, 10)
+    with torch.inference_mode():
+        a, b = kiln.compile(fn, fallback=False)(x)
+        torch.testing.assert_close(a, torch.relu(conv(x)), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(b, conv(x) * 2, rtol=1e-4, atol=1e-5)
+
+
+def test_choice_is_measured_once_and_can_be_turned_off(monkeypatch):
+    winograd._choices.clear()
+    first = winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1])
+    assert first in (0, 2)
+    monkeypatch.setattr(winograd.decisions, "fastest", lambda *a, **k: pytest.fail("measured twice"))
+    assert winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1]) == first
+    model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()).eval()
+    position = mark()
+    with config.scope(winograd_tiles=""), torch.inference_mode():
+        kiln.compile(model, fallback=False)(torch.randn(1, 16, 32, 32))
+    assert "conv_winograd" not in reports_since(position)[-1].externs
+    with config.scope(winograd_tiles="3"), pytest.raises(ValueError, match="tile sizes must be among"):
+        winograd.tiles()
