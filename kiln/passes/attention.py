@@ -38,6 +38,7 @@ from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
+from kiln.runtime import cpu_attention
 
 aten = torch.ops.aten
 
@@ -136,11 +137,17 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
                 or kt4.shape[3] != t or q4.shape[3] != kt4.shape[2] or not _on(q4, devices):
             return None
         k4 = bld.add(Op.PERMUTE, (kt4,), dims=(0, 1, 3, 2))
-        out4 = build_extern(bld, aten.scaled_dot_product_attention.default, [q4, k4, v4],
-                            {"is_causal": causal, "scale": scale}, tuple(v4.shape[:3]) + (v4.shape[3],),
-                            node.dtype)
+        shape = tuple(v4.shape[:3]) + (v4.shape[3],)
+        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and cpu_attention.choose(b, h, t, q4.shape[3], causal):
+            out4 = build_extern(bld, torch.ops.kiln.attention.default, [q4, k4, v4, scale, causal], {}, shape,
+                                node.dtype)
+            what = "kiln attention"
+        else:
+            out4 = build_extern(bld, aten.scaled_dot_product_attention.default, [q4, k4, v4],
+                                {"is_causal": causal, "scale": scale}, shape, node.dtype)
+            what = "scaled_dot_product_attention"
         if log:
-            log.hit("attention -> scaled_dot_product_attention" + (" (causal)" if causal else ""))
+            log.hit(f"attention -> {what}" + (" (causal)" if causal else ""))
         return bld.add(Op.RESHAPE, (out4,), shape=node.shape)
 
     return rewrite(graph, rule)

@@ -26,6 +26,7 @@ from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.passes.prepack_conv import is_prepacked_conv
 from kiln.passes import winograd
+from kiln.runtime import cpu_attention
 
 aten = torch.ops.aten
 NHWC_ORDER = (0, 2, 3, 1)  # loop/memory order of the logical dims (N, C, H, W)
@@ -53,14 +54,18 @@ def writes_channels_last(n: Node) -> bool:
     return is_prepacked_conv(n) or winograd.writes_channels_last(n)
 
 
+def _is_attention(target: Any) -> bool:
+    return target is cpu_attention.attention._opoverload or \
+        getattr(target, "overloadpacket", None) is aten.scaled_dot_product_attention
+
+
 def library_layouts(graph: Graph) -> dict[Node, tuple[int, ...]]:
     """Buffers whose layout the library fixes: oneDNN's prepacked and kiln's Winograd convolutions write
     channels-last; fused
     attention writes [B, H, T, D] as a transposed view of [B, T, H, D] (the heads' merge is then a view)."""
     out = {n: channels_last_strides(n.shape) for n in graph.nodes if writes_channels_last(n)}
     for n in graph.nodes:
-        if n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) is \
-                aten.scaled_dot_product_attention and len(n.shape) == 4:
+        if n.op is Op.EXTERN and len(n.shape) == 4 and _is_attention(n.attr("target")):
             b, h, t, d = n.shape
             out[n] = (t * h * d, d, h * d, 1)
     return out

@@ -1,4 +1,4 @@
-"""Hand-written attention -> one scaled_dot_product_attention call (passes/attention.py).
+"""Hand-written attention -> one attention call (passes/attention.py): ATen's SDPA, or kiln's CPU kernel.
 
 The pass runs on CUDA and CPU graphs; here on CPU constants (the fixture pins ``devices=("cpu",)``), so CI checks
 the pattern matching and the numerics: causal, unmasked, and a mask that is not causal (left alone)."""
@@ -40,8 +40,10 @@ def on_cpu(monkeypatch):
     monkeypatch.setattr(pipeline, "PIPELINE", steps)
 
 
+@pytest.mark.parametrize("kernel,extern", [("aten", "scaled_dot_product_attention"), ("kiln", "attention")])
 @pytest.mark.parametrize("kind,fused", [("causal", True), ("none", True), ("random", False)])
-def test_attention_fusion(on_cpu, kind, fused):
+def test_attention_fusion(on_cpu, monkeypatch, kind, fused, kernel, extern):
+    monkeypatch.setattr(attention.cpu_attention, "choose", lambda *shape: kernel == "kiln")
     torch.manual_seed(0)
     model = Attn(mask=kind).eval()
     x = torch.randn(2, 16, 64)
@@ -50,4 +52,4 @@ def test_attention_fusion(on_cpu, kind, fused):
         got = kiln.compile(model, fallback=False)(x)
         torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
     externs = reports_since(position)[-1].externs
-    assert ("scaled_dot_product_attention" in externs) == fused, externs
+    assert (extern in externs) == fused, externs

@@ -1,0 +1,88 @@
+"""kiln's CPU attention at run time: the compiled library (``codegen/cpp_attention.py``), the ``kiln::attention``
+op, and the per-shape measurement against ATen's CPU flash-attention kernel.
+
+The op returns ``[B, H, T, D]`` as a view of a ``[B, T, H, D]`` buffer, the layout ATen's CPU and CUDA
+attention kernels also give, so merging the heads afterwards is a view (``passes/layout.py``)."""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kiln.codegen.cpp_attention import attention_source
+from kiln.runtime import decisions
+
+_I = ctypes.c_int64
+_P = ctypes.c_void_p
+_choices = decisions.ShapeChoices("attention_choices-v1")
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    from kiln.runtime.build import load_module
+    lib = load_module(attention_source(), name="kiln_attention").lib
+    lib.kiln_attention.argtypes = [_P, _P, _P, _P] + [_I] * 19 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    lib.kiln_attention.restype = None
+    return lib
+
+
+def available() -> bool:
+    try:
+        library()
+        return True
+    except Exception:  # noqa: BLE001 - no vector ISA or no compiler: ATen's kernel stays
+        return False
+
+
+def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dtype != torch.float32 or t.dim() != 4 or t.device.type != "cpu":
+            raise ValueError(f"kiln::attention expects 4-D fp32 CPU tensors [B, H, T, D]; {name} is {t.dtype} "
+                             f"{list(t.shape)} on {t.device}")
+    b, h, t, d = q.shape
+    s = k.shape[2]
+    if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d):
+        raise ValueError(f"kiln::attention: k {list(k.shape)} and v {list(v.shape)} must be [B, H, S, D] = "
+                         f"[{b}, {h}, S, {d}] for q {list(q.shape)}")
+    if causal and s != t:
+        raise ValueError(f"kiln::attention: a causal mask needs as many keys as queries, got {t} and {s}")
+    if q.stride(3) != 1:
+        q = q.contiguous()
+    out = torch.empty(b, t, h, d, dtype=torch.float32).permute(0, 2, 1, 3)
+    if out.numel() == 0:
+        return out
+    if s == 0:
+        return out.fill_(float("nan"))  # softmax over no keys: 0/0, as torch
+    library().kiln_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), b, h, t, s, d,
+                             *q.stride()[:3], *k.stride(), *v.stride(), *out.stride()[:3], float(scale),
+                             int(causal), torch.get_num_threads())
+    return out
+
+
+@torch.library.custom_op("kiln::attention", mutates_args=(), device_types="cpu")
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    """``softmax(q @ k^T * scale [masked above the diagonal]) @ v`` for ``[B, H, T, D]`` fp32 tensors."""
+    return attention_impl(q, k, v, scale, causal)
+
+
+@attention.register_fake
+def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
+    b, h, t, d = q.shape
+    return q.new_empty(b, t, h, d).permute(0, 2, 1, 3)
+
+
+def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
+    """Is kiln's kernel clearly faster than ATen's for this shape (measured once per shape and machine)?"""
+    key = (b, h, t, d, int(causal), torch.get_num_threads())
+    if _choices.get(key) is None:
+        gen = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
+        scale = d ** -0.5
+        calls = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                                   scale=scale)}
+        if available():
+            calls["kiln"] = lambda: attention_impl(q, k, v, scale, causal)
+        with torch.inference_mode():
+            _choices.put(key, decisions.fastest(calls, baseline="aten"))
+    return _choices.get(key) == "kiln"
