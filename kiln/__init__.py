@@ -41,11 +41,8 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
 
     if _on_gpu(model_or_fn) and target in ("auto", "cuda", "triton"):
         from kiln.runtime import compile_pool
-        from kiln.tune.gpu_matmul import TUNING_WORKERS
         with config.scope(**options):
-            # Triton compile workers start while TorchDynamo traces; max-autotune always wants them for the
-            # matmul template's configurations (tune/gpu_matmul.py)
-            compile_pool.warm(TUNING_WORKERS if mode == "max-autotune" else None)
+            compile_pool.warm()  # Triton compile workers start while TorchDynamo traces
 
     return torch.compile(model_or_fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
 

@@ -56,10 +56,8 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     from kiln.frontend.decompositions import decomposition_table
     if cfg.target != "cpu" and any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs):
         from kiln.runtime import compile_pool
-        from kiln.tune.gpu_matmul import TUNING_WORKERS
         with config.scope(**(options or {})):
-            # torch.compile(backend="kiln"): start the Triton workers before AOT tracing
-            compile_pool.warm(TUNING_WORKERS if mode == "max-autotune" else None)
+            compile_pool.warm()  # torch.compile(backend="kiln"): start the Triton workers before AOT tracing
 
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     static = [_is_static(p, x) for p, x in zip(placeholders, example_inputs)]

@@ -82,22 +82,31 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], padding: list[int
     return int(_choices.get(key))
 
 
-def _to_winograd(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: RewriteLog | None) -> Node | None:
+def _candidate(node: Node) -> list | None:
+    """The convolution's arguments when Winograd can compute it: fp32 3x3 stride 1 on the CPU, a constant weight,
+    big enough that the algorithm, not the call, decides."""
     if node.op is not Op.EXTERN or node.dtype != torch.float32 or node.attr("out_index") is not None \
             or getattr(node.attr("target"), "overloadpacket", None) is not aten.convolution or len(node.shape) != 4:
         return None
-    args, kwargs = extern_args(Node(node.op, inputs, node.attrs, node.shape, node.dtype))
+    args, kwargs = extern_args(node)
     if kwargs or len(args) != 9:
         return None
     x, w, bias, stride, padding, dilation, transposed, _, groups = args
     if transposed or not isinstance(w, Node) or w.op is not Op.CONSTANT or w.dtype != torch.float32 \
             or not isinstance(x, Node) or len(x.shape) != 4 \
             or not cpu_conv.supports(w.shape, stride, dilation, groups) \
-            or (bias is not None and (not isinstance(bias, Node) or bias.dtype != torch.float32)):
+            or (bias is not None and (not isinstance(bias, Node) or bias.dtype != torch.float32)) \
+            or w.attr("value").tensor.device.type != "cpu" or 2 * node.numel * x.shape[1] * 9 < MIN_FLOPS:
         return None
+    return args
+
+
+def _to_winograd(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: RewriteLog | None) -> Node | None:
+    args = _candidate(Node(node.op, inputs, node.attrs, node.shape, node.dtype))
+    if args is None:
+        return None
+    x, w, bias, _, padding = args[:5]
     weight = w.attr("value").tensor
-    if weight.device.type != "cpu" or 2 * node.numel * x.shape[1] * 9 < MIN_FLOPS:
-        return None
     tile = choose(tuple(x.shape), tuple(w.shape), list(padding))
     if not tile:
         return None
@@ -142,8 +151,8 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
 
 
 def winograd_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
-    if not tiles() or not cpu_conv.available():
-        return graph
+    if not tiles() or not any(_candidate(n) for n in graph.nodes) or not cpu_conv.available():
+        return graph  # (available() builds the library: only for graphs with a CPU convolution to give it)
     graph = rewrite(graph, lambda node, inputs, b: _to_winograd(node, inputs, b, log))
     if not any(is_winograd_conv(n) for n in graph.nodes):
         return graph

@@ -98,25 +98,24 @@ def _target() -> tuple[str, int, int] | None:
     return ("cuda", major * 10 + minor, 32)
 
 
-def get(start: bool = True, workers: int | None = None) -> CompilePool | None:
-    """The process's pool (started now if ``start``, with ``workers`` processes or ``Config.compile_workers``),
-    or None when disabled or there is no GPU."""
+def get(start: bool = True) -> CompilePool | None:
+    """The process's pool (started now if ``start``), or None when disabled or there is no GPU."""
     global _pool
     with _lock:
         if _pool is not None and (not _pool.alive() or _pool.cache_dir != os.environ.get("TRITON_CACHE_DIR")):
             _pool.close()  # dead, or filling a cache this process no longer reads
             _pool = None
         if _pool is None and start:
-            workers = config.get().compile_workers if workers is None else workers
+            workers = config.get().compile_workers
             target = _target() if workers > 0 else None
             if target is not None:
                 _pool = CompilePool(workers, target)
         return _pool
 
 
-def warm(workers: int | None = None) -> None:
+def warm() -> None:
     """Start the workers now (non-blocking), so they are ready when the first kernels are."""
     try:
-        get(workers=workers)
+        get()
     except Exception:  # noqa: BLE001 - only an optimisation
         pass

@@ -6,10 +6,7 @@ answers one JSON line on stdout.  The compiled kernel lands in Triton's on-disk 
 target).  The worker never touches the GPU: a stub driver names the target, so no CUDA context is created.
 
 Job: ``{"id", "path", "kernel", "dtypes": ["bfloat16", ...], "grid": [x, y, z], "constants": {...},
-"num_warps"}``; instead of ``dtypes``, ``args`` may give each argument as ``{"dtype": "bfloat16"}`` (a tensor)
-or ``{"value": 768}`` (an integer, which Triton specializes on: 1, multiples of 16), and ``num_stages`` may be
-given (the matmul template's configurations).  Answer: ``{"id", "ok", "seconds"}`` or
-``{"id", "ok": false, "error"}``.
+"num_warps"}``; answer: ``{"id", "ok", "seconds"}`` or ``{"id", "ok": false, "error"}``.
 """
 from __future__ import annotations
 
@@ -42,14 +39,8 @@ def _module(path: str) -> Any:
 def compile_job(job: dict) -> None:
     import torch
     fn = getattr(_module(job["path"]), job["kernel"])
-    if "args" in job:
-        args = [getattr(torch, a["dtype"]) if "dtype" in a else a["value"] for a in job["args"]]
-    else:
-        args = [getattr(torch, d) for d in job["dtypes"]]
-    options = {"num_warps": job["num_warps"]}
-    if "num_stages" in job:
-        options["num_stages"] = job["num_stages"]
-    compiled = fn.warmup(*args, grid=tuple(job["grid"]), **options, **job["constants"])
+    dtypes = [getattr(torch, d) for d in job["dtypes"]]
+    compiled = fn.warmup(*dtypes, grid=tuple(job["grid"]), num_warps=job["num_warps"], **job["constants"])
     from kiln.runtime.triton_module import build_launcher
     build_launcher(compiled)
 

@@ -127,7 +127,6 @@ class _Prepared:
     problem: Problem
     extern_path: Callable[[], None]
     fn: Any
-    fn_path: str  # the generated module's file, which the compile workers import
     args: list[Any]
     configs: list[MatmulConfig]
 
@@ -161,8 +160,8 @@ def _prepare(p: Problem, dtype_of: dict[str, torch.dtype], node_of: dict[str, No
         def extern_path() -> None:
             target(*ext_args, **ext_kwargs)
     module, _ = _import_source(matmul_module_text(p.source))
-    return _Prepared(p, extern_path, getattr(module, spec.name), module.__file__,
-                     launch_args(spec, ext_args, ep_tensors), rank_configs(spec, sms)[:MEASURED])
+    return _Prepared(p, extern_path, getattr(module, spec.name), launch_args(spec, ext_args, ep_tensors),
+                     rank_configs(spec, sms)[:MEASURED])
 
 
 def _compile(job: tuple[_Prepared, MatmulConfig]) -> bool:
@@ -177,30 +176,6 @@ def _compile(job: tuple[_Prepared, MatmulConfig]) -> bool:
         return False
 
 
-TUNING_WORKERS = 4  # compile processes max-autotune starts (kiln.compile), so configurations compile in parallel
-
-
-def _worker_job(k: int, prep: _Prepared, c: MatmulConfig) -> dict[str, Any]:
-    spec = prep.problem.spec
-    args = [{"dtype": str(a.dtype).removeprefix("torch.")} if isinstance(a, torch.Tensor) else {"value": int(a)}
-            for a in prep.args]
-    return {"id": k, "path": prep.fn_path, "kernel": spec.name, "args": args,
-            "grid": [-(-spec.m // c.block_m) * -(-spec.n // c.block_n), 1, 1],
-            "constants": {"BLOCK_M": c.block_m, "BLOCK_N": c.block_n, "BLOCK_K": c.block_k, "GROUP_M": c.group_m},
-            "num_warps": c.num_warps, "num_stages": c.num_stages}
-
-
-def _compile_in_workers(jobs: list[tuple[_Prepared, MatmulConfig]]) -> None:
-    """Compile the configurations in the worker processes first (Triton's front end holds the GIL, so threads
-    compile one at a time); the parent's warm-up then loads them from Triton's cache, and compiles itself
-    whatever a worker did not."""
-    from kiln.runtime import compile_pool
-    pool = compile_pool.get(workers=TUNING_WORKERS)
-    if pool is None or len(jobs) < 2:
-        return
-    pool.compile([_worker_job(k, prep, c) for k, (prep, c) in enumerate(jobs)])
-
-
 def measure_problems(problems: list[Problem], dtype_of: dict[str, torch.dtype], node_of: dict[str, Node],
                      strides_of: dict[Node, tuple[int, ...]], device: torch.device) -> list[Problem]:
     """Fill in each problem's fastest choice (``{"choice": "extern"}`` or the template and its config)."""
@@ -208,7 +183,6 @@ def measure_problems(problems: list[Problem], dtype_of: dict[str, torch.dtype], 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     prepared = [_prepare(p, dtype_of, node_of, strides_of, device, sms) for p in problems]
     jobs = [(prep, c) for prep in prepared for c in prep.configs]
-    _compile_in_workers(jobs)
     with ThreadPoolExecutor(max_workers=min(16, max(len(jobs), 1))) as pool:
         compiled = dict(zip(((id(prep), c) for prep, c in jobs), pool.map(_compile, jobs)))
     for prep in prepared:

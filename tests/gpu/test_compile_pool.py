@@ -22,12 +22,6 @@ def kernel_1(p0, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
 
 
 kernel_2 = kernel_0
-
-
-@triton.jit
-def kernel_3(p0, p1, n, stride, BLOCK: tl.constexpr):
-    x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(p1 + x * stride, tl.load(p0 + x, mask=x < n), mask=x < n)
 '''
 
 
@@ -43,18 +37,13 @@ def test_workers_compile_into_the_cache_and_isolate_failures(tmp_path):
         answers = pool.compile([{**job, "id": 0, "kernel": "kernel_0", "dtypes": ["bfloat16", "bfloat16"]},
                                 {**job, "id": 1, "kernel": "kernel_1", "dtypes": ["float32"]},
                                 {**job, "id": 2, "kernel": "no_such_kernel", "dtypes": ["float32"]},
-                                {**job, "id": 3, "kernel": "kernel_2", "dtypes": ["float32", "float32"]},
-                                # integers given by value (Triton specializes on them) and num_stages, as the
-                                # matmul template's configurations are compiled (tune/gpu_matmul.py)
-                                {**job, "id": 4, "kernel": "kernel_3", "constants": {"BLOCK": 128},
-                                 "args": [{"dtype": "float16"}, {"dtype": "float16"}, {"value": 1000},
-                                          {"value": 1}], "num_stages": 2}],
+                                {**job, "id": 3, "kernel": "kernel_2", "dtypes": ["float32", "float32"]}],
                                deadline_s=240)
     finally:
         pool.close()
-    assert answers[0]["ok"] and answers[3]["ok"] and answers[4]["ok"], json.dumps(answers)
+    assert answers[0]["ok"] and answers[3]["ok"], json.dumps(answers)
     assert not answers[1]["ok"] and "undefined_name" in answers[1]["error"]
     assert not answers[2]["ok"] and "no_such_kernel" in answers[2]["error"]
     cubins = list(cache.rglob("*.cubin"))
-    assert len(cubins) == 3  # kernel_0 for bf16 and (as kernel_2) for fp32, kernel_3
-    assert pool.compiled == 3
+    assert len(cubins) == 2  # kernel_0 for bf16 and (as kernel_2) for fp32
+    assert pool.compiled == 2
