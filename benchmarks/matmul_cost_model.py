@@ -48,7 +48,7 @@ def main() -> None:
         model, inputs = models.build(name, device="cuda", dtype=torch.bfloat16)
         with torch.inference_mode():
             kiln.compile(model, mode="max-autotune")(*inputs)
-    rhos, hits = [], 0
+    rhos, hits, ranks = [], 0, []
     for prob in seen:
         s = prob.spec
         rows = [(MatmulConfig.from_trace(c["config"]), t) for c, t in prob.timings if c["choice"] == "template"]
@@ -60,14 +60,17 @@ def main() -> None:
         ranked = sorted(zip(est, measured), key=lambda r: r[0])
         best = min(measured)
         hit = min(t for _, t in ranked[:top]) <= 1.05 * best
+        ranks.append(1 + next(i for i, (_, t) in enumerate(ranked) if t <= 1.05 * best))
         rhos.append(rho)
         hits += hit
         extern = next(t for c, t in prob.timings if c["choice"] == "extern")
         print(f"{s.m}x{s.n}x{s.k} epilogue={prob.epilogue is not None}: {len(rows)} configs, spearman {rho:.2f}, "
-              f"top-{top} within 5%: {hit}, best template {best * 1e6:.1f} us vs cuBLAS path {extern * 1e6:.1f} us")
+              f"top-{top} within 5%: {hit} (first within 5% at rank {ranks[-1]}), best template {best * 1e6:.1f} us vs cuBLAS path {extern * 1e6:.1f} us")
     if rhos:
         print(f"problems {len(rhos)}: mean spearman {sum(rhos) / len(rhos):.2f}, top-{top} hit rate "
               f"{hits / len(rhos):.0%}")
+        print("hit rate of the top k: " + ", ".join(f"k={k} {sum(r <= k for r in ranks) / len(ranks):.0%}"
+                                                     for k in (1, 2, 4, 8)))
 
 
 if __name__ == "__main__":
