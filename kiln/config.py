@@ -53,10 +53,11 @@ class Config:
     # For graphs with convolutions, build both layouts and keep the one that measures faster (the decision is
     # cached on disk beside the modules).
     layout_autotune: bool = True
-    # On a GPU, hold re-laid-out (NHWC) and BatchNorm-folded copies of weights.  On (default): faster
-    # convolutions (H200, bf16, reduce-overhead: ResNet-18 batch 16 0.49 ms with copies vs 0.65 ms without),
-    # but the copies sit beside the model's own weights (ResNet-18: 22 MiB in bf16).  Off: BatchNorm runs in
-    # the convolution's epilogue kernel and cuDNN converts the weight's layout inside each call.
+    # On a GPU in reduce-overhead and max-autotune, hold re-laid-out (NHWC) and BatchNorm-folded copies of
+    # weights: faster convolutions (H200, bf16, reduce-overhead: ResNet-18 batch 16 0.46-0.49 ms with copies,
+    # 0.56-0.64 ms without), but the copies sit beside the model's own weights (ResNet-18: 22 MiB in bf16).
+    # Default mode never holds copies (its memory stays at eager's): BatchNorm runs in the convolution's epilogue
+    # kernel and cuDNN converts the weight's layout inside each call.  False: no copies in any mode.
     gpu_weight_copies: bool = True
     # Let cuDNN measure its algorithms for the graph's convolutions (cudnn.benchmark, only while kiln's graph
     # runs; the choice is cached per shape by PyTorch, so only the first call pays).

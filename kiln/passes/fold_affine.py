@@ -108,10 +108,12 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
 
 
 def copy_weights(weight: torch.Tensor) -> bool:
-    """May a pass replace this weight by a modified copy?  Always on the CPU; on a GPU only when
-    ``Config.gpu_weight_copies`` is set (the model keeps its own weight, so the copy doubles its memory)."""
+    """May a pass replace this weight by a modified copy?  Always on the CPU; on a GPU only in the modes that
+    trade memory for speed, when ``Config.gpu_weight_copies`` is set (the model keeps its own weight, so the
+    copy doubles its memory)."""
     from kiln import config
-    return weight.device.type == "cpu" or config.get().gpu_weight_copies
+    from kiln.passes import pipeline
+    return weight.device.type == "cpu" or (config.get().gpu_weight_copies and pipeline.holds_copies())
 
 
 def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:

@@ -20,6 +20,7 @@ from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_gemm, decisions
+from kiln.tune import cpu_gemm as tune_gemm
 
 aten = torch.ops.aten
 _choices = decisions.ShapeChoices("gemm_choices-v3")  # v3: kiln's GEMM (deep K blocks) is a candidate
@@ -57,7 +58,8 @@ def _weight(n: Node) -> Node | None:
     return None
 
 
-def select_gemm(graph: Graph, log: RewriteLog | None = None) -> Graph:
+def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = False) -> Graph:
+    """``tuning`` (max-autotune): kiln's GEMM gets a measured schedule where the database has none."""
     if not onednn_available() and not cpu_gemm.available():
         return graph
 
@@ -83,8 +85,13 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None) -> Graph:
             if log:
                 log.hit(f"{packet.__name__} -> kiln GEMM")
             packed = cpu_gemm.pack_weight(w.attr("value").tensor.float())
+            tuned = tune_gemm.schedule(m, k, n, tune=tuning)
+            if tuned is not None and log:
+                log.hit("kiln GEMM schedule from tuning")
+            extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []
             return build_extern(b, torch.ops.kiln.linear_packed.default,
-                                [x, Baked(packed, f"packed{list(w.shape)}"), bias, n], {}, node.shape, node.dtype)
+                                [x, Baked(packed, f"packed{list(w.shape)}"), bias, n, *extra], {}, node.shape,
+                                node.dtype)
         if choice != "onednn":
             return None
         if log:

@@ -49,7 +49,9 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int,
+                       schedule: GemmSchedule | None = None) -> torch.Tensor:
+    """``schedule``: a tuned one (``tune/cpu_gemm.py``), or None for the rule ``schedule_for``."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
         raise ValueError(f"kiln::linear_packed expects a 2-D fp32 CPU input, got {x.dtype} {list(x.shape)} "
                          f"on {x.device}")
@@ -61,7 +63,7 @@ def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
         return out
     if k == 0:
         return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
-    s = schedule_for(m, k)
+    s = schedule or schedule_for(m, k)
     library(GemmSchedule(mr=s.mr)).kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(),
                                              bias.data_ptr() if bias is not None else None, out.data_ptr(), n, m, n,
                                              k, s.kc, s.mc, torch.get_num_threads())
@@ -69,11 +71,14 @@ def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
 
 
 @torch.library.custom_op("kiln::linear_packed", mutates_args=(), device_types="cpu")
-def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
-    """``x @ W^T + bias`` with ``W`` given packed by ``pack_weight``."""
-    return linear_packed_impl(x, packed, bias, n)
+def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, mr: int = 0, kc: int = 0,
+                  mc: int = 0) -> torch.Tensor:
+    """``x @ W^T + bias`` with ``W`` given packed by ``pack_weight``; ``mr, kc, mc`` a tuned schedule (0: the
+    rule's)."""
+    return linear_packed_impl(x, packed, bias, n, GemmSchedule(mr=mr, kc=kc, mc=mc) if mr else None)
 
 
 @linear_packed.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int) -> torch.Tensor:
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, mr: int = 0, kc: int = 0,
+      mc: int = 0) -> torch.Tensor:
     return x.new_empty(x.shape[0], n)

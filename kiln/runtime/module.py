@@ -25,6 +25,7 @@ from kiln.passes.dce import mutates
 from kiln.passes.kernel_build import NotFusable, build_kernel
 from kiln import config
 from kiln.passes.layout import choose_layouts, library_layouts
+from kiln.passes.pipeline import holds_copies
 from kiln.report import CompileReport
 from kiln.runtime import inplace, memory
 
@@ -320,9 +321,9 @@ class CompiledGraph:
             report.memory["summary"] += (f"; on this device taken from the caching allocator in plan order, "
                                          f"{reused} written in place, peak {report.memory['peak_bytes'] / 2**20:.2f}"
                                          f" MiB per call (kiln buffers and library results)")
-        # NHWC copies of weights for the library; not on a GPU unless asked: the copy would be held beside the
-        # model's own weights, and cuDNN converts a weight in the call, into memory it frees at once
-        relayout = self.ARENA or config.get().gpu_weight_copies
+        # NHWC copies of weights for the library; on a GPU only in the modes that hold copies: the copy is held
+        # beside the model's own weights, while cuDNN converts a weight in the call, into memory it frees at once
+        relayout = self.ARENA or (config.get().gpu_weight_copies and holds_copies(report.mode))
         cl_weights = {c.inputs[1] for c in plan.cl_convs} if relayout else set()
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:

@@ -58,12 +58,13 @@ def test_planned_buffers_are_allocated_once_and_released():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="weights are copied only on CUDA devices")
-def test_no_weight_copies_on_the_gpu_when_asked():
-    """With ``gpu_weight_copies=False`` every constant the compiled graph holds is the model's own tensor, or
-    small (per-channel values)."""
+@pytest.mark.parametrize("options", [{}, {"gpu_weight_copies": False, "mode": "reduce-overhead"}])
+def test_no_weight_copies_on_the_gpu_in_default_mode_or_when_asked(options):
+    """In default mode, or with ``gpu_weight_copies=False`` in any mode, every constant the compiled graph holds
+    is the model's own tensor, or small (per-channel values)."""
     model, inputs = MODELS["resnet18"](size=32, device=DEVICE, dtype=torch.bfloat16)
     own = {p.untyped_storage().data_ptr() for p in [*model.parameters(), *model.buffers()]}
-    got, report = compile_and_run(model, *inputs, gpu_weight_copies=False)
+    got, report = compile_and_run(model, *inputs, **options)
     for n in report.optimized.nodes:
         if n.op is Op.CONSTANT:
             t = n.attr("value").tensor
@@ -73,8 +74,8 @@ def test_no_weight_copies_on_the_gpu_when_asked():
 @pytest.mark.skipif(not HAS_CUDA, reason="measures CUDA memory")
 @pytest.mark.parametrize("name", ["resnet18", "gpt"])
 def test_compiled_call_peak_memory_at_most_eager(name):
-    """Without weight copies, peak allocated memory over a call (what the compiled graph holds included) is at
-    most eager's."""
+    """In default mode (no weight copies), peak allocated memory over a call (what the compiled graph holds
+    included) is at most eager's."""
     small = {"resnet18": {"size": 64, "batch": 4}, "gpt": {"seq": 64}}[name]
     model, inputs = MODELS[name](**small, device=DEVICE, dtype=torch.bfloat16)
 
@@ -94,7 +95,7 @@ def test_compiled_call_peak_memory_at_most_eager(name):
     with torch.inference_mode():
         model(*inputs)  # library workspaces of the current stream exist for both
     eager = peak(model)
-    compiled = peak(kiln.compile(model, fallback=False, fullgraph=True, gpu_weight_copies=False))
+    compiled = peak(kiln.compile(model, fallback=False, fullgraph=True))
     assert compiled <= eager, (compiled / 2**20, eager / 2**20)
 
 

@@ -1,0 +1,191 @@
+"""Schedules for kiln's CPU GEMM (``codegen/cpp_gemm.py``): a rule-generated space, a cost model that learns from
+this machine's measurements, measurement of the best few, and the tuning database.
+
+A GEMM schedule is ``(mr, kc, mc)``: micro-tile rows (compiled in), the depth of a rank-``kc`` update and the rows
+of A packed at once.  For one problem ``[m, k] @ [k, n]``:
+
+1. **Space** (``candidates``): every micro-tile height the ISA has registers for, K split into equal blocks of at
+   most 256 ... 2048, and A blocks filling 1/4 ... 1.5 of L2 (rounded to whole micro-tiles, capped at ``m``).
+2. **Cost model** (``estimate_s``): FMA time with the micro-tile's edge waste and the C tile's reload per K
+   block, plus the bytes moved to and from memory: A packed once, C re-read per K block, B re-read per A block.
+   ``Correction`` multiplies it by ``exp(w . features)`` (tile height, block sizes, how far the A block and
+   the B micro-panel overflow L2 and L1), ``w`` fitted by ridge least squares to log(measured / estimated) over
+   the samples this machine's database holds.
+3. **Measurement** (max-autotune): the ``MEASURED`` best-ranked candidates run alternately on random data, best
+   of rounds; every timing is kept as a sample (what the next fit learns from), the fastest as the problem's
+   record, so a second compile measures nothing and default mode uses it too.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
+
+KIND, SAMPLE_KIND = "cpu_gemm", "cpu_gemm_sample"
+MEASURED = 8        # candidates measured per problem
+ROUNDS = 5          # alternating rounds, best of each candidate
+KC_LIMITS = (256, 512, 1024, 2048)
+A_BLOCK_FRACTIONS = (0.25, 0.5, 0.75, 1.5)
+FEATURES = ("bias", "log_kc", "log_mc", "tall_tile", "a_over_l2", "b_over_l1")
+RIDGE = 0.1
+
+
+def _cache_bytes(level: int, default: int) -> int:
+    """Data cache size of cpu0 at ``level`` (Linux sysfs), or ``default``."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in base.glob("index*"):
+            if int((index / "level").read_text()) == level and (index / "type").read_text().strip() != "Instruction":
+                text = (index / "size").read_text().strip().upper()
+                return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+    except (OSError, ValueError):
+        pass
+    return default
+
+
+@dataclasses.dataclass(frozen=True)
+class Machine:
+    """What the cost model knows of the core: caches, tile width, and rough rates (their scale does not matter
+    for ranking; the learned correction absorbs the rest)."""
+    l1: int = 32 * 1024
+    l2: int = 1024 * 1024
+    nr: int = 32
+    tile_heights: tuple[int, ...] = (8, 12)
+    flops_per_s: float = 117e9     # one core's FMA peak (benchmarks/fma_probe.py on the dev box)
+    mem_bytes_per_s: float = 20e9
+
+    @staticmethod
+    def here() -> "Machine":
+        from kiln.runtime import cpu_gemm
+        nr = cpu_gemm.library().kiln_gemm_nr()
+        return Machine(l1=_cache_bytes(1, 32 * 1024), l2=_cache_bytes(2, 1024 * 1024), nr=nr,
+                       tile_heights=(8, 12) if nr == 32 else (6,))
+
+
+def candidates(m: int, k: int, n: int, machine: Machine) -> list[GemmSchedule]:
+    """The rule-generated space for one problem (no duplicates)."""
+    out: dict[tuple[int, int, int], GemmSchedule] = {}
+    for mr in machine.tile_heights:
+        for limit in KC_LIMITS:
+            kc = -(-k // -(-k // limit))
+            for fraction in A_BLOCK_FRACTIONS:
+                mc = max(mr, min(int(machine.l2 * fraction) // (4 * kc) // mr * mr, -(-m // mr) * mr))
+                out.setdefault((mr, kc, mc), GemmSchedule(mr=mr, kc=kc, mc=mc))
+    return list(out.values())
+
+
+def estimate_s(s: GemmSchedule, m: int, k: int, n: int, machine: Machine) -> float:
+    """Analytic time of one ``[m, k] @ [k, n]`` product under schedule ``s`` (see the module docstring)."""
+    rows = -(-m // s.mr) * s.mr                         # edge tiles are computed whole
+    k_blocks, a_blocks = -(-k // s.kc), -(-m // s.mc)
+    panels = -(-n // machine.nr)
+    # per K block each micro-tile loads, adds and stores its C tile and restarts its loop: ~12 k-steps' worth
+    compute = 2.0 * rows * k * panels * machine.nr / machine.flops_per_s * (1.0 + 12.0 / s.kc)
+    moved_mem = 8.0 * m * k + 8.0 * m * n * k_blocks + 4.0 * k * n * a_blocks
+    # An A block past L2 (re-read per column panel) and B micro-panels past L1 (re-read per micro-tile) cost
+    # almost nothing measured here - the prefetchers hide those streams - so they are left to the correction's
+    # features (a_over_l2, b_over_l1), which learn what they cost on the machine at hand.
+    return compute + moved_mem / machine.mem_bytes_per_s
+
+
+def features(s: GemmSchedule, machine: Machine) -> list[float]:
+    return [1.0, math.log2(s.kc), math.log2(s.mc), float(s.mr > 8), s.mc * s.kc * 4 / machine.l2,
+            s.kc * machine.nr * 4 / machine.l1]
+
+
+@dataclasses.dataclass
+class Correction:
+    """``exp(w . features)``: how this machine's measurements differ from the analytic estimate."""
+    weights: list[float] = dataclasses.field(default_factory=lambda: [0.0] * len(FEATURES))
+    samples: int = 0
+
+    def __call__(self, s: GemmSchedule, machine: Machine) -> float:
+        return math.exp(sum(w * f for w, f in zip(self.weights, features(s, machine))))
+
+    @staticmethod
+    def fit(samples: list[tuple[GemmSchedule, int, int, int, float]], machine: Machine) -> "Correction":
+        """Ridge least squares of log(measured / estimated) on the features, over ``(schedule, m, k, n,
+        seconds)`` samples; no samples, no correction."""
+        if not samples:
+            return Correction()
+        x = torch.tensor([features(s, machine) for s, *_ in samples], dtype=torch.float64)
+        y = torch.tensor([math.log(t / estimate_s(s, m, k, n, machine)) for s, m, k, n, t in samples],
+                         dtype=torch.float64)
+        ridge = RIDGE * torch.eye(x.shape[1], dtype=torch.float64)
+        ridge[0, 0] = 0.0  # the intercept (the model's overall scale) is not shrunk
+        w = torch.linalg.solve(x.T @ x + ridge, x.T @ y)
+        return Correction([float(v) for v in w], len(samples))
+
+
+def rank(m: int, k: int, n: int, machine: Machine, correction: Correction) -> list[GemmSchedule]:
+    """The space, best predicted first."""
+    return sorted(candidates(m, k, n, machine),
+                  key=lambda s: estimate_s(s, m, k, n, machine) * correction(s, machine))
+
+
+def problem_key(m: int, k: int, n: int) -> str:
+    return f"cpu_gemm:f32:{m}x{k}x{n}:t{torch.get_num_threads()}"
+
+
+def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
+    out = []
+    for r in db.records():
+        if r.kind == SAMPLE_KIND:
+            m, k, n = (int(v) for v in r.key.split(":")[2].split("x"))
+            out.append((GemmSchedule(**{f: r.trace[f] for f in ("mr", "kc", "mc")}), m, k, n, r.median_s))
+    return out
+
+
+def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int) -> list[float]:
+    """Best-of-rounds seconds per schedule, the schedules taking turns (a noisy neighbour hits all alike)."""
+    from kiln.runtime import cpu_gemm
+    gen = torch.Generator().manual_seed(0)
+    x, w, bias = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+    packed = cpu_gemm.pack_weight(w)
+    best = [float("inf")] * len(schedules)
+    for s in schedules:
+        cpu_gemm.linear_packed_impl(x, packed, bias, n, s)  # build the library, warm the caches
+    for _ in range(ROUNDS):
+        for i, s in enumerate(schedules):
+            start = time.perf_counter()
+            cpu_gemm.linear_packed_impl(x, packed, bias, n, s)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
+def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> GemmSchedule | None:
+    """The database's schedule for this problem; else, when ``tune``, the fastest of the ``MEASURED``
+    best-ranked candidates (stored with every sample); else None (the rule, ``schedule_for``)."""
+    from kiln.tune.cpu import stats
+    from kiln.tune.db import TuningDB
+    own = db is None
+    db = db or TuningDB.open()
+    try:
+        key = problem_key(m, k, n)
+        record = db.get(key)
+        if record is not None:
+            stats.from_database += 1
+            return GemmSchedule(**{f: record.trace[f] for f in ("mr", "kc", "mc")})
+        if not tune:
+            return None
+        machine = Machine.here()
+        ranked = rank(m, k, n, machine, Correction.fit(_samples(db), machine))
+        chosen = ranked[:MEASURED]
+        rule = schedule_for(m, k)
+        if rule not in chosen and rule.mr in machine.tile_heights:
+            chosen.append(rule)  # the rule is always in the running: tuning never makes a problem slower
+        times = measure(chosen, m, k, n)
+        stats.measured += len(chosen)
+        for s, t in zip(chosen, times):
+            db.put(f"{key}:{s.mr}/{s.kc}/{s.mc}", SAMPLE_KIND, s.trace(), t, 0.0, structure=SAMPLE_KIND)
+        best = min(range(len(chosen)), key=lambda i: times[i])
+        db.put(key, KIND, chosen[best].trace(), times[best], max(times) - min(times), structure=KIND)
+        return chosen[best]
+    finally:
+        if own:
+            db.close()

@@ -1,0 +1,85 @@
+"""CPU GEMM schedule tuning (tune/cpu_gemm.py): the rule-generated space, the learned correction, measurement
+into the database (a second time measures nothing), and tuned schedules giving eager's results."""
+import math
+
+import pytest
+import torch
+
+from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
+from kiln.runtime import cpu_gemm
+from kiln.tune import cpu_gemm as tg
+from kiln.tune.db import TuningDB
+
+pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")
+MACHINE = tg.Machine(l1=32 * 1024, l2=1024 * 1024, nr=32, tile_heights=(8, 12))
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 1024, 4096), (256, 3072, 768), (5, 7, 3), (1000, 2500, 96)])
+def test_space_is_valid_and_holds_the_rule(m, k, n):
+    space = tg.candidates(m, k, n, MACHINE)
+    assert len(space) == len(set(space)) and schedule_for(m, k) in space
+    for s in space:
+        assert s.mr in MACHINE.tile_heights and s.mc % s.mr == 0 and 1 <= s.kc <= k
+        assert -(-k // s.kc) * s.kc - k < -(-k // s.kc)  # equal K blocks (at most one short by the rounding)
+
+
+def test_estimate_follows_the_costs_it_models():
+    m, k, n = 256, 1024, 1024
+    deep, shallow = GemmSchedule(mr=8, kc=1024, mc=256), GemmSchedule(mr=8, kc=128, mc=256)
+    assert tg.estimate_s(deep, m, k, n, MACHINE) < tg.estimate_s(shallow, m, k, n, MACHINE)  # C reloaded per block
+    ragged = GemmSchedule(mr=12, kc=1024, mc=264)  # 256 rows in 12-row tiles: 8 rows computed for nothing
+    assert tg.estimate_s(deep, m, k, n, MACHINE) < tg.estimate_s(ragged, m, k, n, MACHINE)
+
+
+def test_correction_learns_what_the_estimate_misses():
+    """Synthetic 'measurements': the estimate times 1.3 for 12-row tiles and a cost of A blocks past L2.  Fitted
+    on two problems, the corrected model ranks a third as those measurements would."""
+    def measured(s, m, k, n):
+        return tg.estimate_s(s, m, k, n, MACHINE) * (1.3 if s.mr == 12 else 1.0) * \
+            math.exp(0.2 * s.mc * s.kc * 4 / MACHINE.l2)
+
+    train = [(s, m, k, n, measured(s, m, k, n)) for m, k, n in ((64, 1024, 4096), (256, 768, 2304))
+             for s in tg.candidates(m, k, n, MACHINE)]
+    correction = tg.Correction.fit(train, MACHINE)
+    assert correction.samples == len(train)
+    assert correction.weights[tg.FEATURES.index("tall_tile")] == pytest.approx(math.log(1.3), abs=0.05)
+    m, k, n = 1024, 1024, 1024
+    space = tg.candidates(m, k, n, MACHINE)
+    truth = sorted(space, key=lambda s: measured(s, m, k, n))
+    ranked = tg.rank(m, k, n, MACHINE, correction)
+    assert ranked[0] == truth[0]
+    assert ranked[:3] != sorted(space, key=lambda s: tg.estimate_s(s, m, k, n, MACHINE))[:3]  # it did learn
+    assert sum(abs(ranked.index(s) - truth.index(s)) for s in space) <= len(space) // 2
+    assert tg.Correction.fit([], MACHINE).weights == [0.0] * len(tg.FEATURES)
+
+
+def test_tuning_measures_the_best_ranked_once(tmp_path, monkeypatch):
+    db = TuningDB.open(tmp_path / "tuning.sqlite")
+    calls = []
+
+    def fake_measure(schedules, m, k, n):
+        calls.append(list(schedules))
+        return [0.001 * (1 + i) for i in range(len(schedules))][::-1]  # the last measured is fastest
+
+    try:
+        chosen = tg.schedule(96, 512, 256, tune=True, db=db, measure=fake_measure)
+        space = tg.candidates(96, 512, 256, tg.Machine.here())
+        assert len(calls) == 1 and len(calls[0]) == min(tg.MEASURED, len(space))  # the rule is in this space
+        assert chosen == calls[0][-1]
+        samples = [r for r in db.records() if r.kind == tg.SAMPLE_KIND]
+        assert len(samples) == len(calls[0])  # every timing is kept for the next fit
+        again = tg.schedule(96, 512, 256, tune=True, db=db,
+                            measure=lambda *a: pytest.fail("a tuned problem was measured again"))
+        assert again == chosen
+        assert tg.schedule(96, 512, 257, tune=False, db=db) is None  # default mode: the rule, nothing measured
+    finally:
+        db.close()
+
+
+@pytest.mark.parametrize("mr,kc,mc", [(8, 100, 16), (12, 512, 24), (8, 37, 8)])
+def test_any_schedule_of_the_space_computes_the_product(mr, kc, mc):
+    gen = torch.Generator().manual_seed(mr + kc)
+    x, w, b = torch.randn(50, 300, generator=gen), torch.randn(70, 300, generator=gen), torch.randn(70, generator=gen)
+    got = torch.ops.kiln.linear_packed(x, cpu_gemm.pack_weight(w), b, 70, mr, kc, mc)
+    ref = (x.double() @ w.double().T + b.double()).float()
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-4)
