@@ -510,7 +510,22 @@ class CompiledGraph:
             return env[n].clone()
         if n in self.plan.strides_of:  # a library's channels-last result: the caller gets eager's layout
             return env[n].contiguous()
+        base = n
+        while base.op in VIEW and base not in env:
+            base = base.inputs[0]
+        if base is not n and base in self.plan.strides_of:
+            # a view of such a result (flatten, permute, slice): eager's strides are the view's of a contiguous
+            # base, so the view is taken of a contiguous copy
+            return self._view_of_contiguous(n, base, env)
         return self._value(n, env)
+
+    def _view_of_contiguous(self, n: Node, base: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
+        if n is base:
+            return env[n].contiguous()
+        fn = self._view_fns.get(n)
+        if fn is None:
+            fn = self._view_fns[n] = view_function(n)
+        return fn(self._view_of_contiguous(n.inputs[0], base, env))
 
 
 def build_module(graph: Graph, report: CompileReport) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:

@@ -150,3 +150,21 @@ def test_choice_is_measured_once_and_can_be_turned_off(monkeypatch):
     assert "conv_winograd" not in reports_since(position)[-1].externs
     with config.scope(winograd_tiles="3"), pytest.raises(ValueError, match="tile sizes must be among"):
         winograd.tiles()
+
+
+def test_views_of_channels_last_results_have_eager_strides(monkeypatch):
+    """A graph output that is a view (flatten, permute) of a library's channels-last result gets the strides
+    eager's contiguous result would give it."""
+    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    conv = nn.Conv2d(16, 32, 3, padding=1)
+
+    def fn(x):
+        z = conv(torch.relu(x))
+        return z.flatten(1), z.permute(0, 2, 3, 1)
+
+    x = torch.randn(2, 16, 12, 12)
+    with torch.inference_mode():
+        got, expected = kiln.compile(fn, fallback=False)(x), fn(x)
+    for a, b in zip(got, expected):
+        assert a.stride() == b.stride()
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
