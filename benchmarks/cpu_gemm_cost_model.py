@@ -13,8 +13,8 @@ import argparse
 
 import torch
 
-from benchmarks.matmul_cost_model import spearman
 from kiln.tune import cpu_gemm as tg
+from kiln.tune.ranking import spearman
 
 # the suite's linear layers (MLP batch 64; GPT 256 tokens) and a square one
 SHAPES = "64x1024x4096,64x4096x4096,64x4096x1024,256x768x2304,256x768x768,256x768x3072,256x3072x768,256x768x8192," \

@@ -14,20 +14,7 @@ import tempfile
 
 import torch
 
-
-def spearman(xs: list[float], ys: list[float]) -> float:
-    def ranks(v: list[float]) -> list[float]:
-        order = sorted(range(len(v)), key=lambda i: v[i])
-        r = [0.0] * len(v)
-        for rank, i in enumerate(order):
-            r[i] = float(rank)
-        return r
-    rx, ry = ranks(xs), ranks(ys)
-    n = len(xs)
-    mx, my = sum(rx) / n, sum(ry) / n
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
-    return cov / var if var else 0.0
+from kiln.tune.ranking import spearman
 
 
 def main() -> None:
