@@ -13,7 +13,8 @@ of A packed at once.  For one problem ``[m, k] @ [k, n]``:
    the samples this machine's database holds.
 3. **Measurement** (max-autotune): the ``MEASURED`` best-ranked candidates run alternately on random data, best
    of rounds; every timing is kept as a sample (what the next fit learns from), the fastest as the problem's
-   record, so a second compile measures nothing and default mode uses it too.
+   record, so a second compile measures nothing and default mode uses it too.  A problem whose measurement the
+   model puts above ``BUDGET_SHARE`` of ``Config.tune_budget_s`` keeps the rule.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import torch
 
+from kiln import config
 from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
 
 KIND, SAMPLE_KIND = "cpu_gemm", "cpu_gemm_sample"
@@ -33,6 +35,7 @@ KC_LIMITS = (256, 512, 1024, 2048)
 A_BLOCK_FRACTIONS = (0.25, 0.5, 0.75, 1.5)
 FEATURES = ("bias", "log_kc", "log_mc", "tall_tile", "a_over_l2", "b_over_l1")
 RIDGE = 0.1
+BUDGET_SHARE = 0.1  # most of ``Config.tune_budget_s`` one problem's measurement may take (estimated)
 
 
 def _cache_bytes(level: int, default: int) -> int:
@@ -179,6 +182,9 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> 
         rule = schedule_for(m, k)
         if rule not in chosen and rule.mr in machine.tile_heights:
             chosen.append(rule)  # the rule is always in the running: tuning never makes a problem slower
+        cost_s = sum(estimate_s(s, m, k, n, machine) for s in chosen) * (ROUNDS + 1) / max(1, torch.get_num_threads())
+        if cost_s > BUDGET_SHARE * config.get().tune_budget_s:
+            return None  # a product too big to time within its share of the budget keeps the rule
         times = measure(chosen, m, k, n)
         stats.measured += len(chosen)
         for s, t in zip(chosen, times):

@@ -105,3 +105,14 @@ def test_cost_model_ranks_measured_small_kernels(m, k, n):
     assert spearman(estimated, measured) >= 0.7, list(zip(space, measured, estimated))
     top = sorted(range(len(space)), key=lambda i: estimated[i])[:8]
     assert min(measured[i] for i in top) <= 1.05 * min(measured)
+
+
+def test_a_product_too_big_for_the_budget_keeps_the_rule(tmp_path):
+    from kiln import config
+    db = TuningDB.open(tmp_path / "tuning.sqlite")
+    try:
+        with config.scope(tune_budget_s=0.001):
+            assert tg.schedule(512, 512, 512, tune=True, db=db,
+                               measure=lambda *a: pytest.fail("measured beyond the budget")) is None
+    finally:
+        db.close()
