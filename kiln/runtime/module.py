@@ -479,6 +479,8 @@ class CompiledGraph:
             if fn is None:
                 fn = self._view_fns[n] = view_function(n)
             value = env[n] = fn(self._value(n.inputs[0], env))
+            if n.inputs[0] in self.static:  # a view of a constant (a transposed weight) is the same every call
+                self.static[n] = value
             return value
         raise KeyError(f"kiln runtime: no value for {n}")
 
