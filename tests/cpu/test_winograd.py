@@ -168,3 +168,16 @@ def test_views_of_channels_last_results_have_eager_strides(monkeypatch):
     for a, b in zip(got, expected):
         assert a.stride() == b.stride()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_channels_past_one_k_block():
+    """More input channels than one K block of the GEMM (1024): the products accumulate over K blocks."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(1, 1100, 6, 5, generator=gen)
+    weight = torch.randn(20, 1100, 3, 3, generator=gen) / 30
+    bias = torch.randn(20, generator=gen)
+    ref = F.conv2d(x.double(), weight.double(), bias.double(), padding=1)
+    y = torch.ops.kiln.conv_winograd(x, cpu_conv.transform_weight(weight, 2), bias, None, 20, 2, [1, 1], False)
+    # the per-op fp32 tolerance against float64 (9900 products per output: direct convolution's own error here
+    # is 1-3e-6, Winograd's 3-9e-6, at every channel count from 900 to 2048, across the K-block boundary)
+    torch.testing.assert_close(y, ref.float(), rtol=1.3e-5, atol=1.5e-5)
