@@ -7,7 +7,8 @@ Winograd's minimal filtering F(m x m, 3 x 3) computes an m x m block of outputs 
 
 Over channels the elementwise product becomes alpha^2 independent GEMMs, one per tile position p::
 
-    V[p][tile][c]  = (B^T d_tile,c B)[p]           input transform, vectorised over channels
+    V[p][tile][c]  = (B^T d_tile,c B)[p]           input transform, vectorised over channels (optionally with
+                                                   the producer's ReLU applied to d as it is read)
     U[p][c][k]     = (G g_k,c G^T)[p]              weight transform, once at compile time, packed for the GEMM
     M[p]           = V[p] @ U[p]                   [tiles x C] @ [C x K]: kiln's GEMM micro-kernel (cpp_gemm.py)
     y_tile,k       = A^T M[.][tile][k] A  (+ bias, + residual, relu)   output transform with the fused epilogue
@@ -155,8 +156,9 @@ extern "C" int kiln_winograd_alpha() { return WA; }
 extern "C" void kiln_winograd(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xsn,
                               int64_t xsc, int64_t xsh, int64_t xsw, const float* u, const float* bias,
                               const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
-                              int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t ph, int64_t pw, int64_t ho, int64_t wo, int relu,
-                              int64_t tb, int64_t KC, int threads) {
+                              int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t ph,
+                              int64_t pw, int64_t ho, int64_t wo, int relu, int relu_in, int64_t tb, int64_t KC,
+                              int threads) {
   const int64_t th = (ho + WM - 1) / WM, tw = (wo + WM - 1) / WM, tiles = n * th * tw;
   const int64_t blocks = (tiles + tb - 1) / tb, panels = (k + KILN_NR - 1) / KILN_NR;
 #pragma omp parallel num_threads(threads)
@@ -178,6 +180,7 @@ extern "C" void kiln_winograd(const float* x, int64_t n, int64_t h, int64_t w, i
               const int64_t yy = y0 + i, xx = x0 + j;
               d[i][j] = (yy >= 0 && yy < h && xx >= 0 && xx < w)
                             ? vloads(x + b * xsn + yy * xsh + xx * xsw + c0 * xsc, cn, xsc) : VZERO();
+              if (relu_in) d[i][j] = VMAX(VZERO(), d[i][j]);  // the producer's ReLU, applied as the input is read
             }
           KILN_INPUT_TRANSFORM
           for (int i = 0; i < WA; ++i)

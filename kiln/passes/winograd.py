@@ -11,6 +11,9 @@ The epilogue is free in the output transform, while as separate kernels the add 
 over the output (ResNet-18's residual blocks: conv-BN-add-ReLU).  The ReLU is ``max(0, x)`` with NaN kept, as
 ``torch.relu`` (oneDNN's fused ReLU maps NaN to 0, so kiln never fuses it into oneDNN's calls).
 
+A ReLU between a library's convolution and a Winograd one is applied in the Winograd input transform instead
+(the seed model: oneDNN's conv1, ReLU, conv2).
+
 Before (BN already folded into ``%w``, ``%b``)::        After::
 
     %5 = extern(%x, %w, %b,                              %7 = extern(%x, %b, %r, target=kiln.conv_winograd,
@@ -115,13 +118,14 @@ def _to_winograd(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Rew
     packed = cpu_conv.transform_weight(weight.float(), tile)
     return build_extern(b, torch.ops.kiln.conv_winograd.default,
                         [x, Baked(packed, f"winograd{tile}{list(w.shape)}"), bias, None, node.shape[1], tile,
-                         list(padding), False, True], {}, node.shape, node.dtype)
+                         list(padding), False, True, False], {}, node.shape, node.dtype)
 
 
 def _rebuilt(conv: Node, b: GraphBuilder, **changes: object) -> Node:
     """``conv`` (a Winograd extern) with some of its arguments replaced."""
     args, _ = extern_args(conv)
-    names = ("x", "packed", "bias", "residual", "out_channels", "tile", "padding", "relu", "channels_last")
+    names = ("x", "packed", "bias", "residual", "out_channels", "tile", "padding", "relu", "channels_last",
+             "relu_input")
     values = dict(zip(names, args))
     values.update(changes)
     return build_extern(b, conv.attr("target"), [values[name] for name in names], {}, conv.shape, conv.dtype)
@@ -130,10 +134,18 @@ def _rebuilt(conv: Node, b: GraphBuilder, **changes: object) -> Node:
 def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses: dict[Node, int],
                      outputs: set[Node], log: RewriteLog | None) -> Node | None:
     """``relu(conv)`` and ``conv + r`` (r of the same shape) become the convolution's epilogue, when the
-    convolution's result has no other use; an add only before the ReLU (the kernel adds, then clamps)."""
+    convolution's result has no other use; an add only before the ReLU (the kernel adds, then clamps).  A ReLU
+    whose only reader is a Winograd convolution and which no epilogue took (it follows oneDNN's convolution,
+    whose own ReLU maps NaN to 0) is applied by that convolution as it reads its input."""
     def fusable(original: Node, rewritten: Node) -> bool:
         return is_winograd_conv(rewritten) and uses.get(original, 0) == 1 and original not in outputs
 
+    if is_winograd_conv(node) and inputs[0].op is Op.RELU and uses.get(node.inputs[0], 0) == 1 \
+            and node.inputs[0] not in outputs and not extern_args(node)[0][9]:
+        if log:
+            log.hit("relu -> Winograd input")  # a producer the epilogue rule could not take (a library's)
+        return _rebuilt(Node(node.op, inputs, node.attrs, node.shape, node.dtype), b, x=inputs[0].inputs[0],
+                        relu_input=True)
     if node.op is Op.RELU and fusable(node.inputs[0], inputs[0]) and not extern_args(inputs[0])[0][7]:
         if log:
             log.hit("relu -> Winograd epilogue")
@@ -153,7 +165,7 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
 def winograd_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
     if not tiles() or not any(_candidate(n) for n in graph.nodes) or not cpu_conv.available():
         return graph  # (available() builds the library: only for graphs with a CPU convolution to give it)
-    graph = rewrite(graph, lambda node, inputs, b: _to_winograd(node, inputs, b, log))
+    graph = dce(rewrite(graph, lambda node, inputs, b: _to_winograd(node, inputs, b, log)))  # dead readers: not uses
     if not any(is_winograd_conv(n) for n in graph.nodes):
         return graph
     uses = {n: len(users) for n, users in graph.users().items()}

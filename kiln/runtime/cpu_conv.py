@@ -31,7 +31,7 @@ def library(m: int) -> ctypes.CDLL:
     lib.kiln_pack_b.argtypes = [_P, _I, _I, _I, _I, _P]
     lib.kiln_pack_b.restype = None
     lib.kiln_winograd.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I,
-                                  _I, _I, _I, _I, _I, _I, ctypes.c_int, _I, _I, ctypes.c_int]
+                                  _I, _I, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int]
     lib.kiln_winograd.restype = None
     return lib
 
@@ -86,7 +86,7 @@ def _gatherable(t: torch.Tensor) -> torch.Tensor:
 
 def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                        residual: torch.Tensor | None, out_channels: int, tile: int, padding: list[int],
-                       relu: bool, channels_last: bool) -> torch.Tensor:
+                       relu: bool, channels_last: bool, relu_input: bool = False) -> torch.Tensor:
     if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
         raise ValueError(f"kiln::conv_winograd expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} "
                          f"{list(x.shape)} on {x.device}")
@@ -116,22 +116,24 @@ def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     library(tile).kiln_winograd(
         x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
         res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), k, ph, pw, ho, wo,
-        int(relu), tb, kc, threads)
+        int(relu), int(relu_input), tb, kc, threads)
     return y
 
 
 @torch.library.custom_op("kiln::conv_winograd", mutates_args=(), device_types="cpu")
 def conv_winograd(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                   out_channels: int, tile: int, padding: list[int], relu: bool,
-                  channels_last: bool = True) -> torch.Tensor:
-    """``[relu](conv2d(x, W, bias, padding) [+ residual])`` for a 3x3 stride-1 ``W`` given by
+                  channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+    """``[relu](conv2d([relu](x), W, bias, padding) [+ residual])`` for a 3x3 stride-1 ``W`` given by
     ``transform_weight(W, tile)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``."""
-    return conv_winograd_impl(x, packed, bias, residual, out_channels, tile, padding, relu, channels_last)
+    return conv_winograd_impl(x, packed, bias, residual, out_channels, tile, padding, relu, channels_last,
+                              relu_input)
 
 
 @conv_winograd.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-      out_channels: int, tile: int, padding: list[int], relu: bool, channels_last: bool = True) -> torch.Tensor:
+      out_channels: int, tile: int, padding: list[int], relu: bool, channels_last: bool = True,
+      relu_input: bool = False) -> torch.Tensor:
     n, _, h, w = x.shape
     return x.new_empty((n, out_channels, h + 2 * padding[0] - 2, w + 2 * padding[1] - 2),
                        memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -181,3 +181,30 @@ def test_channels_past_one_k_block():
     # the per-op fp32 tolerance against float64 (9900 products per output: direct convolution's own error here
     # is 1-3e-6, Winograd's 3-9e-6, at every channel count from 900 to 2048, across the K-block boundary)
     torch.testing.assert_close(y, ref.float(), rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_relu_of_the_input_is_applied_as_it_is_read():
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(1, 24, 9, 10, generator=gen)
+    x[0, 5, 3, 3] = float("nan")
+    weight = torch.randn(16, 24, 3, 3, generator=gen) / 8
+    y = torch.ops.kiln.conv_winograd(x, cpu_conv.transform_weight(weight, 2), None, None, 16, 2, [1, 1], False,
+                                     True, True)
+    torch.testing.assert_close(y, F.conv2d(torch.relu(x), weight, padding=1), rtol=1.3e-5, atol=1.5e-5,
+                               equal_nan=True)
+    assert torch.isnan(y[0, :, 2:5, 2:5]).all() and not torch.isnan(y[0, :, 6:, 6:]).any()
+
+
+def test_pass_moves_a_library_convolutions_relu_into_the_next_input(monkeypatch):
+    """oneDNN's strided convolution keeps its ReLU out (NaN semantics); the Winograd convolution reading it
+    applies the ReLU to its input instead of a separate kernel."""
+    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    model = nn.Sequential(nn.Conv2d(8, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1)).eval()
+    x = torch.randn(2, 8, 40, 40)
+    position = mark()
+    with torch.inference_mode():
+        torch.testing.assert_close(kiln.compile(model, fallback=False)(x), model(x), rtol=1e-4, atol=1e-5)
+    report = reports_since(position)[-1]
+    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    assert "relu -> Winograd input: 1" in notes, notes
+    assert not report.kernels, [k.name for k in report.kernels]
