@@ -22,6 +22,7 @@ from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
 from kiln.passes.winograd import winograd_conv
 from kiln.report import CompileReport, PassRecord
+from kiln.runtime import decisions
 
 Pass = Callable[[Graph, RewriteLog], Graph]
 
@@ -78,6 +79,7 @@ def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool 
     _mode = report.mode if report is not None else "default"
     from kiln.passes.check import Checker
     checker = Checker(graph) if check else None
+    decisions.take_measured()  # (measurements made outside a compile are nobody's report)
     for name, fn in PIPELINE:
         log = RewriteLog()
         start = time.perf_counter()
@@ -85,7 +87,8 @@ def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool 
         graph = fn(graph, log)
         verify(graph)
         if report is not None:
-            report.passes.append(PassRecord(name, time.perf_counter() - start, before, len(graph.nodes), log.notes()))
+            report.passes.append(PassRecord(name, time.perf_counter() - start, before, len(graph.nodes),
+                                            log.notes() + decisions.take_measured()))
         if checker is not None:
             checker.check(name, graph)
     return graph

@@ -47,7 +47,7 @@ def choose(m: int, k: int, n: int) -> str:
             packed = cpu_gemm.pack_weight(w)
             calls["kiln"] = lambda: torch.ops.kiln.linear_packed(x, packed, b, n)
         with torch.inference_mode():  # ATen unless another is clearly faster: the default path users know
-            _choices.put(key, decisions.fastest(calls, baseline="aten"))
+            _choices.put(key, decisions.fastest(calls, baseline="aten", what=f"linear {m}x{k}x{n}"))
     return _choices.get(key)
 
 

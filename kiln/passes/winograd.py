@@ -81,7 +81,8 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], padding: list[int
             u = cpu_conv.transform_weight(weight, m)
             calls[str(m)] = lambda u=u, m=m: torch.ops.kiln.conv_winograd(x, u, bias, None, k, m, padding, False)
         with torch.inference_mode():
-            _choices.put(key, int(decisions.fastest(calls, baseline="0")))
+            _choices.put(key, int(decisions.fastest(
+                calls, baseline="0", what=f"conv {list(x_shape)} x {list(w_shape)} (0: oneDNN, m: Winograd F(m))")))
     return int(_choices.get(key))
 
 
@@ -165,7 +166,8 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
 def winograd_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
     if not tiles() or not any(_candidate(n) for n in graph.nodes) or not cpu_conv.available():
         return graph  # (available() builds the library: only for graphs with a CPU convolution to give it)
-    graph = dce(rewrite(graph, lambda node, inputs, b: _to_winograd(node, inputs, b, log)))  # dead readers: not uses
+    # dead nodes first (folding leaves the unfolded convolutions behind): not converted, and not counted as uses
+    graph = dce(rewrite(dce(graph), lambda node, inputs, b: _to_winograd(node, inputs, b, log)))
     if not any(is_winograd_conv(n) for n in graph.nodes):
         return graph
     uses = {n: len(users) for n, users in graph.users().items()}

@@ -84,5 +84,6 @@ def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
         if available():
             calls["kiln"] = lambda: attention_impl(q, k, v, scale, causal)
         with torch.inference_mode():
-            _choices.put(key, decisions.fastest(calls, baseline="aten"))
+            _choices.put(key, decisions.fastest(calls, baseline="aten",
+                                                what=f"attention {b}x{h}x{t}x{d}{' causal' if causal else ''}"))
     return _choices.get(key) == "kiln"

@@ -83,9 +83,25 @@ class ShapeChoices:
         self._loaded = True
 
 
-def fastest(calls: dict[str, Any], baseline: str, repeats: int = 4, margin: float = 0.97) -> str:
+_measured: list[str] = []  # what fastest() measured since the last take_measured(), for the compile report
+
+
+def note_measured(line: str) -> None:
+    """Report a measurement made elsewhere (a tuner) with the pass that made it."""
+    _measured.append(line)
+
+
+def take_measured() -> list[str]:
+    """The measurements made since the last call, one line each (the pass pipeline puts them in its report)."""
+    lines = list(_measured)
+    _measured.clear()
+    return lines
+
+
+def fastest(calls: dict[str, Any], baseline: str, repeats: int = 4, margin: float = 0.97, what: str = "") -> str:
     """The name of the fastest of ``calls`` (zero-argument functions), timed alternately, best of ``repeats``
-    each (robust to a noisy neighbour); ``baseline`` unless another is clearly (``margin``) faster."""
+    each (robust to a noisy neighbour); ``baseline`` unless another is clearly (``margin``) faster.  The times
+    are noted for the report, under ``what``."""
     import time
     best = {name: float("inf") for name in calls}
     for fn in calls.values():
@@ -96,4 +112,7 @@ def fastest(calls: dict[str, Any], baseline: str, repeats: int = 4, margin: floa
             fn()
             best[name] = min(best[name], time.perf_counter() - start)
     winner = min(best, key=best.get)
-    return winner if best[winner] < margin * best[baseline] else baseline
+    chosen = winner if best[winner] < margin * best[baseline] else baseline
+    note_measured(f"measured {what or 'candidates'}: " + ", ".join(f"{name} {t * 1e3:.3f} ms"
+                                                                       for name, t in best.items()) + f" -> {chosen}")
+    return chosen

@@ -190,6 +190,11 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> 
         for s, t in zip(chosen, times):
             db.put(f"{key}:{s.mr}/{s.kc}/{s.mc}", SAMPLE_KIND, s.trace(), t, 0.0, structure=SAMPLE_KIND)
         best = min(range(len(chosen)), key=lambda i: times[i])
+        from kiln.runtime import decisions
+        decisions.note_measured(f"tuned GEMM {m}x{k}x{n}: {len(chosen)} schedules, best (mr, kc, mc) = "
+                                f"({chosen[best].mr}, {chosen[best].kc}, {chosen[best].mc}) {times[best] * 1e3:.3f} ms, "
+                                f"rule's {times[chosen.index(rule)] * 1e3:.3f} ms" if rule in chosen else
+                                f"tuned GEMM {m}x{k}x{n}: {len(chosen)} schedules, best {times[best] * 1e3:.3f} ms")
         db.put(key, KIND, chosen[best].trace(), times[best], max(times) - min(times), structure=KIND)
         return chosen[best]
     finally:

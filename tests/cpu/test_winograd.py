@@ -208,3 +208,14 @@ def test_pass_moves_a_library_convolutions_relu_into_the_next_input(monkeypatch)
     notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
     assert "relu -> Winograd input: 1" in notes, notes
     assert not report.kernels, [k.name for k in report.kernels]
+
+
+def test_the_report_shows_what_was_measured():
+    winograd._choices.clear()
+    model = nn.Sequential(nn.Conv2d(16, 24, 3, padding=1), nn.ReLU()).eval()
+    position = mark()
+    with torch.inference_mode():
+        kiln.compile(model, fallback=False)(torch.randn(1, 16, 40, 40))
+    notes = [note for p in reports_since(position)[-1].passes if p.name == "winograd" for note in p.notes]
+    assert any(note.startswith("measured conv [1, 16, 40, 40] x [24, 16, 3, 3]") and " ms" in note
+               for note in notes), notes
