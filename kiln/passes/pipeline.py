@@ -54,6 +54,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("cse", cse),                              # merge duplicates before folding, so each constant is folded once
     ("fold_constants", _fold),                 # weights are constants: BN scale/shift, transposed weights
     ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
+    ("dce_folded", lambda g, log: dce(g)),     # the unfolded layers: else the library passes pack their weights too
     ("select_gemm", _select_gemm),             # after folding: weights are final; time MKL vs oneDNN per shape
     ("winograd", _winograd),                   # after folding (final weights, BN bias); before oneDNN takes the rest
     ("prepack_conv", _prepack_conv),           # after folding: reorder final conv weights once for oneDNN
