@@ -52,7 +52,8 @@ def main() -> None:
         hits += hit
         extern = next(t for c, t in prob.timings if c["choice"] == "extern")
         print(f"{s.m}x{s.n}x{s.k} epilogue={prob.epilogue is not None}: {len(rows)} configs, spearman {rho:.2f}, "
-              f"top-{top} within 5%: {hit} (first within 5% at rank {ranks[-1]}), best template {best * 1e6:.1f} us vs cuBLAS path {extern * 1e6:.1f} us")
+              f"top-{top} within 5%: {hit} (first within 5% at rank {ranks[-1]}), best template {best * 1e6:.1f} us "
+              f"vs cuBLAS path {extern * 1e6:.1f} us")
     if rhos:
         print(f"problems {len(rhos)}: mean spearman {sum(rhos) / len(rhos):.2f}, top-{top} hit rate "
               f"{hits / len(rhos):.0%}")

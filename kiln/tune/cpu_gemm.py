@@ -27,6 +27,7 @@ import torch
 
 from kiln import config
 from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
+from kiln.runtime import decisions
 
 KIND, SAMPLE_KIND = "cpu_gemm", "cpu_gemm_sample"
 MEASURED = 8        # candidates measured per problem
@@ -190,11 +191,12 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> 
         for s, t in zip(chosen, times):
             db.put(f"{key}:{s.mr}/{s.kc}/{s.mc}", SAMPLE_KIND, s.trace(), t, 0.0, structure=SAMPLE_KIND)
         best = min(range(len(chosen)), key=lambda i: times[i])
-        from kiln.runtime import decisions
-        decisions.note_measured(f"tuned GEMM {m}x{k}x{n}: {len(chosen)} schedules, best (mr, kc, mc) = "
-                                f"({chosen[best].mr}, {chosen[best].kc}, {chosen[best].mc}) {times[best] * 1e3:.3f} ms, "
-                                f"rule's {times[chosen.index(rule)] * 1e3:.3f} ms" if rule in chosen else
-                                f"tuned GEMM {m}x{k}x{n}: {len(chosen)} schedules, best {times[best] * 1e3:.3f} ms")
+        won = chosen[best]
+        line = f"tuned GEMM {m}x{k}x{n}: {len(chosen)} schedules, best (mr, kc, mc) = ({won.mr}, {won.kc}, {won.mc})" \
+            f" {times[best] * 1e3:.3f} ms"
+        if rule in chosen:
+            line += f", the rule's {times[chosen.index(rule)] * 1e3:.3f} ms"
+        decisions.note_measured(line)
         db.put(key, KIND, chosen[best].trace(), times[best], max(times) - min(times), structure=KIND)
         return chosen[best]
     finally:

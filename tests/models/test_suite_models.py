@@ -14,8 +14,9 @@ SMALL = {
     "chain": {"size": 64},
 }
 # matmul (ATen/MKL or oneDNN, whichever measured faster), convolution and pooling
-ALLOWED_EXTERNS = {"convolution", "onednn_convolution", "conv_winograd", "attention", "mm", "addmm", "bmm", "onednn_linear", "linear_packed",
-                   "scaled_dot_product_attention", "max_pool2d_with_indices", "avg_pool2d"}
+ALLOWED_EXTERNS = {"convolution", "onednn_convolution", "conv_winograd", "attention", "mm", "addmm", "bmm",
+                   "onednn_linear", "linear_packed", "scaled_dot_product_attention", "max_pool2d_with_indices",
+                   "avg_pool2d"}
 
 
 @pytest.mark.parametrize("name", sorted(SMALL))
