@@ -39,7 +39,7 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def is_conv2d(n: Node) -> bool:
     """A 2-D convolution extern (ATen's, oneDNN's with a prepacked weight, or kiln's Winograd)."""
-    if writes_channels_last(n) or winograd.is_winograd_conv(n):
+    if is_prepacked_conv(n) or winograd.is_winograd_conv(n):
         return True
     if n.op is not Op.EXTERN or n.attr("out_index") is not None or not n.dtype.is_floating_point:
         return False

@@ -34,21 +34,21 @@ def onednn_available() -> bool:
 def choose(m: int, k: int, n: int) -> str:
     """'kiln', 'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape and
     machine (kept on disk beside the module cache, so a new process measures nothing)."""
-    key = (m, k, n, torch.get_num_threads())
-    if _choices.get(key) is None:
+    def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(m, k, generator=gen)
         w = torch.randn(n, k, generator=gen)
         b = torch.randn(n, generator=gen)
-        calls = {"aten": lambda: torch.addmm(b, x, w.t())}
+        out = {"aten": lambda: torch.addmm(b, x, w.t())}
         if onednn_available():
-            calls["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+            out["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
         if cpu_gemm.available():
             packed = cpu_gemm.pack_weight(w)
-            calls["kiln"] = lambda: torch.ops.kiln.linear_packed(x, packed, b, n)
-        with torch.inference_mode():  # ATen unless another is clearly faster: the default path users know
-            _choices.put(key, decisions.fastest(calls, baseline="aten", what=f"linear {m}x{k}x{n}"))
-    return _choices.get(key)
+            out["kiln"] = lambda: torch.ops.kiln.linear_packed(x, packed, b, n)
+        return out
+
+    # ATen unless another is clearly faster: the default path users know
+    return _choices.decide((m, k, n, torch.get_num_threads()), calls, baseline="aten", what=f"linear {m}x{k}x{n}")
 
 
 def _weight(n: Node) -> Node | None:

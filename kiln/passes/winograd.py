@@ -53,9 +53,19 @@ def is_winograd_conv(n: Node) -> bool:
     return n.op is Op.EXTERN and n.attr("target") is torch.ops.kiln.conv_winograd.default
 
 
+# kiln::conv_winograd's arguments, in order (runtime/cpu_conv.py)
+ARG_NAMES = ("x", "packed", "bias", "residual", "out_channels", "tile", "padding", "relu", "channels_last",
+             "relu_input")
+
+
+def _args(conv: Node) -> dict[str, object]:
+    """A Winograd extern's arguments by name (its input nodes substituted back in)."""
+    return dict(zip(ARG_NAMES, extern_args(conv)[0]))
+
+
 def writes_channels_last(n: Node) -> bool:
     """A Winograd extern whose result is channels-last (all but those that write a graph output)."""
-    return is_winograd_conv(n) and bool(n.attr("template")[0][8])
+    return is_winograd_conv(n) and bool(_args(n)["channels_last"])
 
 
 def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], padding: list[int]) -> int:
@@ -65,25 +75,26 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], padding: list[int
     n, c, h, w = x_shape
     k = w_shape[0]
     key = (n, c, h, w, k, *padding, torch.get_num_threads(), *allowed)
-    if _choices.get(key) is None:
+
+    def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(x_shape, generator=gen).contiguous(memory_format=torch.channels_last)
         weight = torch.randn(w_shape, generator=gen) / (3 * c ** 0.5)
         bias = torch.randn(k, generator=gen)
         if prepack_conv.available():
             packed = torch.ops.mkldnn._reorder_convolution_weight(weight, padding, [1, 1], [1, 1], 1, list(x_shape))
-            calls = {"0": lambda: torch.ops.mkldnn._convolution_pointwise(x, packed, bias, padding, [1, 1], [1, 1],
-                                                                          1, "none", [], "")}
+            out = {"0": lambda: torch.ops.mkldnn._convolution_pointwise(x, packed, bias, padding, [1, 1], [1, 1], 1,
+                                                                        "none", [], "")}
         else:
-            calls = {"0": lambda: torch.ops.aten.convolution(x, weight, bias, [1, 1], padding, [1, 1], False,
-                                                             [0, 0], 1)}
+            out = {"0": lambda: torch.ops.aten.convolution(x, weight, bias, [1, 1], padding, [1, 1], False, [0, 0],
+                                                           1)}
         for m in allowed:
             u = cpu_conv.transform_weight(weight, m)
-            calls[str(m)] = lambda u=u, m=m: torch.ops.kiln.conv_winograd(x, u, bias, None, k, m, padding, False)
-        with torch.inference_mode():
-            _choices.put(key, int(decisions.fastest(
-                calls, baseline="0", what=f"conv {list(x_shape)} x {list(w_shape)} (0: oneDNN, m: Winograd F(m))")))
-    return int(_choices.get(key))
+            out[str(m)] = lambda u=u, m=m: torch.ops.kiln.conv_winograd(x, u, bias, None, k, m, padding, False)
+        return out
+
+    return int(_choices.decide(key, calls, baseline="0",
+                               what=f"conv {list(x_shape)} x {list(w_shape)} (0: oneDNN, m: Winograd F(m))"))
 
 
 def _candidate(node: Node) -> list | None:
@@ -117,19 +128,17 @@ def _to_winograd(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Rew
     if log:
         log.hit(f"convolution -> kiln Winograd F({tile}x{tile}, 3x3)")
     packed = cpu_conv.transform_weight(weight.float(), tile)
-    return build_extern(b, torch.ops.kiln.conv_winograd.default,
-                        [x, Baked(packed, f"winograd{tile}{list(w.shape)}"), bias, None, node.shape[1], tile,
-                         list(padding), False, True, False], {}, node.shape, node.dtype)
+    args = dict(x=x, packed=Baked(packed, f"winograd{tile}{list(w.shape)}"), bias=bias, residual=None,
+                out_channels=node.shape[1], tile=tile, padding=list(padding), relu=False, channels_last=True,
+                relu_input=False)
+    return build_extern(b, torch.ops.kiln.conv_winograd.default, [args[name] for name in ARG_NAMES], {}, node.shape,
+                        node.dtype)
 
 
 def _rebuilt(conv: Node, b: GraphBuilder, **changes: object) -> Node:
     """``conv`` (a Winograd extern) with some of its arguments replaced."""
-    args, _ = extern_args(conv)
-    names = ("x", "packed", "bias", "residual", "out_channels", "tile", "padding", "relu", "channels_last",
-             "relu_input")
-    values = dict(zip(names, args))
-    values.update(changes)
-    return build_extern(b, conv.attr("target"), [values[name] for name in names], {}, conv.shape, conv.dtype)
+    values = {**_args(conv), **changes}
+    return build_extern(b, conv.attr("target"), [values[name] for name in ARG_NAMES], {}, conv.shape, conv.dtype)
 
 
 def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses: dict[Node, int],
@@ -142,12 +151,12 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
         return is_winograd_conv(rewritten) and uses.get(original, 0) == 1 and original not in outputs
 
     if is_winograd_conv(node) and inputs[0].op is Op.RELU and uses.get(node.inputs[0], 0) == 1 \
-            and node.inputs[0] not in outputs and not extern_args(node)[0][9]:
+            and node.inputs[0] not in outputs and not _args(node)["relu_input"]:
         if log:
             log.hit("relu -> Winograd input")  # a producer the epilogue rule could not take (a library's)
         return _rebuilt(Node(node.op, inputs, node.attrs, node.shape, node.dtype), b, x=inputs[0].inputs[0],
                         relu_input=True)
-    if node.op is Op.RELU and fusable(node.inputs[0], inputs[0]) and not extern_args(inputs[0])[0][7]:
+    if node.op is Op.RELU and fusable(node.inputs[0], inputs[0]) and not _args(inputs[0])["relu"]:
         if log:
             log.hit("relu -> Winograd epilogue")
         return _rebuilt(inputs[0], b, relu=True)
@@ -155,8 +164,8 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
         for i in (0, 1):
             conv, other = inputs[i], inputs[1 - i]
             if fusable(node.inputs[i], conv) and other.shape == conv.shape == node.shape \
-                    and other.dtype == torch.float32 and extern_args(conv)[0][3] is None \
-                    and not extern_args(conv)[0][7]:
+                    and other.dtype == torch.float32 and _args(conv)["residual"] is None \
+                    and not _args(conv)["relu"]:
                 if log:
                     log.hit("residual add -> Winograd epilogue")
                 return _rebuilt(conv, b, residual=other)

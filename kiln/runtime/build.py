@@ -42,6 +42,7 @@ __all__ = [
     "CompiledModule",
     "KilnBuildError",
     "build_stats",
+    "builds",
     "clear_memo",
     "compiler_info",
     "load_module",
@@ -511,3 +512,14 @@ def _load_or_build_locked(cache: Path, entry: Path, key: str, source: str, compi
         module.compile_seconds = seconds
         return module
     raise KilnBuildError(f"kiln: could not publish module {name!r} to {entry} (concurrent removal?)")
+
+
+def builds(load: Any) -> bool:
+    """Does ``load()`` (which builds and loads one of kiln's hand-scheduled libraries) succeed here?  False on
+    machines without the vector ISA the library needs or without a working compiler: callers keep the library
+    kiln would otherwise replace."""
+    try:
+        load()
+        return True
+    except Exception:  # noqa: BLE001 - any build or load failure means "not here"
+        return False

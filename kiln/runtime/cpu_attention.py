@@ -28,11 +28,8 @@ def library() -> ctypes.CDLL:
 
 
 def available() -> bool:
-    try:
-        library()
-        return True
-    except Exception:  # noqa: BLE001 - no vector ISA or no compiler: ATen's kernel stays
-        return False
+    from kiln.runtime.build import builds
+    return builds(library)
 
 
 def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: bool) -> torch.Tensor:
@@ -74,16 +71,15 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: b
 
 def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
     """Is kiln's kernel clearly faster than ATen's for this shape (measured once per shape and machine)?"""
-    key = (b, h, t, d, int(causal), torch.get_num_threads())
-    if _choices.get(key) is None:
+    def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
         scale = d ** -0.5
-        calls = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                                   scale=scale)}
+        out = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                                 scale=scale)}
         if available():
-            calls["kiln"] = lambda: attention_impl(q, k, v, scale, causal)
-        with torch.inference_mode():
-            _choices.put(key, decisions.fastest(calls, baseline="aten",
-                                                what=f"attention {b}x{h}x{t}x{d}{' causal' if causal else ''}"))
-    return _choices.get(key) == "kiln"
+            out["kiln"] = lambda: attention_impl(q, k, v, scale, causal)
+        return out
+
+    return _choices.decide((b, h, t, d, int(causal), torch.get_num_threads()), calls, baseline="aten",
+                           what=f"attention {b}x{h}x{t}x{d}{' causal' if causal else ''}") == "kiln"

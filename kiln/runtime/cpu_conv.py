@@ -17,6 +17,7 @@ import torch
 
 from kiln.codegen.cpp_gemm import schedule_for
 from kiln.codegen.cpp_winograd import winograd_matrices, winograd_source
+from kiln.runtime.cpu_gemm import bind_gemm
 
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -27,9 +28,7 @@ L2_BLOCK = 768 * 1024  # bytes the transformed tiles of one block (V and M) may 
 @functools.lru_cache(maxsize=None)
 def library(m: int) -> ctypes.CDLL:
     from kiln.runtime.build import load_module
-    lib = load_module(winograd_source(m), name=f"kiln_winograd{m}").lib
-    lib.kiln_pack_b.argtypes = [_P, _I, _I, _I, _I, _P]
-    lib.kiln_pack_b.restype = None
+    lib = bind_gemm(load_module(winograd_source(m), name=f"kiln_winograd{m}").lib)
     lib.kiln_winograd.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I,
                                   _I, _I, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int]
     lib.kiln_winograd.restype = None
@@ -37,11 +36,8 @@ def library(m: int) -> ctypes.CDLL:
 
 
 def available(m: int = 2) -> bool:
-    try:
-        library(m)
-        return True
-    except Exception:  # noqa: BLE001 - no vector ISA or no compiler: oneDNN stays
-        return False
+    from kiln.runtime.build import builds
+    return builds(lambda: library(m))
 
 
 def supports(weight_shape: tuple[int, ...], stride: list[int], dilation: list[int], groups: int) -> bool:

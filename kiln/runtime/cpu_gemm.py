@@ -13,29 +13,29 @@ import torch
 
 from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
 
-_F = ctypes.POINTER(ctypes.c_float)
 _I = ctypes.c_int64
+_P = ctypes.c_void_p
+
+
+def bind_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the signatures of the GEMM entry points every library built on ``cpp_gemm.SOURCE`` exports."""
+    lib.kiln_pack_b.argtypes = [_P, _I, _I, _I, _I, _P]
+    lib.kiln_pack_b.restype = None
+    lib.kiln_gemm.argtypes = [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_int]
+    lib.kiln_gemm.restype = None
+    return lib
 
 
 @functools.lru_cache(maxsize=None)
 def library(schedule: GemmSchedule = GemmSchedule()) -> ctypes.CDLL:
     from kiln.runtime.build import load_module
-    lib = load_module(gemm_source(schedule), name="kiln_gemm").lib
-    lib.kiln_pack_b.argtypes = [ctypes.c_void_p, _I, _I, _I, _I, ctypes.c_void_p]
-    lib.kiln_pack_b.restype = None
-    lib.kiln_gemm.argtypes = [ctypes.c_void_p, _I, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, _I, _I, _I, _I,
-                              _I, _I, ctypes.c_int]
-    lib.kiln_gemm.restype = None
-    return lib
+    return bind_gemm(load_module(gemm_source(schedule), name="kiln_gemm").lib)
 
 
 def available() -> bool:
     """Does this machine build the GEMM (AVX2+FMA or AVX-512, a working compiler)?"""
-    try:
-        library()
-        return True
-    except Exception:  # noqa: BLE001 - no vector ISA or no compiler: the libraries stay
-        return False
+    from kiln.runtime.build import builds
+    return builds(library)
 
 
 def pack_weight(w: torch.Tensor) -> torch.Tensor:

@@ -78,6 +78,15 @@ class ShapeChoices:
         self._choices[key] = value
         save(self._name(), {",".join(map(str, k)): v for k, v in self._choices.items()})
 
+    def decide(self, key: tuple[int, ...], calls: Any, baseline: str, what: str) -> Any:
+        """The stored choice for ``key``; else the ``fastest`` of ``calls()`` (a function building the
+        candidates: only called when there is something to measure), stored."""
+        if self.get(key) is None:
+            import torch
+            with torch.inference_mode():
+                self.put(key, fastest(calls(), baseline, what=what))
+        return self.get(key)
+
     def clear(self) -> None:
         self._choices.clear()
         self._loaded = True
@@ -98,19 +107,25 @@ def take_measured() -> list[str]:
     return lines
 
 
-def fastest(calls: dict[str, Any], baseline: str, repeats: int = 4, margin: float = 0.97, what: str = "") -> str:
-    """The name of the fastest of ``calls`` (zero-argument functions), timed alternately, best of ``repeats``
-    each (robust to a noisy neighbour); ``baseline`` unless another is clearly (``margin``) faster.  The times
-    are noted for the report, under ``what``."""
+def best_times(calls: list[Any], repeats: int) -> list[float]:
+    """Seconds of each zero-argument function, best of ``repeats`` after a warm-up (first-call allocations, lazy
+    library loading), the functions taking turns: a noisy neighbour hits all of them alike."""
     import time
-    best = {name: float("inf") for name in calls}
-    for fn in calls.values():
-        fn()  # warm-up: first-call allocations, lazy library loading
+    best = [float("inf")] * len(calls)
+    for fn in calls:
+        fn()
     for _ in range(repeats):
-        for name, fn in calls.items():
+        for i, fn in enumerate(calls):
             start = time.perf_counter()
             fn()
-            best[name] = min(best[name], time.perf_counter() - start)
+            best[i] = min(best[i], time.perf_counter() - start)
+    return best
+
+
+def fastest(calls: dict[str, Any], baseline: str, repeats: int = 4, margin: float = 0.97, what: str = "") -> str:
+    """The name of the fastest of ``calls`` (zero-argument functions, ``best_times``); ``baseline`` unless
+    another is clearly (``margin``) faster.  The times are noted for the report, under ``what``."""
+    best = dict(zip(calls, best_times(list(calls.values()), repeats)))
     winner = min(best, key=best.get)
     chosen = winner if best[winner] < margin * best[baseline] else baseline
     note_measured(f"measured {what or 'candidates'}: " + ", ".join(f"{name} {t * 1e3:.3f} ms"

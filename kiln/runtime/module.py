@@ -56,10 +56,6 @@ def _base(n: Node, buffer_of: dict[Node, str]) -> Node:
     return n
 
 
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
 @dataclasses.dataclass
 class Allocation:
     """A per-call buffer made right before its first writer (GPU path, see CompiledGraph.ARENA)."""
@@ -288,10 +284,7 @@ class CompiledGraph:
                     last_use[r] = k
                 inputs = [] if isinstance(s, Kernel) else s.node_inputs
             for i in inputs:
-                base = i
-                while base not in plan.buffer_of:
-                    base = base.inputs[0]
-                last_use[plan.buffer_of[base]] = k
+                last_use[plan.buffer_of[_base(i, plan.buffer_of)]] = k
         intervals = []
         for name, start in step_index.items():
             n = node_of[name]
@@ -377,7 +370,7 @@ class CompiledGraph:
                     for b in inplace.overwritable_inputs(kernels[0], buf_of[n]):
                         m = node_of[b]
                         if (m in dying and m not in taken and m.op not in (Op.INPUT, Op.CONSTANT)
-                                and m.numel == n.numel and _itemsize(m.dtype) == _itemsize(n.dtype)):
+                                and m.numel == n.numel and m.dtype.itemsize == n.dtype.itemsize):
                             reuse = m
                             taken.add(m)
                             break
@@ -391,9 +384,9 @@ class CompiledGraph:
         peak = 0
         for step, (kind, item) in enumerate(self.program):
             for a in self._alloc_before[step]:
-                live[a.node] = live.pop(a.reuse) if a.reuse is not None else a.node.numel * _itemsize(a.dtype)
+                live[a.node] = live.pop(a.reuse) if a.reuse is not None else a.node.numel * a.dtype.itemsize
             if kind == "extern" and item not in self.planned and item.op is Op.EXTERN:
-                live[item] = item.numel * _itemsize(item.dtype)
+                live[item] = item.numel * item.dtype.itemsize
             peak = max(peak, sum(live.values()))
             for n in self._drop_after[step]:
                 live.pop(n, None)
@@ -475,20 +468,28 @@ class CompiledGraph:
         if n in env:
             return env[n]
         if n.op in VIEW:  # a view chain handed to an extern without a copy (kept for this call's other users)
-            fn = self._view_fns.get(n)
-            if fn is None:
-                fn = self._view_fns[n] = view_function(n)
-            value = env[n] = fn(self._value(n.inputs[0], env))
+            value = env[n] = self._view_fn(n)(self._value(n.inputs[0], env))
             if n.inputs[0] in self.static:  # a view of a constant (a transposed weight) is the same every call
                 self.static[n] = value
             return value
         raise KeyError(f"kiln runtime: no value for {n}")
 
-    def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
+    def _view_fn(self, n: Node) -> Callable[[torch.Tensor], torch.Tensor]:
+        """The view node ``n`` applies to its input (built once)."""
+        fn = self._view_fns.get(n)
+        if fn is None:
+            fn = self._view_fns[n] = view_function(n)
+        return fn
+
+    def _extern_args(self, n: Node, env: dict[Node, torch.Tensor]) -> tuple[list, dict]:
+        """(args, kwargs) of extern node ``n``'s call on this call's values (the builder made once)."""
         build = self._arg_builders.get(n)
         if build is None:
             build = self._arg_builders[n] = argument_builder(n.attr("template"))
-        args, kwargs = build([self._value(i, env) for i in n.inputs])
+        return build([self._value(i, env) for i in n.inputs])
+
+    def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
+        args, kwargs = self._extern_args(n, env)
         if n in self.plan.cl_convs:
             # a channels-last input makes the library's result channels-last too (with an NCHW weight and
             # input it would be NCHW, and copied to the layout the kernels read: the graph's first convolution)
@@ -524,10 +525,7 @@ class CompiledGraph:
     def _view_of_contiguous(self, n: Node, base: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n is base:
             return env[n].contiguous()
-        fn = self._view_fns.get(n)
-        if fn is None:
-            fn = self._view_fns[n] = view_function(n)
-        return fn(self._view_of_contiguous(n.inputs[0], base, env))
+        return self._view_fn(n)(self._view_of_contiguous(n.inputs[0], base, env))
 
 
 def build_module(graph: Graph, report: CompileReport) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:

@@ -25,7 +25,6 @@ from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.report import CompileReport
 from kiln.codegen.triton_matmul import template_source
-from kiln.frontend.extern import argument_builder
 from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
 from kiln.runtime.module import CompiledGraph, Plan, _storage_uses
 
@@ -171,10 +170,7 @@ class TritonGraph(CompiledGraph):
         pass
 
     def _run_fused(self, step: MatmulStep, env: dict[Node, torch.Tensor]) -> None:
-        build = self._arg_builders.get(step.node)
-        if build is None:
-            build = self._arg_builders[step.node] = argument_builder(step.node.attr("template"))
-        operands, _ = build([self._value(i, env) for i in step.node.inputs])
+        operands, _ = self._extern_args(step.node, env)
         launch(step.fn, step.spec, step.config, launch_args(step.spec, operands, [env[n] for n in step.args]))
 
     def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from pathlib import Path
 
 import torch
@@ -146,20 +145,13 @@ def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
 
 
 def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int) -> list[float]:
-    """Best-of-rounds seconds per schedule, the schedules taking turns (a noisy neighbour hits all alike)."""
+    """Best-of-rounds seconds per schedule on random data (``decisions.best_times``)."""
     from kiln.runtime import cpu_gemm
     gen = torch.Generator().manual_seed(0)
     x, w, bias = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
     packed = cpu_gemm.pack_weight(w)
-    best = [float("inf")] * len(schedules)
-    for s in schedules:
-        cpu_gemm.linear_packed_impl(x, packed, bias, n, s)  # build the library, warm the caches
-    for _ in range(ROUNDS):
-        for i, s in enumerate(schedules):
-            start = time.perf_counter()
-            cpu_gemm.linear_packed_impl(x, packed, bias, n, s)
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
+    return decisions.best_times([lambda s=s: cpu_gemm.linear_packed_impl(x, packed, bias, n, s) for s in schedules],
+                                ROUNDS)
 
 
 def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> GemmSchedule | None:
