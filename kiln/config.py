@@ -59,8 +59,11 @@ class Config:
     # Default mode never holds copies (its memory stays at eager's): BatchNorm runs in the convolution's epilogue
     # kernel and cuDNN converts the weight's layout inside each call.  False: no copies in any mode.
     gpu_weight_copies: bool = True
-    # Let cuDNN measure its algorithms for the graph's convolutions (cudnn.benchmark, only while kiln's graph
-    # runs; the choice is cached per shape by PyTorch, so only the first call pays).
+    # In reduce-overhead and max-autotune, let cuDNN measure its algorithms for the graph's convolutions
+    # (cudnn.benchmark, only while kiln's graph runs; the choice is cached per shape by PyTorch, so only the
+    # first call pays).  Default mode keeps cuDNN's heuristic choice, as eager does: a measured algorithm may
+    # use workspace (peak memory above eager's) and was not faster on the suite's shapes
+    # (``benchmarks/conv_layouts.py``).
     cudnn_benchmark: bool = True
     # GPU matmuls (mm/addmm) may run as kiln's Triton template with the consumer fused in: chosen by measurement
     # in max-autotune (kept in the tuning database, which default mode then also follows).

@@ -4,7 +4,9 @@ Weights are CONSTANT nodes (frozen at capture), so anything computed only from w
 scale and shift - becomes one constant.  Views of weights (a transposed linear weight) stay views: they are
 free, and the GEMM library is tuned for the layout the model was written with.  Scalar arithmetic on FULL
 nodes folds to a FULL.  A fold that would materialise a tensor larger than its largest constant input (an
-``expand`` of a weight, say) is skipped: computing it inside a kernel is cheaper than storing it.
+``expand`` of a weight, say) is skipped: computing it inside a kernel is cheaper than storing it.  On a GPU
+with ``Config.gpu_weight_copies`` off nothing computed from weights is folded: the compiled graph then holds
+no tensor beside the model's own, and BatchNorm's per-channel arithmetic runs in the kernel that reads it.
 
 Before::                                         After::
 
@@ -21,6 +23,7 @@ from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.cse import is_random
+from kiln.passes.fold_affine import copy_weights
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 def _is_scalar_broadcast(n: Node) -> bool:
@@ -56,6 +59,8 @@ def fold_constants(graph: Graph, log: RewriteLog | None = None, max_numel: int =
             return None  # e.g. expand of a weight: cheaper to compute in the kernel than to store
         if not consts and n.shape != ():
             return None  # scalar broadcasts stay symbolic
+        if not all(copy_weights(_value(i)) for i in inputs if i.op is Op.CONSTANT):
+            return None  # a GPU graph that may hold no tensors of its own: BatchNorm's scale is computed in-kernel
         value = eval_node(n, [_value(i) for i in inputs])
         if log:
             log.hit(f"folded {n.op.value}")

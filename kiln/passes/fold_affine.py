@@ -3,9 +3,9 @@
 This is how BatchNorm disappears in inference: the lowering turns it into ``x * scale + shift`` with
 per-channel constants, and here ``conv(x, W, b) * s + t`` becomes ``conv(x, W * s, b * s + t)``; likewise
 ``addmm(b, x, Wt) * s + t`` -> ``addmm(b * s + t, x, Wt * s)`` and ``mm(x, Wt) + t`` -> ``addmm(t, x, Wt)``.
-On a GPU with ``Config.gpu_weight_copies`` off the scale is not folded (``copy_weights``): ``W * s`` would be a
-second copy of the weight beside the model's own, while ``* s`` costs nothing in the pointwise kernel that
-follows the convolution anyway.
+On a GPU with ``Config.gpu_weight_copies`` off nothing is folded (``copy_weights``): ``W * s`` would be a second
+copy of the weight beside the model's own (and ``b * s + t`` a new bias), while scale and shift cost nothing
+in the pointwise kernel that follows the convolution anyway.
 
 Before::                                                   After::
 
@@ -136,8 +136,9 @@ def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if value is None:
             return None
         weight = args[1] if e.attr("target").overloadpacket is aten.convolution else args[-1]
-        if n.op is Op.MUL and not copy_weights(_const_value(weight)):
-            return None  # a scaled weight would be a second copy of it; the scale stays in the next kernel
+        if not copy_weights(_const_value(weight)):
+            return None  # a scaled weight (or a new bias) would be held beside the model's own; the next kernel
+            #             applies scale and shift at no cost
         if log:
             log.hit(f"{'scale' if n.op is Op.MUL else 'shift'} folded into {e.attr('target').overloadpacket.__name__}")
         new = _rebuild(b, e, args, kwargs, value if n.op is Op.MUL else None, value if n.op is Op.ADD else None)

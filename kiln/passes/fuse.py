@@ -19,7 +19,10 @@
 
 Cost model: a shared producer is recomputed in each consumer kernel unless its inlined cost (1 per cheap op,
 8 per transcendental) exceeds ``RECOMPUTE_LIMIT``, i.e. unless recomputing it costs more than the 8 bytes a
-store plus load of one fp32 element moves.
+store plus load of one fp32 element moves.  Values computed from weights alone (BatchNorm's scale
+``w * rsqrt(var + eps)`` when it is not folded: GPU default mode holds no tensor of its own) cost nothing
+here: their inputs are a few per-channel values that stay in cache, and their arithmetic hides under the
+kernel's memory traffic.  Counting them made the stem's max-pool padding a materialized kernel.
 """
 from __future__ import annotations
 
@@ -95,8 +98,11 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
                     aliases.add(i)
                 realized.add(base)
     cost: dict[Node, int] = {}
+    from_weights: set[Node] = set()  # computed from constants alone
     for n in graph.nodes:
-        if n in realized or n.op not in INLINABLE:
+        if n.op in (Op.CONSTANT, Op.FULL) or (n.op in INLINABLE and n.inputs and set(n.inputs) <= from_weights):
+            from_weights.add(n)
+        if n in realized or n.op not in INLINABLE or n in from_weights:
             cost[n] = 0
             continue
         own = 8 if n.op in TRANSCENDENTAL else (0 if n.op in VIEW else 1)

@@ -16,6 +16,7 @@ from kiln.passes.cse import cse
 from kiln.passes.dce import dce
 from kiln.passes.fold import fold_constants
 from kiln.passes.fold_affine import fold_affine
+from kiln.passes.order import hoist_last_readers
 from kiln.passes.rewrite import RewriteLog
 from kiln.passes.prepack_conv import prepack_conv
 from kiln.passes.select_gemm import select_gemm
@@ -63,6 +64,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify_2", simplify),                  # folding exposes x*1, x+0 and new view chains
     ("cse_2", cse),
     ("dce_2", lambda g, log: dce(g)),          # folded constants leave their inputs dead
+    ("order", hoist_last_readers),             # last: the program order the runtime keeps (shorter lifetimes)
 ]
 
 

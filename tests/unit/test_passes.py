@@ -738,3 +738,68 @@ def test_split_conv_bias_moves_the_bias_into_an_add():
     conv = next(n for n in out.nodes if n.op is Op.EXTERN)
     assert len(conv.inputs) == 2  # x and the weight: no bias operand
     assert_same_results(g, out, rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------------- order
+
+def _downsample_block(ds_channels=8):
+    """x = relu(in); main = relu(conv2(relu(conv1(x)))); out = main + conv_ds(x), in capture's order (the 1x1
+    downsample convolution after the main branch)."""
+    b = GraphBuilder()
+    x = b.add(Op.RELU, (inp(b, (1, 4, 8, 8)),))
+
+    def conv(src, cin, cout, k, stride):
+        w = const(b, randn(cout, cin, k, k))
+        return build_extern(b, aten.convolution.default, [src, w, None, [stride, stride], [k // 2, k // 2],
+                                                          [1, 1], False, [0, 0], 1], {},
+                            (1, cout, 4, 4), F32)
+
+    h = b.add(Op.RELU, (conv(x, 4, 8, 3, 2),))
+    main = b.add(Op.RELU, (conv(h, 8, 8, 3, 1),))
+    ds = conv(x, 4, ds_channels, 1, 2)
+    if ds_channels != 8:
+        ds = b.add(Op.SLICE, (ds,), shape=(1, 8, 4, 4), dim=1, start=0, step=1)
+    return b.finish([b.add(Op.ADD, (main, ds))])
+
+
+def test_order_runs_the_last_reader_of_a_large_value_before_the_next_library_call():
+    from kiln.passes.order import hoist_last_readers
+    g = _downsample_block()
+    log = RewriteLog()
+    out = hoist_last_readers(g, log)
+    verify(out)
+    conv1, conv2, ds = [n for n in g.nodes if n.op is Op.EXTERN]
+    # conv1(x), then the downsample (x's last reader) before conv2: x dies before conv2 runs
+    assert [n for n in out.nodes if n.op is Op.EXTERN] == [conv1, ds, conv2]
+    assert log.counts == {"aten.convolution.default moved up: its input dies earlier": 1}
+    assert_same_results(g, out)
+    assert format_graph(hoist_last_readers(out)) == format_graph(out)  # nothing left to move
+
+
+def test_order_keeps_a_call_whose_result_is_larger_than_what_it_frees():
+    from kiln.passes.order import hoist_last_readers
+    g = _downsample_block(ds_channels=32)  # the downsample's result (512 values) outweighs x (256)
+    assert format_graph(hoist_last_readers(g)) == format_graph(g)
+
+
+def test_fusion_recomputes_values_computed_from_weights_alone():
+    """Unfolded BatchNorm (GPU default mode holds no folded constants): the scale ``w * rsqrt(var + eps)``
+    inlined into a producer that a max-pool reads 4 times must not make that producer a stored kernel."""
+    from kiln.passes.fuse import decide_realized
+    b = GraphBuilder()
+    x = inp(b, (1, 4, 8, 8))
+    mean, var, w, bias = (const(b, randn(4)) for _ in range(4))
+    eps = b.add(Op.EXPAND, (full(b, 1e-5),), shape=(4,))
+    scale = b.add(Op.MUL, (b.add(Op.RSQRT, (b.add(Op.ADD, (b.add(Op.ABS, (var,)), eps)),)), w))
+    shift = b.add(Op.ADD, (b.add(Op.MUL, (b.add(Op.NEG, (mean,)), scale)), bias))
+
+    def per_channel(v):
+        return b.add(Op.EXPAND, (b.add(Op.RESHAPE, (v,), shape=(4, 1, 1)),), shape=(1, 4, 8, 8))
+
+    y = b.add(Op.RELU, (b.add(Op.ADD, (b.add(Op.MUL, (x, per_channel(scale))), per_channel(shift))),))
+    rows = [b.add(Op.SLICE, (y,), shape=(1, 4, 4, 8), dim=2, start=i, step=2) for i in (0, 1)]
+    corners = [b.add(Op.SLICE, (r,), shape=(1, 4, 4, 4), dim=3, start=j, step=2) for r in rows for j in (0, 1)]
+    m = b.add(Op.MAXIMUM, (b.add(Op.MAXIMUM, corners[:2]), b.add(Op.MAXIMUM, corners[2:])))
+    g = b.finish([m])
+    realized, _ = decide_realized(g)
+    assert y not in realized and scale not in realized
