@@ -1,7 +1,8 @@
 """Latency of one call on the GPU, eager against kiln's default mode: each call synchronized before and after
-(launch and host overhead count), median of 30 calls, in rounds that alternate the two.
+(launch and host overhead count), median of 30 calls, in rounds that alternate them.  kiln runs its generated
+wrapper (``kiln.runtime.wrapper``); "interpreted" is the same compiled graph run by the interpreting call.
 
-    python -m benchmarks.call_latency --models mlp,seed,gpt [--rounds 3]
+    python -m benchmarks.call_latency --models mlp,seed,gpt,resnet18 [--rounds 3]
 """
 from __future__ import annotations
 
@@ -25,21 +26,31 @@ def median_call_us(fn, inputs, calls: int = 30) -> float:
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--models", default="mlp,seed,gpt")
+    p.add_argument("--models", default="mlp,seed,gpt,resnet18")
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     import kiln
     from benchmarks import models
+    from kiln.runtime.triton_module import TritonGraph
     for name in args.models.split(","):
         model, inputs = models.build(name, device="cuda", dtype=torch.bfloat16)
         with torch.inference_mode():
             compiled = kiln.compile(model)
+
+            def interpreted(*xs):
+                TritonGraph.WRAPPER = False
+                try:
+                    return compiled(*xs)
+                finally:
+                    TritonGraph.WRAPPER = True
             for _ in range(20):
                 compiled(*inputs)
                 model(*inputs)
             for r in range(args.rounds):
                 eager, ours = median_call_us(model, inputs), median_call_us(compiled, inputs)
-                print(f"{name:8s} round {r}: eager {eager:8.1f} us   kiln default {ours:8.1f} us", flush=True)
+                slow = median_call_us(interpreted, inputs)
+                print(f"{name:8s} round {r}: eager {eager:8.1f} us   kiln default {ours:8.1f} us   "
+                      f"(interpreted {slow:8.1f} us)", flush=True)
 
 
 if __name__ == "__main__":

@@ -48,6 +48,8 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
     if source and r.source:
         title = "generated Triton" if r.target == "triton" else "generated C++ (without the math prelude)"
         out += ["", f"--- {title}", _strip_prelude(r.source)]
+    if source and r.wrapper:
+        out += ["", "--- generated call (kiln.runtime.wrapper: the program as straight-line Python)", r.wrapper]
     return "\n".join(out)
 
 

@@ -29,6 +29,7 @@ class CompileReport:
     externs: list[str] = dataclasses.field(default_factory=list)     # extern calls left in the plan
     memory: dict[str, Any] = dataclasses.field(default_factory=dict)  # arena size, buffers, reuse
     source: str = ""
+    wrapper: str = ""             # GPU: the generated straight-line call (kiln.runtime.wrapper)
     fallback: str | None = None
     from_cache: bool = False
     compile_seconds: float = 0.0

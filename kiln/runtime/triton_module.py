@@ -8,6 +8,7 @@ grid.  Under ``TRITON_INTERPRET=1`` the same module runs on CPU tensors (how CI 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import os
@@ -27,6 +28,7 @@ from kiln.report import CompileReport
 from kiln.codegen.triton_matmul import template_source
 from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
 from kiln.runtime.module import CompiledGraph, Plan, _storage_uses
+from kiln.runtime.wrapper import build_wrapper
 
 _loaded: dict[str, Any] = {}
 
@@ -61,6 +63,8 @@ def import_file(path: Path | str) -> Any:
 
 class TritonGraph(CompiledGraph):
     ARENA = False  # buffers from the caching allocator, each kernel its own step (see CompiledGraph.ARENA)
+    WRAPPER = True  # calls run the generated straight-line wrapper (see [Note: generated wrapper]); False: the
+    #               interpreted program (benchmarks/memory_steps.py measures its steps; call_latency compares)
 
     def __init__(self, graph: Graph, report: CompileReport, device: torch.device):
         self.device = device
@@ -71,16 +75,38 @@ class TritonGraph(CompiledGraph):
             report.mode != "default" and any(
             getattr(n.attr("target"), "overloadpacket", None) is torch.ops.aten.convolution
             for n in graph.nodes if n.op is Op.EXTERN)
+        built = build_wrapper(self, self._segment_calls, self._fused_call)
+        self._wrapped, report.wrapper = built if built is not None else (None, "")
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if not self._cudnn_benchmark:
-            return super().__call__(inputs)
+            return self._run(inputs)
         before = torch.backends.cudnn.benchmark
         torch.backends.cudnn.benchmark = True  # this graph's convolutions only (see Config.cudnn_benchmark)
         try:
-            return super().__call__(inputs)
+            return self._run(inputs)
         finally:
             torch.backends.cudnn.benchmark = before
+
+    def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if self.WRAPPER and self._wrapped is not None:
+            return self._wrapped(inputs)
+        return super().__call__(inputs)  # the interpreted program
+
+    def _segment_calls(self, index: int) -> list[tuple[Callable, list[Node], bool]]:
+        """The generated wrapper's kernels of segment ``index``: (callable, argument nodes, takes one tuple)."""
+        calls = []
+        for fn, args, s in self._launches[index]:
+            if isinstance(fn, _Launcher):
+                calls.append((fn, args, True))
+            else:
+                calls.append((functools.partial(_launch_jit, fn, s), args, False))
+        return calls
+
+    def _fused_call(self, step: MatmulStep) -> tuple[Callable, list[Node]]:
+        """The generated wrapper's call of a matmul template step, on the values of its argument nodes."""
+        nodes = list(dict.fromkeys([*step.node.inputs, *step.args]))
+        return (lambda *values: self._run_fused(step, dict(zip(nodes, values)))), nodes
 
     def _fuse_steps(self, plan: Plan, report: CompileReport) -> Plan:
         """Matmuls whose measured (or recorded) best is kiln's Triton template take their epilogue kernel in."""
@@ -183,7 +209,12 @@ class TritonGraph(CompiledGraph):
             if isinstance(fn, _Launcher):
                 fn(tensors)
                 continue
-            fn[s.grid3](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
+            _launch_jit(fn, s, *tensors)
+
+
+def _launch_jit(fn: Any, s: Any, *tensors: torch.Tensor) -> None:
+    """Launch through Triton's JIT entry (the interpreter's way, and for buffers not 16-byte aligned)."""
+    fn[s.grid3](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
 
 
 def build_launcher(compiled: Any) -> None:
@@ -215,8 +246,7 @@ class _Launcher:
         if all(t.data_ptr() % 16 == 0 for t in tensors):
             self.runner(*tensors, *self.constants)
         else:
-            s = self.s
-            self.jit[s.grid3](*tensors, XBLOCK=s.xblock, RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
+            _launch_jit(self.jit, self.s, *tensors)
 
 
 class GraphReplay:

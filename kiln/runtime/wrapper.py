@@ -1,0 +1,260 @@
+"""The straight-line call of a compiled GPU graph: its program written out once as Python source.
+
+[Note: generated wrapper] ``CompiledGraph.__call__`` interprets the program on every call: per step it looks
+values up in a dict by node, walks view chains, and asks each allocation and library call how to run.  A
+small model on a GPU is host-bound in default mode (the GPU waits for the host), so that interpretation is
+much of the call's time.  Here the same program becomes one Python function, as Inductor's wrapper does:
+one local variable per value, allocations with literal shapes and strides, kernels and library calls through
+callables prepared at build time, views of weights computed once, and ``del`` where a value dies (so peak
+memory follows the same live set as the interpreted program).  The source is in the compile report.
+
+For a graph that writes to a caller's input (the write-back of a strided input needs the interpreter's
+bookkeeping) no wrapper is built; the interpreted call remains.
+
+Example (a convolution, its BatchNorm/ReLU kernel over the convolution's result in place, a flatten)::
+
+    def call(inputs):
+        v0 = inputs[0]
+        if v0.dtype is not float32 or v0.shape != (2, 4, 6, 6) or v0.device.type != 'cuda':
+            bad_input(0, v0, NODE_1, cuda_0)
+        if not v0.is_contiguous():
+            v0 = v0.contiguous()
+        v3 = EXTERN_2(None, v0, CONST_3)  # aten.convolution.default
+        v9 = v3.as_strided((2, 8, 6, 6), (288, 1, 48, 8), v3.storage_offset())
+        del v3
+        KERNEL_4((v9, CONST_5, CONST_6))  # kernel_0_relu (over the convolution's result, in place)
+        v10 = VIEW_7(v9)
+        ...
+        return [v12]
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+import torch
+
+from kiln.frontend.extern import argument_builder
+from kiln.ir.graph import Node
+from kiln.ir.ops import VIEW, Op, contiguous_strides
+
+if TYPE_CHECKING:
+    from kiln.runtime.module import Allocation, CompiledGraph
+
+
+def bad_input(k: int, t: torch.Tensor, n: Node, device: torch.device) -> None:
+    raise ValueError(f"kiln: input {k} expected {n.dtype} of shape {list(n.shape)} on {device.type}, "
+                     f"got {t.dtype} of shape {list(t.shape)} on {t.device.type}")
+
+
+class _Writer:
+    def __init__(self, module: "CompiledGraph", launchers: Callable[[int], list[tuple[Callable, list[Node], bool]]],
+                 fused: Callable[[Any], tuple[Callable, list[Node]]]):
+        self.m = module
+        self.launchers = launchers
+        self.fused = fused
+        self.ns: dict[str, Any] = {"bad_input": bad_input, "torch": torch}
+        self.position = {n: k for k, n in enumerate(module.graph.nodes)}
+        self.bound: dict[Node, str] = {}  # node -> the local or global name holding its value
+        self.locals: set[str] = set()
+        self.strides: dict[str, tuple[int, ...]] = {}  # local -> its strides (known when it is made)
+        self.lines: list[str] = []
+
+    # ------------------------------------------------------------------ names
+    def glob(self, value: Any, hint: str) -> str:
+        if isinstance(value, (torch.dtype, torch.device)):  # shared, readable names: bfloat16, cuda_0
+            name = str(value).removeprefix("torch.").replace(":", "_")
+            self.ns[name] = value
+            return name
+        name = f"{hint}_{len(self.ns)}"
+        self.ns[name] = value
+        return name
+
+    def bind(self, n: Node, strides: tuple[int, ...] | None = None) -> str:
+        name = f"v{self.position[n]}"
+        self.bound[n] = name
+        self.locals.add(name)
+        self.strides[name] = tuple(strides) if strides is not None else contiguous_strides(n.shape)
+        return name
+
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def value(self, n: Node) -> str:
+        """The name of ``n``'s value, emitting the view lines that compute it on first use."""
+        name = self.bound.get(n)
+        if name is not None:
+            return name
+        if n in self.m.static:
+            name = self.bound[n] = self.glob(self.m.static[n], "CONST")
+            return name
+        if n.op in VIEW:
+            return self.view(n)
+        raise KeyError(f"kiln wrapper: no value for {n}")
+
+    def view(self, n: Node) -> str:
+        """A view chain down to a value already held, as one ``as_strided`` call: the strides and offset come
+        from running the chain on a meta tensor laid out as the held value.  Where a step is not a view there
+        (a reshape of a permuted tensor copies), the chain's ops run one by one instead."""
+        chain, base = [], n
+        while base.op in VIEW and base not in self.bound and base not in self.m.static:
+            chain.append(base)
+            base = base.inputs[0]
+        chain.reverse()
+        src = self.value(base)
+        fns = [self.m._view_fn(v) for v in chain]
+        if src not in self.locals:  # a view of a weight: the same tensor every call
+            value = self.ns[src]
+            for fn in fns:
+                value = fn(value)
+            self.bound[n] = self.glob(value, "CONST")
+            return self.bound[n]
+        meta = torch.empty_strided(base.shape, self.strides[src], dtype=base.dtype, device="meta")
+        view = meta
+        for fn in fns:
+            view = fn(view)
+            if view.untyped_storage()._cdata != meta.untyped_storage()._cdata:
+                break
+        else:
+            target = self.bind(n, view.stride())
+            offset = f" + {view.storage_offset()}" if view.storage_offset() else ""
+            self.emit(f"{target} = {src}.as_strided({tuple(view.shape)!r}, {view.stride()!r}, "
+                      f"{src}.storage_offset(){offset})  # {' '.join(v.op.value for v in chain)}")
+            return target
+        for v, fn in zip(chain, fns):
+            target = self.bind(v)
+            self.emit(f"{target} = {self.glob(fn, 'VIEW')}({src})  # {v.op.value}")
+            src = target
+        return src
+
+    def drop(self, n: Node) -> None:
+        name = self.bound.get(n)
+        if name in self.locals:
+            self.emit(f"del {name}")
+            del self.bound[n]
+            self.locals.discard(name)
+
+    # ------------------------------------------------------------------ parts
+    def inputs(self) -> None:
+        m = self.m
+        for k, _, n in m.input_slots:
+            v = self.bind(n)
+            self.emit(f"{v} = inputs[{k}]")
+            self.emit(f"if {v}.dtype is not {self.glob(n.dtype, 'DTYPE')} or {v}.shape != {tuple(n.shape)!r} "
+                      f"or {v}.device.type != {m.device.type!r}:")
+            self.emit(f"    bad_input({k}, {v}, {self.glob(n, 'NODE')}, {self.glob(m.device, 'DEVICE')})")
+            self.emit(f"if not {v}.is_contiguous():")
+            self.emit(f"    {v} = {v}.contiguous()")
+
+    def allocation(self, a: "Allocation") -> None:
+        if a.reuse is None:
+            self.emit(f"{self.bind(a.node, a.strides)} = torch.empty_strided({tuple(a.shape)!r}, {tuple(a.strides)!r}, "
+                      f"dtype={self.glob(a.dtype, 'DTYPE')}, device={self.glob(self.m.device, 'DEVICE')})")
+            return
+        src = self.value(a.reuse)
+        if a.reuse_planned:  # our own buffer, dying here: its memory, under this buffer's shape and strides
+            view = f"{src}.view({self.glob(a.dtype, 'DTYPE')})" if a.reuse.dtype != a.dtype else src
+            self.emit(f"{self.bind(a.node, a.strides)} = {view}.as_strided({tuple(a.shape)!r}, {tuple(a.strides)!r}, "
+                      f"{src}.storage_offset())")
+        else:  # a library result: taken only if this call holds its storage alone (checked per call)
+            m, reuse = self.m, a.reuse
+            alloc = self.glob(lambda t: m._allocate(a, {reuse: t}), "ALLOC")
+            self.emit(f"{self.bind(a.node, a.strides)} = {alloc}({src})")
+
+    def extern(self, n: Node) -> None:
+        m = self.m
+        args = ", ".join(self.value(i) for i in n.inputs)
+        call = self.glob(extern_call(m, n), "EXTERN")
+        what = f"  # {n.attr('target')}"
+        if n in m.planned:  # the library writes into the buffer allocated for it
+            self.emit(f"{call}({self.value(n)}, {args}){what}")
+        else:
+            self.emit(f"{self.bind(n, m.plan.strides_of.get(n))} = {call}(None, {args}){what}")
+
+    def segment(self, index: int) -> None:
+        for kernel, (fn, args, takes_tuple) in zip(self.m._segments[index], self.launchers(index)):
+            names = ", ".join(self.value(n) for n in args)
+            call = self.glob(fn, "KERNEL")
+            self.emit((f"{call}(({names},))" if takes_tuple else f"{call}({names})") + f"  # {kernel}")
+
+    def fused_step(self, step: Any) -> None:
+        fn, nodes = self.fused(step)
+        self.emit(f"{self.glob(fn, 'FUSED')}({', '.join(self.value(n) for n in nodes)})")
+
+    def output(self, o: Node) -> str:
+        m = self.m
+        if o.op is Op.CONSTANT:
+            return f"{self.value(o)}.clone()"
+        if o in m.plan.strides_of:  # a library's channels-last result: the caller gets eager's layout
+            return f"{self.value(o)}.contiguous()"
+        base = o
+        while base.op in VIEW and base not in self.bound and base not in m.static:
+            base = base.inputs[0]
+        if base is not o and base in m.plan.strides_of:
+            fn = self.glob(lambda t: m._view_of_contiguous(o, base, {base: t}), "OUTPUT")
+            return f"{fn}({self.value(base)})"
+        return self.value(o)
+
+    def write(self) -> str:
+        m = self.m
+        self.lines = ["def call(inputs):"]
+        self.inputs()
+        for step, (kind, item) in enumerate(m.program):
+            for a in m._alloc_before[step]:
+                self.allocation(a)
+            if kind == "segment":
+                self.segment(item)
+            elif kind == "fused":
+                self.fused_step(item)
+            else:
+                self.extern(item)
+            for n in m._drop_after[step]:
+                self.drop(n)
+        outputs = [self.output(o) for o in m.graph.outputs]
+        self.emit(f"return [{', '.join(outputs)}]")
+        return "\n".join(self.lines) + "\n"
+
+
+def extern_call(m: "CompiledGraph", n: Node) -> Callable[..., torch.Tensor | None]:
+    """``call(out, *inputs)``: the library call of extern node ``n`` as ``CompiledGraph._run_extern`` makes it
+    (``out`` is the planned buffer the library writes into, or None: then the result is returned, in the
+    strides the kernels read it with)."""
+    build = argument_builder(n.attr("template"))
+    target = n.attr("target")
+    channels_last = n in m.plan.cl_convs
+    out_index = n.attr("out_index")
+    strides = m.plan.strides_of.get(n)
+
+    def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
+        args, kwargs = build(values)
+        if channels_last:  # see CompiledGraph._run_extern
+            args[0] = args[0].contiguous(memory_format=torch.channels_last)
+        if out is not None:
+            target.overloadpacket.out(*args, **kwargs, out=out)
+            return None
+        result = target(*args, **kwargs)
+        if out_index is not None:
+            result = result[out_index]
+        if strides is None:
+            return result if result.is_contiguous() else result.contiguous()
+        if result.stride() != strides:
+            result = torch.empty_strided(result.shape, strides, dtype=result.dtype,
+                                         device=result.device).copy_(result)
+        return result
+    return call
+
+
+def build_wrapper(module: "CompiledGraph",
+                  launchers: Callable[[int], list[tuple[Callable, list[Node], bool]]],
+                  fused: Callable[[Any], tuple[Callable, list[Node]]]
+                  ) -> tuple[Callable[[Sequence[torch.Tensor]], list[torch.Tensor]], str] | None:
+    """(call, source) for ``module``'s program, or None where the interpreted call must stay.
+
+    ``launchers(segment)`` gives the segment's kernels as (callable, argument nodes, takes one tuple);
+    ``fused(step)`` a fused step's (callable, argument nodes)."""
+    if module.ARENA or module.mutated_inputs:
+        return None
+    writer = _Writer(module, launchers, fused)
+    source = writer.write()
+    code = compile(source, "<kiln call wrapper>", "exec")
+    exec(code, writer.ns)
+    return writer.ns["call"], source

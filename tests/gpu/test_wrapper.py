@@ -1,0 +1,87 @@
+"""The generated straight-line call (kiln.runtime.wrapper) against the interpreted program and eager."""
+import pytest
+import torch
+from torch import nn
+
+from kiln.runtime.triton_module import TritonGraph
+from tests.gpu.conftest import DEVICE, compile_and_run
+
+
+class Net(nn.Module):
+    """A library call with an epilogue kernel over its result, a residual read twice, views handed to a
+    library (flatten, transposed weight), and two outputs, one a view."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(4, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        z = y * torch.sigmoid(y) + y
+        logits = self.fc(z.flatten(1))
+        return logits.softmax(-1), z[:, :2].permute(0, 2, 3, 1)
+
+
+def _module(report) -> TritonGraph:
+    return TritonGraph(report.optimized, report, torch.device(DEVICE))
+
+
+@pytest.fixture
+def net():
+    model = Net().to(DEVICE).eval()
+    model.bn.running_mean.uniform_(-1, 1)
+    model.bn.running_var.uniform_(0.5, 2)
+    return model
+
+
+def test_wrapper_matches_the_interpreted_call_and_eager(net):
+    x = torch.randn(2, 4, 6, 6, device=DEVICE)
+    with torch.inference_mode():
+        expected = net(x)
+        got, report = compile_and_run(net, x)
+        module = _module(report)
+        wrapped = module([x])
+        TritonGraph.WRAPPER = False
+        try:
+            interpreted = module([x])
+        finally:
+            TritonGraph.WRAPPER = True
+    assert report.wrapper.startswith("def call(inputs):") and "del v" in report.wrapper
+    for g, w, i, e in zip(got, wrapped, interpreted, expected):
+        torch.testing.assert_close(w, i, rtol=0, atol=0)
+        assert w.stride() == i.stride()
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(w, e, rtol=1e-4, atol=1e-5)
+
+
+def test_wrapper_checks_inputs_and_copies_strided_ones(net):
+    x = torch.randn(2, 4, 6, 6, device=DEVICE)
+    with torch.inference_mode():
+        _, report = compile_and_run(net, x)
+        module = _module(report)
+        with pytest.raises(ValueError, match=r"input 0 expected torch.float32 of shape \[2, 4, 6, 6\]"):
+            module([torch.randn(2, 4, 6, 7, device=DEVICE)])
+        with pytest.raises(ValueError, match="expected torch.float32"):
+            module([x.double()])
+        strided = torch.randn(2, 4, 6, 12, device=DEVICE)[..., ::2]
+        torch.testing.assert_close(module([strided])[0], net(strided)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_wrapper_reuses_the_memory_of_values_that_die():
+    """The ``del`` lines free what the interpreted program frees: a long chain of library calls and kernels
+    holds at most a few buffers at once (on the CPU the caching allocator is absent, so the check is that
+    every intermediate is deleted before the call returns)."""
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(16, 16), nn.GELU()) for _ in range(6)]).to(DEVICE).eval()
+    x = torch.randn(4, 16, device=DEVICE)
+    with torch.inference_mode():
+        got, report = compile_and_run(layers, x)
+        torch.testing.assert_close(got, layers(x), rtol=1e-4, atol=1e-5)
+    lines = report.wrapper.splitlines()
+    assigned = {ln.split(" = ")[0].strip() for ln in lines if ln.startswith("    v") and " = " in ln}
+    inputs = {ln.split(" = ")[0].strip() for ln in lines if " = inputs[" in ln}
+    deleted = {ln.split()[1] for ln in lines if ln.strip().startswith("del ")}
+    returned = set(lines[-1].removeprefix("    return [").removesuffix("]").split(", "))
+    assert len(deleted) >= 10
+    assert assigned - deleted <= returned | inputs
