@@ -15,11 +15,13 @@ from __future__ import annotations
 import torch
 
 from kiln.codegen.cpp_schedule import CppSchedule, default_schedule
+from kiln.codegen.cpp_loops import open_nest
 from kiln.codegen.cpp_split import split_plan, write_split
 from kiln.codegen.cpp_tile import write_tiled
 from kiln.ir.tiling import plan_tiles
 from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
+from kiln.ir.loops import LoopNest
 from kiln.ir.ops import Op, numel
 
 MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
@@ -65,7 +67,6 @@ class KernelWriter:
         self.dtype_of = dtype_of
         self.outputs = outputs
         self.lines: list[str] = []
-        self._extra_close = 0
 
     def write(self) -> str:
         k = self.k
@@ -89,7 +90,9 @@ class KernelWriter:
         return "\n".join(out)
 
     def _outer_loops(self, collapse_all: bool, open_last: bool = True) -> str:
-        """Open the outer loops (all but the innermost unless ``open_last``); returns the indentation inside."""
+        """Open the outer loops of a reduction (all, in parallel) or of a split pointwise kernel (all but the
+        innermost, in parallel); returns the indentation inside.  Plain pointwise kernels get their loops from
+        their schedule's trace (``cpp_loops``)."""
         k = self.k
         n_par = len(k.outer) if collapse_all else max(len(k.outer) - 1, 0)
         work = numel(k.outer) * max(k.rsize, 1)
@@ -100,33 +103,11 @@ class KernelWriter:
         indent = "  "
         for d, size in enumerate(k.outer if open_last else k.outer[:-1]):
             var = f"o{d}" if k.is_reduction else f"i{d}"
-            if not collapse_all and d == len(k.outer) - 1:
-                if n_par == 0 and size > self.s.chunk:
-                    return self._chunked_loop(var, size, work, indent)
-                self.lines.append(f"{indent}#pragma omp simd")
             self.lines.append(f"{indent}for (int64_t {var} = 0; {var} < {size}; ++{var}) {{")
             indent += "  "
         return indent
 
-    def _chunked_loop(self, var: str, size: int, work: int, indent: str) -> str:
-        """A single long loop: threads take chunks of ``schedule.chunk`` iterations, each chunk a SIMD loop.
-
-        Returns inside the inner loop; ``_close`` closes both loops (the caller counts one loop, and this
-        adds one closing brace of its own via ``self._extra_close``)."""
-        chunk = self.s.chunk
-        chunks = (size + chunk - 1) // chunk
-        self.lines.append(f"{indent}#pragma omp parallel for schedule(static) if({work} > {self.s.parallel_min_work})")
-        self.lines.append(f"{indent}for (int64_t c = 0; c < {chunks}; ++c) {{")
-        inner = indent + "  "
-        self.lines.append(f"{inner}const int64_t hi = c * {chunk} + {chunk} < {size} ? c * {chunk} + {chunk} : {size};")
-        self.lines.append(f"{inner}#pragma omp simd")
-        self.lines.append(f"{inner}for (int64_t {var} = c * {chunk}; {var} < hi; ++{var}) {{")
-        self._extra_close += 1
-        return inner + "  "
-
     def _close(self, count: int) -> None:
-        count += self._extra_close
-        self._extra_close = 0
         for d in range(count, 0, -1):
             self.lines.append("  " * d + "}")
 
@@ -141,14 +122,16 @@ class KernelWriter:
             write_split(self.k, *split, self.lines, indent)
             self._close(len(self.k.outer) - 1)
             return
-        indent = self._outer_loops(collapse_all=False)
+        extents = tuple(self.k.outer)
+        nest = self.s.loop_trace(extents).apply(LoopNest.plain(extents))
+        indent = open_nest(nest, self.lines, numel(extents))
         p = ExprPrinter(self.lines, indent)
         for phase in self.k.phases:
             assert isinstance(phase, FullLoop)
             for s in phase.stores:
                 value = p.expr(s.value)
                 self.lines.append(f"{indent}{s.buf}[{p.index(s.index)}] = {value};")
-        self._close(len(self.k.outer))
+        self._close(len(nest.loops))
 
     def _reduction_kernel(self) -> None:
         indent = self._outer_loops(collapse_all=True)

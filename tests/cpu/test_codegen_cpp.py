@@ -72,5 +72,8 @@ def test_pointwise_loop_vectorizes(tmp_path):
                  torch.randn(32, 256))
     vectorized, log = _vectorized_lines(r.source, tmp_path)
     lines = r.source.splitlines()
-    inner = [i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("for (int64_t i0 = c *")]
+    # the flat loop is split into chunks shared by threads ("split(i0, 4096); parallel(i0.o); vectorize(i0.i)"),
+    # and the chunk's loop is the vector loop
+    inner = [i + 2 for i, line in enumerate(lines[:-1]) if line.strip() == "#pragma omp simd"
+             and lines[i + 1].lstrip().startswith("for (int64_t i0_i = 0;")]
     assert inner and all(_is_vectorized(ln, vectorized) for ln in inner), log
