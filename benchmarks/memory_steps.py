@@ -60,7 +60,8 @@ def main() -> None:
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
         CompiledGraph._run_segment = measured(run_segment, lambda self, i: "+".join(self._segments[i]))
-        CompiledGraph._run_extern = measured(run_extern, lambda self, n: f"extern {n.attr('target')} -> {list(n.shape)}")
+        CompiledGraph._run_extern = measured(run_extern,
+                                             lambda self, n: f"extern {n.attr('target')} -> {list(n.shape)}")
         CompiledGraph._output = measured(output, lambda self, n: f"output {n} {list(n.shape)}")
         out = fn(*inputs)
         del out

@@ -5,7 +5,9 @@ For each kernel of a plan (``apply_schedules``):
   (so a second compile of a tuned model measures nothing, and ``default`` mode profits from earlier tuning);
 - else, when tuning and budget is left: each candidate of the rule-generated space
   (``cpp_schedule.candidates``) is compiled alone with the kernel's buffers and timed in its own process
-  (``tune/measure.py``); the fastest is stored and used;
+  (``tune/measure.py``); the fastest is stored and used.  For pointwise loop nests, once the database holds
+  enough samples, only the cost model's first few (``tune/cpu_pointwise.py``) are measured, and every
+  measured candidate becomes a sample;
 - else the heuristic schedule.
 """
 from __future__ import annotations
@@ -20,6 +22,7 @@ from kiln.codegen.cpp import translation_unit
 from kiln.codegen.cpp_schedule import CppSchedule, candidates, default_schedule, kernel_key
 from kiln.ir.graph import Node
 from kiln.ir.kernel import Kernel
+from kiln.tune import cpu_pointwise
 from kiln.tune.db import TuningDB
 from kiln.tune.measure import Candidate, measure
 
@@ -65,10 +68,17 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
             if not tune or time.monotonic() > deadline:
                 continue
             space = candidates(k)
+            nbytes = sum(max(node_of[b].numel, 1) * dtype_of[b].itemsize for b in set().union(*k.buffers()))
+            space = _ranked(space, k, nbytes, db)
             results = measure([_standalone(k, dtype_of, node_of, s) for s in space],
                               timeout_s=max(10.0, min(60.0, deadline - time.monotonic())))
             stats.measured += len(space)
             ok = [(m.median_s, m) for m in results if m.status == "ok"]
+            if space[0].loops:
+                for t, m in ok:
+                    sample = cpu_pointwise.Sample(m.trace["loops"], tuple(k.outer), nbytes, torch.get_num_threads(), t)
+                    db.put(f"{key}|{sample.loops}|t{sample.threads}", cpu_pointwise.SAMPLE_KIND, sample.trace(), t,
+                           m.spread_s or 0.0, structure=cpu_pointwise.SAMPLE_KIND)
             stats.skipped += [f"{m.name}: {m.status}" for m in results if m.status != "ok"]
             if ok:
                 _, best = min(ok, key=lambda t: t[0])
@@ -79,3 +89,18 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
                     progress(done + 1, len(kernels), best.median_s, max(0.0, deadline - time.monotonic()))
     finally:
         db.close()
+
+
+def _ranked(space: list[CppSchedule], k: Kernel, nbytes: int, db: TuningDB) -> list[CppSchedule]:
+    """A pointwise kernel's loop-nest candidates worth measuring: the cost model's first ``TOP`` once it has
+    ``MIN_SAMPLES`` samples of this machine to learn from; all of them before that."""
+    if len(space) <= cpu_pointwise.TOP or not space[0].loops:
+        return space
+    samples = cpu_pointwise.samples_in(db)
+    if len(samples) < cpu_pointwise.MIN_SAMPLES:
+        return space
+    correction = cpu_pointwise.Correction.fit(samples)
+    order = cpu_pointwise.rank([s.loops for s in space], tuple(k.outer), nbytes, torch.get_num_threads(),
+                               correction)
+    by_loops = {s.loops: s for s in space}
+    return [by_loops[t] for t in order[:cpu_pointwise.TOP]]

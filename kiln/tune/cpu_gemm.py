@@ -27,6 +27,7 @@ import torch
 from kiln import config
 from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
 from kiln.runtime import decisions
+from kiln.tune.ranking import fit_log_linear
 
 KIND, SAMPLE_KIND = "cpu_gemm", "cpu_gemm_sample"
 MEASURED = 8        # candidates measured per problem
@@ -116,13 +117,9 @@ class Correction:
         seconds)`` samples; no samples, no correction."""
         if not samples:
             return Correction()
-        x = torch.tensor([features(s, machine) for s, *_ in samples], dtype=torch.float64)
-        y = torch.tensor([math.log(t / estimate_s(s, m, k, n, machine)) for s, m, k, n, t in samples],
-                         dtype=torch.float64)
-        ridge = RIDGE * torch.eye(x.shape[1], dtype=torch.float64)
-        ridge[0, 0] = 0.0  # the intercept (the model's overall scale) is not shrunk
-        w = torch.linalg.solve(x.T @ x + ridge, x.T @ y)
-        return Correction([float(v) for v in w], len(samples))
+        x = [features(s, machine) for s, *_ in samples]
+        y = [math.log(t / estimate_s(s, m, k, n, machine)) for s, m, k, n, t in samples]
+        return Correction(fit_log_linear(x, y, RIDGE), len(samples))
 
 
 def rank(m: int, k: int, n: int, machine: Machine, correction: Correction) -> list[GemmSchedule]:

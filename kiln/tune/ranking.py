@@ -1,5 +1,19 @@
-"""How well a cost model ranks candidates: Spearman's rank correlation with measured times."""
+"""Ranking candidates: the learned correction of an analytic cost model, and how well a model ranks
+(Spearman's rank correlation with measured times)."""
 from __future__ import annotations
+
+RIDGE = 0.1  # shrinks the feature weights (not the intercept) towards "the analytic model is right"
+
+
+def fit_log_linear(features: list[list[float]], log_ratios: list[float], ridge: float = RIDGE) -> list[float]:
+    """Weights ``w`` minimising ``sum((w . f - y)^2) + ridge * |w[1:]|^2``: a correction ``exp(w . f)`` of an
+    analytic estimate, fitted to ``log(measured / estimated)``.  The first feature is the intercept (1.0)."""
+    import torch
+    x = torch.tensor(features, dtype=torch.float64)
+    y = torch.tensor(log_ratios, dtype=torch.float64)
+    penalty = ridge * torch.eye(x.shape[1], dtype=torch.float64)
+    penalty[0, 0] = 0.0
+    return [float(v) for v in torch.linalg.solve(x.T @ x + penalty, x.T @ y)]
 
 
 def _ranks(values: list[float]) -> list[float]:
