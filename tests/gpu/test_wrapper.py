@@ -5,17 +5,12 @@ from torch import nn
 
 from kiln.runtime.triton_module import TritonGraph
 from tests.gpu.conftest import DEVICE, compile_and_run
+from tests.gpu.test_triton_memory import Block
 
 
-class Net(nn.Module):
+class Net(Block):
     """A library call with an epilogue kernel over its result, a residual read twice, views handed to a
     library (flatten, transposed weight), and two outputs, one a view."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(4, 8, 3, padding=1)
-        self.bn = nn.BatchNorm2d(8)
-        self.fc = nn.Linear(8 * 6 * 6, 10)
 
     def forward(self, x):
         y = torch.relu(self.bn(self.conv(x)))
