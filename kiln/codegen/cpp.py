@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from kiln.codegen.cpp_schedule import CppSchedule, default_schedule
-from kiln.codegen.cpp_loops import open_nest
+from kiln.codegen.cpp_loops import open_nest, split_reduction_trace
 from kiln.codegen.cpp_split import split_plan, write_split
 from kiln.codegen.cpp_tile import write_tiled
 from kiln.ir.tiling import plan_tiles
@@ -89,21 +89,18 @@ class KernelWriter:
         out.append("}")
         return "\n".join(out)
 
-    def _outer_loops(self, collapse_all: bool, open_last: bool = True) -> str:
-        """Open the outer loops of a reduction (all, in parallel) or of a split pointwise kernel (all but the
-        innermost, in parallel); returns the indentation inside.  Plain pointwise kernels get their loops from
-        their schedule's trace (``cpp_loops``)."""
+    def _outer_loops_but_last(self) -> str:
+        """Open a split pointwise kernel's outer loops but the innermost (threads over all of them); returns the
+        indentation inside.  Other kernels get their loops from their schedule's trace (``cpp_loops``)."""
         k = self.k
-        n_par = len(k.outer) if collapse_all else max(len(k.outer) - 1, 0)
-        work = numel(k.outer) * max(k.rsize, 1)
+        n_par = max(len(k.outer) - 1, 0)
         if n_par:
             collapse = f" collapse({n_par})" if n_par > 1 else ""
             self.lines.append(f"  #pragma omp parallel for{collapse} schedule(static) "
-                              f"if({work} > {self.s.parallel_min_work})")
+                              f"if({numel(k.outer)} > {self.s.parallel_min_work})")
         indent = "  "
-        for d, size in enumerate(k.outer if open_last else k.outer[:-1]):
-            var = f"o{d}" if k.is_reduction else f"i{d}"
-            self.lines.append(f"{indent}for (int64_t {var} = 0; {var} < {size}; ++{var}) {{")
+        for d, size in enumerate(k.outer[:-1]):
+            self.lines.append(f"{indent}for (int64_t i{d} = 0; i{d} < {size}; ++i{d}) {{")
             indent += "  "
         return indent
 
@@ -118,7 +115,7 @@ class KernelWriter:
             return
         split = split_plan(self.k)
         if split is not None and not (len(self.k.outer) == 1 and self.k.outer[0] > self.s.chunk):
-            indent = self._outer_loops(collapse_all=False, open_last=False)
+            indent = self._outer_loops_but_last()
             write_split(self.k, *split, self.lines, indent)
             self._close(len(self.k.outer) - 1)
             return
@@ -134,7 +131,9 @@ class KernelWriter:
         self._close(len(nest.loops))
 
     def _reduction_kernel(self) -> None:
-        indent = self._outer_loops(collapse_all=True)
+        rows, self._lanes = split_reduction_trace(self.s.reduction_trace(len(self.k.outer)))
+        nest = rows.apply(LoopNest.plain(self.k.outer, prefix="o"))
+        indent = open_nest(nest, self.lines, numel(self.k.outer) * max(self.k.rsize, 1))
         row = ExprPrinter(self.lines, indent)
         for name, dtype in self.k.scratch.items():
             self.lines.append(f"{indent}{ctype(dtype)} {name}[{self.k.rsize}];  // row scratch")
@@ -149,7 +148,7 @@ class KernelWriter:
                 self.lines.append(f"{indent}{s.buf}[{row.index(s.index)}] = {row.expr(s.value)};")
             else:
                 self._full_loop(phase, row, indent)
-        self._close(len(self.k.outer))
+        self._close(len(nest.loops))
 
     def _full_loop(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
         self.lines.append(f"{indent}#pragma omp simd")
@@ -206,7 +205,7 @@ class KernelWriter:
 
     def _lane_reduce(self, phase: ReduceLoop, row: ExprPrinter, inner: str, lo: str, hi: str, suffix: str) -> None:
         """Reduce r in [lo, hi) into ``VW`` lanes, then into ``<acc><suffix>``."""
-        vw = self.s.lanes or min(lanes(a.value.dtype) for a in phase.accs)  # 0: one vector register
+        vw = self._lanes or min(lanes(a.value.dtype) for a in phase.accs)  # 0: one vector register
         for a in phase.accs:
             self.lines.append(f"{inner}{ctype(a.dtype)} {a.name}_l[{vw}];")
             self.lines.append(f"{inner}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] = {_init(a.kind, a.dtype)};")

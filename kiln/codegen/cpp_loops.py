@@ -11,7 +11,7 @@ Example: ``split(i0, 4096); parallel(i0.o, 32768); vectorize(i0.i)`` on a 10000-
 """
 from __future__ import annotations
 
-from kiln.ir.loops import Loop, LoopNest, Trace
+from kiln.ir.loops import Loop, LoopNest, ScheduleError, Trace
 
 
 def _bound(loop: Loop) -> str:
@@ -89,3 +89,29 @@ def candidate_traces(extents: tuple[int, ...], min_work: int) -> list[Trace]:
             t = t.then("parallel", f"i{d}", min_work)
         out.append(t.then("split", inner, 16).then("unroll", f"{inner}.o", 4).then("vectorize", f"{inner}.i"))
     return out
+
+
+# ------------------------------------------------------------------ reductions
+# A reduction kernel's nest is its rows ``o0 .. o{n-1}`` (parallel, fused, ... like a pointwise nest) around
+# the reduced axis ``r``, which the writer runs itself in its phases (accumulate, then per-row epilogues):
+# of ``r`` a trace may only say ``split(r, L); vectorize(r.i)``, i.e. accumulate in L vector lanes.
+
+
+def reduction_trace(n_outer: int, lanes: int, min_work: int) -> Trace:
+    """Threads over all rows; ``lanes`` accumulators over ``r`` (0: one vector register's worth)."""
+    t = Trace()
+    for d in range(n_outer):
+        t = t.then("parallel", f"o{d}", min_work)
+    return t.then("split", "r", lanes).then("vectorize", "r.i") if lanes else t
+
+
+def split_reduction_trace(trace: Trace) -> tuple[Trace, int]:
+    """(the rows' trace, accumulator lanes; 0 = the writer's default) of a reduction's trace."""
+    rows = tuple(s for s in trace.steps if not str(s[1]).startswith("r"))
+    on_r = [s for s in trace.steps if str(s[1]).startswith("r")]
+    if not on_r:
+        return Trace(rows), 0
+    if len(on_r) != 2 or on_r[0][:2] != ("split", "r") or on_r[1] != ("vectorize", "r.i"):
+        raise ScheduleError(f"a reduction's axis r takes only split(r, lanes); vectorize(r.i), "
+                            f"not {Trace(tuple(on_r))}")
+    return Trace(rows), int(on_r[0][2])

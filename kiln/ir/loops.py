@@ -55,8 +55,9 @@ class LoopNest:
     defs: tuple[tuple[str, str], ...] = ()   # (variable, C expression over earlier variables)
 
     @staticmethod
-    def plain(extents: Iterable[int]) -> "LoopNest":
-        return LoopNest(tuple(Loop(f"i{d}", int(n)) for d, n in enumerate(extents)))
+    def plain(extents: Iterable[int], prefix: str = "i") -> "LoopNest":
+        """Loops ``i0, i1, ...`` (a reduction's rows: ``prefix="o"``) over ``extents``, outermost first."""
+        return LoopNest(tuple(Loop(f"{prefix}{d}", int(n)) for d, n in enumerate(extents)))
 
     def index(self, name: str) -> int:
         for k, loop in enumerate(self.loops):

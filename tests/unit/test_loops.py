@@ -120,3 +120,41 @@ def test_every_generated_schedule_compiles_and_matches_eager(monkeypatch):
     for t in traces:
         k = compile_with(lambda _, t=t: cpp_schedule.CppSchedule(loops=str(t)))
         assert k.schedule.loops == str(t)
+
+
+def test_a_reductions_trace_splits_into_rows_and_lanes():
+    from kiln.codegen.cpp_loops import reduction_trace, split_reduction_trace
+    t = reduction_trace(2, 32, 1 << 15)
+    assert str(t) == "parallel(o0, 32768); parallel(o1, 32768); split(r, 32); vectorize(r.i)"
+    rows, lanes = split_reduction_trace(t)
+    assert str(rows) == "parallel(o0, 32768); parallel(o1, 32768)" and lanes == 32
+    assert split_reduction_trace(reduction_trace(1, 0, 100)) == (Trace((("parallel", "o0", 100),)), 0)
+    for bad in ("split(r, 8)", "split(r, 8); unroll(r.i, 2)", "vectorize(r)"):
+        with pytest.raises(ScheduleError):
+            split_reduction_trace(Trace.parse(bad))
+
+
+def test_every_reduction_schedule_compiles_and_matches_eager(monkeypatch):
+    """Lane counts over r (with a ragged tail) and rows fused into one parallel loop, compiled by g++."""
+    x = torch.randn(4, 6, 301)[:, ::2]  # strided rows: the two row axes stay apart
+
+    def fn(a):
+        return torch.softmax(a, -1) * a.amax(-1, keepdim=True)
+
+    def compile_with(choose):
+        monkeypatch.setattr("kiln.tune.cpu.default_schedule", choose)
+        position = mark()
+        with torch.inference_mode():
+            got = kiln.compile(fn, fallback=False)(x)
+        torch.testing.assert_close(got, fn(x), rtol=1.3e-5, atol=1.5e-5)
+        [report] = reports_since(position)
+        return [k for k in report.kernels if k.is_reduction]
+    [kernel] = compile_with(cpp_schedule.default_schedule)
+    n = len(kernel.outer)
+    traces = [str(s.loops) for s in cpp_schedule.candidates(kernel)]
+    if n >= 2:
+        traces.append("fuse(o0, o1); parallel(o0+o1, 1); split(r, 8); vectorize(r.i)")
+    assert len(traces) >= 4
+    for t in traces:
+        [k] = compile_with(lambda _, t=t: cpp_schedule.CppSchedule(loops=t))
+        assert k.schedule.loops == t
