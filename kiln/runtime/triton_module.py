@@ -93,14 +93,15 @@ class TritonGraph(CompiledGraph):
             return self._wrapped(inputs)
         return super().__call__(inputs)  # the interpreted program
 
-    def _segment_calls(self, index: int) -> list[tuple[Callable, list[Node], bool]]:
-        """The generated wrapper's kernels of segment ``index``: (callable, argument nodes, takes one tuple)."""
+    def _segment_calls(self, index: int) -> list[tuple[Callable, list[Node], bool, Any]]:
+        """The generated wrapper's kernels of segment ``index``: (callable, argument nodes, takes one tuple,
+        (runner, constants) for buffers known to be aligned, or None)."""
         calls = []
         for fn, args, s in self._launches[index]:
             if isinstance(fn, _Launcher):
-                calls.append((fn, args, True))
+                calls.append((fn, args, True, (fn.runner, fn.constants)))
             else:
-                calls.append((functools.partial(_launch_jit, fn, s), args, False))
+                calls.append((functools.partial(_launch_jit, fn, s), args, False, None))
         return calls
 
     def _fused_call(self, step: MatmulStep) -> tuple[Callable, list[Node]]:

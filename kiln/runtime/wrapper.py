@@ -46,8 +46,11 @@ def bad_input(k: int, t: torch.Tensor, n: Node, device: torch.device) -> None:
                      f"got {t.dtype} of shape {list(t.shape)} on {t.device.type}")
 
 
+Launchers = Callable[[int], list[tuple[Callable, list[Node], bool, Any]]]
+
+
 class _Writer:
-    def __init__(self, module: "CompiledGraph", launchers: Callable[[int], list[tuple[Callable, list[Node], bool]]],
+    def __init__(self, module: "CompiledGraph", launchers: Launchers,
                  fused: Callable[[Any], tuple[Callable, list[Node]]]):
         self.m = module
         self.launchers = launchers
@@ -57,6 +60,7 @@ class _Writer:
         self.bound: dict[Node, str] = {}  # node -> the local or global name holding its value
         self.locals: set[str] = set()
         self.strides: dict[str, tuple[int, ...]] = {}  # local -> its strides (known when it is made)
+        self.aligned: set[str] = set()  # names whose data is 16-byte aligned on every call (kernels launch direct)
         self.lines: list[str] = []
 
     # ------------------------------------------------------------------ names
@@ -85,8 +89,7 @@ class _Writer:
         if name is not None:
             return name
         if n in self.m.static:
-            name = self.bound[n] = self.glob(self.m.static[n], "CONST")
-            return name
+            return self.constant(n, self.m.static[n])
         if n.op in VIEW:
             return self.view(n)
         raise KeyError(f"kiln wrapper: no value for {n}")
@@ -106,8 +109,7 @@ class _Writer:
             value = self.ns[src]
             for fn in fns:
                 value = fn(value)
-            self.bound[n] = self.glob(value, "CONST")
-            return self.bound[n]
+            return self.constant(n, value)
         meta = torch.empty_strided(base.shape, self.strides[src], dtype=base.dtype, device="meta")
         view = meta
         for fn in fns:
@@ -116,6 +118,8 @@ class _Writer:
                 break
         else:
             target = self.bind(n, view.stride())
+            if src in self.aligned and view.storage_offset() * view.element_size() % 16 == 0:
+                self.aligned.add(target)
             offset = f" + {view.storage_offset()}" if view.storage_offset() else ""
             self.emit(f"{target} = {src}.as_strided({tuple(view.shape)!r}, {view.stride()!r}, "
                       f"{src}.storage_offset(){offset})  # {' '.join(v.op.value for v in chain)}")
@@ -125,6 +129,12 @@ class _Writer:
             self.emit(f"{target} = {self.glob(fn, 'VIEW')}({src})  # {v.op.value}")
             src = target
         return src
+
+    def constant(self, n: Node, value: torch.Tensor) -> str:
+        name = self.bound[n] = self.glob(value, "CONST")
+        if isinstance(value, torch.Tensor) and value.data_ptr() % 16 == 0:
+            self.aligned.add(name)
+        return name
 
     def drop(self, n: Node) -> None:
         name = self.bound.get(n)
@@ -146,15 +156,20 @@ class _Writer:
             self.emit(f"    {v} = {v}.contiguous()")
 
     def allocation(self, a: "Allocation") -> None:
-        if a.reuse is None:
-            self.emit(f"{self.bind(a.node, a.strides)} = torch.empty_strided({tuple(a.shape)!r}, {tuple(a.strides)!r}, "
+        shape, strides = tuple(a.shape), tuple(a.strides)
+        if a.reuse is None:  # (the caching allocator's blocks are 512-byte aligned)
+            target = self.bind(a.node, strides)
+            self.aligned.add(target)
+            self.emit(f"{target} = torch.empty_strided({shape!r}, {strides!r}, "
                       f"dtype={self.glob(a.dtype, 'DTYPE')}, device={self.glob(self.m.device, 'DEVICE')})")
             return
         src = self.value(a.reuse)
         if a.reuse_planned:  # our own buffer, dying here: its memory, under this buffer's shape and strides
             view = f"{src}.view({self.glob(a.dtype, 'DTYPE')})" if a.reuse.dtype != a.dtype else src
-            self.emit(f"{self.bind(a.node, a.strides)} = {view}.as_strided({tuple(a.shape)!r}, {tuple(a.strides)!r}, "
-                      f"{src}.storage_offset())")
+            target = self.bind(a.node, strides)
+            if src in self.aligned:
+                self.aligned.add(target)
+            self.emit(f"{target} = {view}.as_strided({shape!r}, {strides!r}, {src}.storage_offset())")
         else:  # a library result: taken only if this call holds its storage alone (checked per call)
             m, reuse = self.m, a.reuse
             alloc = self.glob(lambda t: m._allocate(a, {reuse: t}), "ALLOC")
@@ -171,8 +186,14 @@ class _Writer:
             self.emit(f"{self.bind(n, m.plan.strides_of.get(n))} = {call}(None, {args}){what}")
 
     def segment(self, index: int) -> None:
-        for kernel, (fn, args, takes_tuple) in zip(self.m._segments[index], self.launchers(index)):
-            names = ", ".join(self.value(n) for n in args)
+        for kernel, (fn, args, takes_tuple, direct) in zip(self.m._segments[index], self.launchers(index)):
+            values = [self.value(n) for n in args]
+            names = ", ".join(values)
+            if direct is not None and all(v in self.aligned for v in values):
+                # every buffer is aligned on every call: straight to the kernel compiled for aligned buffers
+                runner, constants = direct
+                self.emit(f"{self.glob(runner, 'RUN')}({names}, {', '.join(map(str, constants))})  # {kernel}")
+                continue
             call = self.glob(fn, "KERNEL")
             self.emit((f"{call}(({names},))" if takes_tuple else f"{call}({names})") + f"  # {kernel}")
 
@@ -243,13 +264,13 @@ def extern_call(m: "CompiledGraph", n: Node) -> Callable[..., torch.Tensor | Non
     return call
 
 
-def build_wrapper(module: "CompiledGraph",
-                  launchers: Callable[[int], list[tuple[Callable, list[Node], bool]]],
+def build_wrapper(module: "CompiledGraph", launchers: Launchers,
                   fused: Callable[[Any], tuple[Callable, list[Node]]]
                   ) -> tuple[Callable[[Sequence[torch.Tensor]], list[torch.Tensor]], str] | None:
     """(call, source) for ``module``'s program, or None where the interpreted call must stay.
 
-    ``launchers(segment)`` gives the segment's kernels as (callable, argument nodes, takes one tuple);
+    ``launchers(segment)`` gives the segment's kernels as (callable, argument nodes, takes one tuple, direct),
+    where ``direct`` is (runner, trailing constants) of a kernel compiled for 16-byte aligned buffers, or None;
     ``fused(step)`` a fused step's (callable, argument nodes)."""
     if module.ARENA or module.mutated_inputs:
         return None
