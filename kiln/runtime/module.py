@@ -334,6 +334,7 @@ class CompiledGraph:
         self._pools: list[list[torch.Tensor]] = [[] for _ in range(len(self.output_slots))]
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
+        self._extern_calls: dict[Node, Callable[..., torch.Tensor | None]] = {}
 
     def _allocations(self, plan: Plan, node_of: dict[str, Node]) -> list[list[Allocation]]:
         """Per program step, the buffers it writes first (planned intermediates and the graph's outputs), each
@@ -489,24 +490,46 @@ class CompiledGraph:
         return build([self._value(i, env) for i in n.inputs])
 
     def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
-        args, kwargs = self._extern_args(n, env)
-        if n in self.plan.cl_convs:
-            # a channels-last input makes the library's result channels-last too (with an NCHW weight and
-            # input it would be NCHW, and copied to the layout the kernels read: the graph's first convolution)
-            args[0] = args[0].contiguous(memory_format=torch.channels_last)
+        values = [self._value(i, env) for i in n.inputs]
         if n in self.planned:  # the library writes straight into the planned buffer
-            n.attr("target").overloadpacket.out(*args, **kwargs, out=env[n])
+            self._extern_call(n)(env[n], *values)
             return
-        out = n.attr("target")(*args, **kwargs)
-        if n.attr("out_index") is not None:
-            out = out[n.attr("out_index")]
-        strides = self.plan.strides_of.get(n)
-        if strides is None and not out.is_contiguous():
-            out = out.contiguous()
-        elif strides is not None and out.stride() != strides:  # kernels read it through these strides
-            out = torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device).copy_(out)
-        env[n] = out
+        out = env[n] = self._extern_call(n)(None, *values)
         self.ptrs[self.slot_of[self.plan.buffer_of[n]]] = out.data_ptr()
+
+    def _extern_call(self, n: Node) -> Callable[..., torch.Tensor | None]:
+        """``call(out, *inputs)``: extern node ``n``'s library call (built once; the generated GPU wrapper calls
+        it too).  ``out`` is the planned buffer the library writes into, or None: then the result is returned,
+        in the strides the kernels read it with."""
+        call = self._extern_calls.get(n)
+        if call is not None:
+            return call
+        build = argument_builder(n.attr("template"))
+        target = n.attr("target")
+        # a channels-last input makes the library's result channels-last too (with an NCHW weight and input it
+        # would be NCHW, and copied to the layout the kernels read: the graph's first convolution)
+        channels_last = n in self.plan.cl_convs
+        out_index = n.attr("out_index")
+        strides = self.plan.strides_of.get(n)
+
+        def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
+            args, kwargs = build(values)
+            if channels_last:
+                args[0] = args[0].contiguous(memory_format=torch.channels_last)
+            if out is not None:
+                target.overloadpacket.out(*args, **kwargs, out=out)
+                return None
+            result = target(*args, **kwargs)
+            if out_index is not None:
+                result = result[out_index]
+            if strides is None:
+                return result if result.is_contiguous() else result.contiguous()
+            if result.stride() != strides:  # kernels read it through these strides
+                result = torch.empty_strided(result.shape, strides, dtype=result.dtype,
+                                             device=result.device).copy_(result)
+            return result
+        self._extern_calls[n] = call
+        return call
 
     def _output(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n.op is Op.CONSTANT:

@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from kiln.frontend.extern import argument_builder
 from kiln.ir.graph import Node
 from kiln.ir.ops import VIEW, Op, contiguous_strides
 
@@ -178,7 +177,7 @@ class _Writer:
     def extern(self, n: Node) -> None:
         m = self.m
         args = ", ".join(self.value(i) for i in n.inputs)
-        call = self.glob(extern_call(m, n), "EXTERN")
+        call = self.glob(m._extern_call(n), "EXTERN")
         what = f"  # {n.attr('target')}"
         if n in m.planned:  # the library writes into the buffer allocated for it
             self.emit(f"{call}({self.value(n)}, {args}){what}")
@@ -203,15 +202,13 @@ class _Writer:
 
     def output(self, o: Node) -> str:
         m = self.m
-        if o.op is Op.CONSTANT:
-            return f"{self.value(o)}.clone()"
-        if o in m.plan.strides_of:  # a library's channels-last result: the caller gets eager's layout
-            return f"{self.value(o)}.contiguous()"
         base = o
         while base.op in VIEW and base not in self.bound and base not in m.static:
             base = base.inputs[0]
-        if base is not o and base in m.plan.strides_of:
-            fn = self.glob(lambda t: m._view_of_contiguous(o, base, {base: t}), "OUTPUT")
+        if o.op is Op.CONSTANT or base in m.plan.strides_of:
+            # a copy the caller owns (a weight), or a library's channels-last result (or a view of one) in eager's
+            # layout: CompiledGraph._output decides, from the value the view chain starts at
+            fn = self.glob(lambda t: m._output(o, {base: t}), "OUTPUT")
             return f"{fn}({self.value(base)})"
         return self.value(o)
 
@@ -233,35 +230,6 @@ class _Writer:
         outputs = [self.output(o) for o in m.graph.outputs]
         self.emit(f"return [{', '.join(outputs)}]")
         return "\n".join(self.lines) + "\n"
-
-
-def extern_call(m: "CompiledGraph", n: Node) -> Callable[..., torch.Tensor | None]:
-    """``call(out, *inputs)``: the library call of extern node ``n`` as ``CompiledGraph._run_extern`` makes it
-    (``out`` is the planned buffer the library writes into, or None: then the result is returned, in the
-    strides the kernels read it with)."""
-    build = argument_builder(n.attr("template"))
-    target = n.attr("target")
-    channels_last = n in m.plan.cl_convs
-    out_index = n.attr("out_index")
-    strides = m.plan.strides_of.get(n)
-
-    def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
-        args, kwargs = build(values)
-        if channels_last:  # see CompiledGraph._run_extern
-            args[0] = args[0].contiguous(memory_format=torch.channels_last)
-        if out is not None:
-            target.overloadpacket.out(*args, **kwargs, out=out)
-            return None
-        result = target(*args, **kwargs)
-        if out_index is not None:
-            result = result[out_index]
-        if strides is None:
-            return result if result.is_contiguous() else result.contiguous()
-        if result.stride() != strides:
-            result = torch.empty_strided(result.shape, strides, dtype=result.dtype,
-                                         device=result.device).copy_(result)
-        return result
-    return call
 
 
 def build_wrapper(module: "CompiledGraph", launchers: Launchers,

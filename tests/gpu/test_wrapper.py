@@ -80,3 +80,26 @@ def test_wrapper_reuses_the_memory_of_values_that_die():
     returned = set(lines[-1].removeprefix("    return [").removesuffix("]").split(", "))
     assert len(deleted) >= 10
     assert assigned - deleted <= returned | inputs
+
+
+@pytest.mark.parametrize("view", [False, True])
+def test_wrapper_hands_out_library_results_in_eagers_layout(view):
+    """A convolution whose library writes channels-last (on the CPU: oneDNN with a prepacked weight), returned
+    as is or as a view: the caller gets eager's strides, as from the interpreted call."""
+    conv = nn.Conv2d(4, 8, 3).to(DEVICE).eval()
+    model = (lambda x: conv(x).flatten(1)) if view else conv
+    x = torch.randn(2, 4, 9, 9, device=DEVICE)
+    with torch.inference_mode():
+        expected = model(x)
+        got, report = compile_and_run(model, x)
+        module = _module(report)
+        wrapped = module([x])[0]
+        TritonGraph.WRAPPER = False
+        try:
+            interpreted = module([x])[0]
+        finally:
+            TritonGraph.WRAPPER = True
+    assert ("OUTPUT_" in report.wrapper) == bool(module.plan.strides_of)
+    for t in (got, wrapped, interpreted):
+        torch.testing.assert_close(t, expected, rtol=1e-4, atol=1e-5)
+        assert t.stride() == expected.stride()
