@@ -54,7 +54,7 @@ def main() -> None:
             if any(r.status != "ok" for r in results):
                 print(f"{name} {k.name}: skipped ({[r.status for r in results]})")
                 continue
-            nbytes = sum(max(node_of[b].numel, 1) * dtype_of[b].itemsize for b in set().union(*k.buffers()))
+            nbytes = pw.kernel_bytes(k, node_of, dtype_of)
             samples = [pw.Sample(s.loops, tuple(k.outer), nbytes, args.threads, r.median_s)
                        for s, r in zip(space, results)]
             problems.append((f"{name}:{k.name}{list(k.outer)}", samples))

@@ -42,6 +42,14 @@ def open_nest(nest: LoopNest, lines: list[str], work: int, indent: str = "  ") -
     return indent
 
 
+def _parallel(names: list[str], min_work: int) -> Trace:
+    """Threads over the loops ``names`` (outermost first; OpenMP collapses them)."""
+    t = Trace()
+    for name in names:
+        t = t.then("parallel", name, min_work)
+    return t
+
+
 def default_trace(extents: tuple[int, ...], chunk: int, min_work: int) -> Trace:
     """The heuristic schedule of a pointwise kernel: threads over all but the innermost axis and SIMD over it;
     a single axis longer than ``chunk`` is split into chunks shared by the threads."""
@@ -53,9 +61,7 @@ def default_trace(extents: tuple[int, ...], chunk: int, min_work: int) -> Trace:
         if extents[0] > chunk:
             return t.then("split", "i0", chunk).then("parallel", "i0.o", min_work).then("vectorize", "i0.i")
         return t.then("vectorize", "i0")
-    for d in range(n - 1):
-        t = t.then("parallel", f"i{d}", min_work)
-    return t.then("vectorize", f"i{n - 1}")
+    return _parallel([f"i{d}" for d in range(n - 1)], min_work).then("vectorize", f"i{n - 1}")
 
 
 def candidate_traces(extents: tuple[int, ...], min_work: int) -> list[Trace]:
@@ -84,10 +90,8 @@ def candidate_traces(extents: tuple[int, ...], min_work: int) -> list[Trace]:
                        .then("vectorize", f"{name}.i"))
     inner = f"i{n - 1}"
     if extents[-1] >= 64:
-        t = Trace()
-        for d in range(n - 1):
-            t = t.then("parallel", f"i{d}", min_work)
-        out.append(t.then("split", inner, 16).then("unroll", f"{inner}.o", 4).then("vectorize", f"{inner}.i"))
+        rows = _parallel([f"i{d}" for d in range(n - 1)], min_work)
+        out.append(rows.then("split", inner, 16).then("unroll", f"{inner}.o", 4).then("vectorize", f"{inner}.i"))
     return out
 
 
@@ -99,9 +103,7 @@ def candidate_traces(extents: tuple[int, ...], min_work: int) -> list[Trace]:
 
 def reduction_trace(n_outer: int, lanes: int, min_work: int) -> Trace:
     """Threads over all rows; ``lanes`` accumulators over ``r`` (0: one vector register's worth)."""
-    t = Trace()
-    for d in range(n_outer):
-        t = t.then("parallel", f"o{d}", min_work)
+    t = _parallel([f"o{d}" for d in range(n_outer)], min_work)
     return t.then("split", "r", lanes).then("vectorize", "r.i") if lanes else t
 
 

@@ -68,7 +68,7 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
             if not tune or time.monotonic() > deadline:
                 continue
             space = candidates(k)
-            nbytes = sum(max(node_of[b].numel, 1) * dtype_of[b].itemsize for b in set().union(*k.buffers()))
+            nbytes = cpu_pointwise.kernel_bytes(k, node_of, dtype_of)
             space = _ranked(space, k, nbytes, db)
             results = measure([_standalone(k, dtype_of, node_of, s) for s in space],
                               timeout_s=max(10.0, min(60.0, deadline - time.monotonic())))

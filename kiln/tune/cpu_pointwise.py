@@ -116,5 +116,10 @@ def rank(loops: Sequence[str], extents: Sequence[int], nbytes: int, threads: int
     return sorted(loops, key=lambda t: predict_s(t, extents, nbytes, threads, correction))
 
 
+def kernel_bytes(kernel, node_of: dict, dtype_of: dict) -> int:
+    """Bytes of the buffers a kernel reads and writes (each once: what a pointwise kernel streams)."""
+    return sum(max(node_of[b].numel, 1) * dtype_of[b].itemsize for b in set().union(*kernel.buffers()))
+
+
 def samples_in(db) -> list[Sample]:
     return [Sample.from_record(r.trace, r.median_s) for r in db.records() if r.kind == SAMPLE_KIND]
