@@ -23,7 +23,7 @@ CPP_TYPES = {
 
 # float32 functions come from the vectorizable prelude (k_*); double uses libm.
 _MATH = {
-    Op.EXP: "exp", Op.EXPM1: "expm1", Op.LOG: "log", Op.LOG1P: "log1p", Op.ERF: "erf", Op.TANH: "tanh",
+    Op.EXP: "exp", Op.EXPM1: "expm1", Op.LOG: "log", Op.LOG1P: "log1p", Op.ERF: "erf", Op.ERFC: "erfc", Op.TANH: "tanh",
     Op.SIN: "sin", Op.COS: "cos",
 }
 _INFIX = {

@@ -93,7 +93,7 @@ def _two_sided(t: sp.Matrix, src: str, tmp: str, dst: str) -> list[str]:
     return lines
 
 
-KERNEL = r"""
+VECTOR_HELPERS = r"""
 #if defined(__AVX512F__)
 #define VSUB(a, b) _mm512_sub_ps(a, b)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
@@ -143,7 +143,9 @@ static inline void vstores(float* p, vec v, int64_t n, int64_t s) {
   for (int64_t i = 0; i < n && i < LANES; ++i) p[i * s] = t[i];
 }
 #endif
+"""
 
+KERNEL = r"""
 #define WM KILN_WINO_M
 #define WA (KILN_WINO_M + 2)
 #define WA2 (WA * WA)
@@ -246,4 +248,4 @@ def winograd_source(m: int, mr: int = 8) -> str:
     kernel = (KERNEL.replace("KILN_WINO_M", str(m))
               .replace("KILN_INPUT_TRANSFORM", input_transform)
               .replace("KILN_OUTPUT_TRANSFORM", output_transform))
-    return f"#define KILN_MR512 {mr}\n" + GEMM_SOURCE + kernel
+    return f"#define KILN_MR512 {mr}\n" + GEMM_SOURCE + VECTOR_HELPERS + kernel

@@ -63,8 +63,8 @@ def out_shape(fx_node: Any) -> tuple[int, ...]:
 _UNARY = {
     aten.neg: Op.NEG, aten.abs: Op.ABS, aten.exp: Op.EXP, aten.expm1: Op.EXPM1, aten.log: Op.LOG,
     aten.log1p: Op.LOG1P, aten.sqrt: Op.SQRT, aten.rsqrt: Op.RSQRT, aten.reciprocal: Op.RECIPROCAL,
-    aten.erf: Op.ERF, aten.tanh: Op.TANH, aten.sigmoid: Op.SIGMOID, aten.relu: Op.RELU, aten.sin: Op.SIN,
-    aten.cos: Op.COS, aten.floor: Op.FLOOR, aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC,
+    aten.erf: Op.ERF, aten.erfc: Op.ERFC, aten.tanh: Op.TANH, aten.sigmoid: Op.SIGMOID, aten.relu: Op.RELU,
+    aten.sin: Op.SIN, aten.cos: Op.COS, aten.floor: Op.FLOOR, aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC,
     aten.bitwise_not: Op.BITWISE_NOT,
 }
 
@@ -410,7 +410,9 @@ def _gelu(L: Lowerer, n: Any, x: Node, approximate: str = "none") -> Node:
                                           dtype), math.sqrt(2.0 / math.pi), dtype)
         cdf = L.binary(Op.ADD, L.b.add(Op.TANH, (inner,)), 1.0, dtype)
     else:
-        cdf = L.binary(Op.ADD, L.b.add(Op.ERF, (L.binary(Op.MUL, x, math.sqrt(0.5), dtype),)), 1.0, dtype)
+        # 1 + erf(x/sqrt(2)) == erfc(-x/sqrt(2)): one function instead of erf's two branches, and no
+        # cancellation for x << 0, where 1 + erf rounds to 0 long before x * Phi(x) underflows
+        cdf = L.b.add(Op.ERFC, (L.binary(Op.MUL, x, -math.sqrt(0.5), dtype),))
     return L.binary(Op.MUL, L.binary(Op.MUL, x, 0.5, dtype), cdf, dtype)
 
 

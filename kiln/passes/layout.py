@@ -39,7 +39,7 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 def is_conv2d(n: Node) -> bool:
     """A 2-D convolution extern (ATen's, oneDNN's with a prepacked weight, or kiln's Winograd)."""
-    if is_prepacked_conv(n) or winograd.is_winograd_conv(n):
+    if is_prepacked_conv(n) or winograd.is_kiln_conv(n):
         return True
     if n.op is not Op.EXTERN or n.attr("out_index") is not None or not n.dtype.is_floating_point:
         return False
@@ -91,7 +91,7 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
         if conv not in outputs and (feeds_nhwc or conv.inputs[0] in nhwc):
             nhwc[conv] = channels_last_strides(conv.shape)
     cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and not is_prepacked_conv(c)
-                and not winograd.is_winograd_conv(c)}  # these read any layout
+                and not winograd.is_kiln_conv(c)}  # these read any layout
     # weights go channels-last only when nothing but convolutions reads them
     cl_convs = {c for c in cl_convs if readers.get(c.inputs[1], set()) <= {"extern"}}
     return nhwc, cl_convs

@@ -1,5 +1,5 @@
-"""kiln's Winograd convolution at run time: the compiled library, the weight transform, the ``kiln::conv_winograd``
-op, and the per-shape measurement that decides between it and oneDNN.
+"""kiln's CPU convolutions at run time: the compiled libraries, the weight transforms, and the ``kiln::conv_winograd``
+and ``kiln::conv_gemm`` ops (which of them, or oneDNN, runs a convolution is measured per shape: passes/winograd.py).
 
 The weight is transformed (``U = G g G^T`` for every channel pair, in float64) and packed for the GEMM once, when
 the graph is compiled; the graph calls ``torch.ops.kiln.conv_winograd(x, packed, bias, residual, ...)`` like
@@ -15,6 +15,7 @@ import functools
 
 import torch
 
+from kiln.codegen.cpp_conv_gemm import conv_gemm_source
 from kiln.codegen.cpp_gemm import schedule_for
 from kiln.codegen.cpp_winograd import winograd_matrices, winograd_source
 from kiln.runtime.cpu_gemm import bind_gemm
@@ -132,4 +133,100 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual
       relu_input: bool = False) -> torch.Tensor:
     n, _, h, w = x.shape
     return x.new_empty((n, out_channels, h + 2 * padding[0] - 2, w + 2 * padding[1] - 2),
+                       memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+# ------------------------------------------------------------------ implicit-GEMM convolution (any filter, stride)
+@functools.lru_cache(maxsize=None)
+def gemm_library() -> ctypes.CDLL:
+    from kiln.runtime.build import load_module
+    lib = bind_gemm(load_module(conv_gemm_source(), name="kiln_conv_gemm").lib)
+    lib.kiln_conv_gemm.argtypes = ([_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 13
+                                   + [ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int])
+    lib.kiln_conv_gemm.restype = None
+    return lib
+
+
+def gemm_available() -> bool:
+    from kiln.runtime.build import builds
+    return builds(gemm_library)
+
+
+def gemm_supports(stride: list[int], dilation: list[int], groups: int) -> bool:
+    """Any filter size, stride and padding; no dilation, no groups."""
+    return list(dilation) == [1, 1] and groups == 1 and all(s > 0 for s in stride)
+
+
+def pack_conv_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w [K, C, kh, kw]`` as the GEMM's ``[kh*kw*C x K]`` operand, rows ordered (dy, dx, c), in NR-wide panels;
+    1-D fp32."""
+    lib = gemm_library()
+    k = w.shape[0]
+    taps = w.detach().float().cpu().permute(0, 2, 3, 1).contiguous()  # [K, kh, kw, C]: one row of B^T per k
+    kg = taps[0].numel()
+    nr = lib.kiln_gemm_nr()
+    out = torch.empty(-(-k // nr) * nr * kg, dtype=torch.float32)
+    lib.kiln_pack_b(taps.data_ptr(), kg, k, 1, kg, out.data_ptr())
+    return out
+
+
+def rows_per_block(kg: int, k: int, threads: int, rows: int) -> int:
+    """Output pixels per block: the block's packed A (one K block) and its C share ``L2_BLOCK``; a multiple of
+    24 (whole micro-tiles of 6 and 8 rows), at most the whole output."""
+    kc = min(kg, schedule_for(rows, kg).kc)
+    mb = max(24, L2_BLOCK // (4 * (kc + k)) // 24 * 24)
+    return min(mb, -(-rows // 24) * 24)
+
+
+def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                   out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
+                   channels_last: bool, relu_input: bool = False) -> torch.Tensor:
+    if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
+        raise ValueError(f"kiln::conv_gemm expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} "
+                         f"{list(x.shape)} on {x.device}")
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    k = out_channels
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"kiln::conv_gemm: input {list(x.shape)} with padding {padding} is smaller than the "
+                         f"{kh}x{kw} filter")
+    if residual is not None and (tuple(residual.shape) != (n, k, ho, wo) or residual.dtype != torch.float32):
+        raise ValueError(f"kiln::conv_gemm: residual {residual.dtype} {list(residual.shape)}, expected "
+                         f"float32 {[n, k, ho, wo]}")
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    y = _gatherable(torch.empty((n, k, ho, wo), dtype=torch.float32, memory_format=layout))
+    if y.numel() == 0:
+        return y
+    res = _gatherable(residual) if residual is not None else None
+    rs = res.stride() if res is not None else (0, 0, 0, 0)
+    threads = torch.get_num_threads()
+    kg = kh * kw * c
+    mb = rows_per_block(kg, k, threads, n * ho * wo)
+    kc = schedule_for(mb, kg).kc
+    gemm_library().kiln_conv_gemm(
+        x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+        res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), k, kh, kw, sh, sw, ph, pw,
+        ho, wo, int(relu), int(relu_input), mb, kc, threads)
+    return y
+
+
+@torch.library.custom_op("kiln::conv_gemm", mutates_args=(), device_types="cpu")
+def conv_gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+              out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
+              channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+    """``[relu](conv2d([relu](x), W, bias, stride, padding) [+ residual])`` for ``W`` given by
+    ``pack_conv_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``."""
+    return conv_gemm_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
+                          relu_input)
+
+
+@conv_gemm.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+      out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
+      channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+    n, _, h, w = x.shape
+    ho = (h + 2 * padding[0] - kernel[0]) // stride[0] + 1
+    wo = (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    return x.new_empty((n, out_channels, ho, wo),
                        memory_format=torch.channels_last if channels_last else torch.contiguous_format)

@@ -70,6 +70,10 @@ if not INTERPRET:
     def erf(x):
         return libdevice.erf(x)
 
+    @triton.jit
+    def erfc(x):
+        return libdevice.erfc(x)
+
 else:
     @triton.jit
     def expm1(x):
@@ -121,6 +125,10 @@ else:
     @triton.jit
     def erf(x):
         return tl.math.erf(x)
+
+    @triton.jit
+    def erfc(x):
+        return 1.0 - tl.math.erf(x)
 
 
 # combine functions of tl.reduce (plain tl: the same on GPU and in the interpreter)

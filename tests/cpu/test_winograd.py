@@ -107,7 +107,7 @@ class _Block(nn.Module):
 
 
 def test_pass_takes_block_with_epilogues(monkeypatch):
-    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
     model = _Block().eval()
     x = torch.randn(2, 32, 16, 16)
     position = mark()
@@ -123,7 +123,7 @@ def test_pass_takes_block_with_epilogues(monkeypatch):
 
 
 def test_relu_used_twice_is_not_absorbed(monkeypatch):
-    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
     conv = nn.Conv2d(8, 8, 3, padding=1)
 
     def fn(x):
@@ -139,10 +139,11 @@ def test_relu_used_twice_is_not_absorbed(monkeypatch):
 
 def test_choice_is_measured_once_and_can_be_turned_off(monkeypatch):
     winograd._choices.clear()
-    first = winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1])
-    assert first in (0, 2)
+    first = winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1])
+    assert first in ("onednn", "winograd2", "gemm")
     monkeypatch.setattr(winograd.decisions, "fastest", lambda *a, **k: pytest.fail("measured twice"))
-    assert winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1]) == first
+    assert winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1]) == first
+    monkeypatch.undo()  # (turning Winograd off still measures the implicit GEMM against oneDNN)
     model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()).eval()
     position = mark()
     with config.scope(winograd_tiles=""), torch.inference_mode():
@@ -155,7 +156,7 @@ def test_choice_is_measured_once_and_can_be_turned_off(monkeypatch):
 def test_views_of_channels_last_results_have_eager_strides(monkeypatch):
     """A graph output that is a view (flatten, permute) of a library's channels-last result gets the strides
     eager's contiguous result would give it."""
-    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
     conv = nn.Conv2d(16, 32, 3, padding=1)
 
     def fn(x):
@@ -198,7 +199,7 @@ def test_relu_of_the_input_is_applied_as_it_is_read():
 def test_pass_moves_a_library_convolutions_relu_into_the_next_input(monkeypatch):
     """oneDNN's strided convolution keeps its ReLU out (NaN semantics); the Winograd convolution reading it
     applies the ReLU to its input instead of a separate kernel."""
-    monkeypatch.setattr(winograd, "choose", lambda x_shape, w_shape, padding: 2)
+    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
     model = nn.Sequential(nn.Conv2d(8, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1)).eval()
     x = torch.randn(2, 8, 40, 40)
     position = mark()

@@ -54,8 +54,9 @@ def positive(*shape, lo=0.1, hi=4.0):
 def test_unary_math():
     def f(x, p, u):
         return (x.neg(), x.abs(), x.exp(), torch.expm1(x), p.log(), torch.log1p(p), p.sqrt(), p.rsqrt(),
-                x.reciprocal(), torch.erf(x), x.tanh(), x.sigmoid(), x.relu(), x.sin(), x.cos(), x.floor(), x.ceil(),
-                x.round(), x.trunc(), x.sign(), torch.log2(p), torch.log10(p), torch.exp2(x), torch.tan(u),
+                x.reciprocal(), torch.erf(x), torch.erfc(x), x.tanh(), x.sigmoid(), x.relu(), x.sin(), x.cos(),
+                x.floor(), x.ceil(), x.round(), x.trunc(), x.sign(), torch.log2(p), torch.log10(p), torch.exp2(x),
+                torch.tan(u),
                 torch.sinh(x), torch.cosh(x), torch.asinh(x), torch.acosh(p + 1.0), torch.atanh(u * 0.9),
                 torch.round(x * 100, decimals=1), torch.round(x * 1000, decimals=-2), torch.square(x),
                 torch.frac(x))

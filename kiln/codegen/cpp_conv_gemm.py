@@ -1,0 +1,123 @@
+"""kiln's CPU convolution as an implicit GEMM (C++): any filter size, stride and padding, groups 1.
+
+Output pixels are GEMM rows and output channels its columns; the reduction runs over the filter taps and input
+channels, ordered (dy, dx, c) so that one tap's channels are contiguous in a channels-last input::
+
+    C[g = (b, oy, ox)][k] = sum_{dy, dx, c} x[b, c, oy*sh - ph + dy, ox*sw - pw + dx] * W[k, c, dy, dx]
+
+    for block of MB output pixels:
+      for pc in Kg step KC:                  Kg = kh * kw * C
+        pack A: the block's rows of the implicit im2col matrix, columns pc..pc+KC, in MR-row panels,
+                read straight from x (zeros where the window leaves the image; the producer's ReLU applied
+                here when asked) - im2col is never materialized
+        for each NR-wide panel of the packed weight (packed at compile time, ``kiln_pack_b``):
+          for each MR-row tile: kiln's GEMM micro-kernel (``cpp_gemm.py``), into the block's C (ldc = K)
+      epilogue: + residual, ReLU (max(0, x) keeping NaN), written to y by strides (channels-last: vector
+                stores; NCHW: scatters); the bias comes in with the first K block
+
+Packing costs one pass over the block's window per output block, against 2 * K flops per packed value; it
+matters for few output channels (the 64-channel stem) and not for ResNet's deeper layers.  A 1x1 stride-1
+convolution is a plain GEMM of the channels-last input.
+"""
+from __future__ import annotations
+
+import functools
+
+from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE
+from kiln.codegen.cpp_winograd import VECTOR_HELPERS
+
+KERNEL = r"""
+// rows g0 .. g0+rows of the implicit im2col matrix, columns pc .. pc+kc, into MR-row panels (k-major)
+static void pack_conv(const float* x, int64_t h, int64_t w, int64_t c, int64_t xsn, int64_t xsc, int64_t xsh,
+                      int64_t xsw, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
+                      int64_t wo, int relu_in, int64_t g0, int64_t rows, int64_t pc, int64_t kc, float* out) {
+  for (int64_t i0 = 0; i0 < rows; i0 += KILN_MR) {
+    float* panel = out + i0 * kc;
+    for (int r = 0; r < KILN_MR; ++r) {
+      float* d = panel + r;
+      if (i0 + r >= rows) {  // zero rows pad the last panel
+        for (int64_t kk = 0; kk < kc; ++kk) d[kk * KILN_MR] = 0.0f;
+        continue;
+      }
+      const int64_t g = g0 + i0 + r, b = g / (ho * wo), oy = (g / wo) % ho, ox = g % wo;
+      int64_t tap = pc / c, ci = pc % c;
+      for (int64_t kk = 0; kk < kc; ++tap, ci = 0) {
+        const int64_t run = c - ci < kc - kk ? c - ci : kc - kk;
+        const int64_t iy = oy * sh - ph + tap / kw, ix = ox * sw - pw + tap % kw;
+        float* dk = d + kk * KILN_MR;
+        if (iy < 0 || iy >= h || ix < 0 || ix >= w) {
+          for (int64_t j = 0; j < run; ++j) dk[j * KILN_MR] = 0.0f;
+        } else {
+          const float* s = x + b * xsn + iy * xsh + ix * xsw + ci * xsc;
+          if (relu_in)
+            for (int64_t j = 0; j < run; ++j) {
+              const float v = s[j * xsc];
+              dk[j * KILN_MR] = v > 0.0f || v != v ? v : 0.0f;  // max(0, v) keeping NaN, as torch.relu
+            }
+          else
+            for (int64_t j = 0; j < run; ++j) dk[j * KILN_MR] = s[j * xsc];
+        }
+        kk += run;
+      }
+    }
+  }
+}
+
+// x: [n][c][h][w] by strides.  wp: the [kh*kw*c x k] weight packed by kiln_pack_b.  y and the optional residual
+// r: [n][k][ho][wo] by strides.  mb output pixels per block, kc-deep K blocks.
+extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xsn,
+                               int64_t xsc, int64_t xsh, int64_t xsw, const float* wp, const float* bias,
+                               const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
+                               int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
+                               int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
+                               int relu, int relu_in, int64_t mb, int64_t KC, int threads) {
+  const int64_t rows = n * ho * wo, kg = kh * kw * c;
+  const int64_t panels = (k + KILN_NR - 1) / KILN_NR;
+  float* ap = (float*)std::aligned_alloc(64, sizeof(float) * ((mb + KILN_MR) * (KC < kg ? KC : kg) + 16));
+  float* cb = (float*)std::aligned_alloc(64, sizeof(float) * (mb * k + 16));
+  // Threads share each block (its packed A and its C) and split the packing by row panels, the GEMM by column
+  // panels and the epilogue by rows, as kiln_gemm does: a 7x7 layer (49 rows, one block) still uses them all.
+#pragma omp parallel num_threads(threads)
+  for (int64_t g0 = 0; g0 < rows; g0 += mb) {
+    const int64_t nt = rows - g0 < mb ? rows - g0 : mb;
+    for (int64_t pc = 0; pc < kg; pc += KC) {
+      const int64_t kc = kg - pc < KC ? kg - pc : KC;
+#pragma omp for schedule(static)
+      for (int64_t i0 = 0; i0 < nt; i0 += KILN_MR)
+        pack_conv(x, h, w, c, xsn, xsc, xsh, xsw, kw, sh, sw, ph, pw, ho, wo, relu_in, g0 + i0,
+                  nt - i0 < KILN_MR ? nt - i0 : KILN_MR, pc, kc, ap + i0 * kc);
+#pragma omp for schedule(static)
+      for (int64_t q = 0; q < panels; ++q) {
+        const int64_t jr = q * KILN_NR;
+        const int nr = (int)(k - jr < KILN_NR ? k - jr : KILN_NR);
+        const float* bp = wp + q * kg * KILN_NR + pc * KILN_NR;
+        const float* next_b = q + 1 < panels ? bp + kg * KILN_NR : nullptr;
+        for (int64_t ir = 0; ir < nt; ir += KILN_MR)
+          micro(ap + ir * kc, bp, kc, cb + ir * k + jr, k, (int)(nt - ir < KILN_MR ? nt - ir : KILN_MR), nr,
+                pc == 0, bias ? bias + jr : nullptr, ir == 0 ? next_b : nullptr);
+      }
+    }
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < nt; ++t) {  // epilogue: residual, ReLU, the output's layout
+      const int64_t g = g0 + t, b = g / (ho * wo), oy = (g / wo) % ho, ox = g % wo;
+      float* yo = y + b * ysn + oy * ysh + ox * ysw;
+      const float* ro = r ? r + b * rsn + oy * rsh + ox * rsw : nullptr;
+      for (int64_t k0 = 0; k0 < k; k0 += LANES) {
+        const int64_t kn = k - k0;
+        vec val = vloadn(cb + t * k + k0, kn);
+        if (ro) val = VADD(val, vloads(ro + k0 * rsc, kn, rsc));
+        if (relu) val = VMAX(VZERO(), val);  // max(0, NaN) is NaN, as torch.relu
+        vstores(yo + k0 * ysc, val, kn, ysc);
+      }
+    }
+  }
+  std::free(ap);
+  std::free(cb);
+}
+"""
+
+
+@functools.lru_cache(maxsize=None)
+def conv_gemm_source(mr: int = 8) -> str:
+    """The library: kiln's GEMM (micro-kernel, B packing; ``mr``-row tiles on AVX-512) and the convolution."""
+    return f"#define KILN_MR512 {mr}\n" + GEMM_SOURCE + VECTOR_HELPERS + KERNEL

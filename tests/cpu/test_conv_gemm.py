@@ -1,0 +1,118 @@
+"""kiln's implicit-GEMM CPU convolution (codegen/cpp_conv_gemm.py): the op against float64 convolution on
+fresh random data, and the pass that puts it into graphs with their epilogues."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln.passes import winograd
+from kiln.report import mark, reports_since
+from kiln.runtime import cpu_conv
+
+pytestmark = pytest.mark.skipif(not cpu_conv.gemm_available(), reason="kiln's CPU GEMM does not build here")
+
+# (N, C, H, W, K, kh, kw, stride, padding)
+SHAPES = [
+    (1, 16, 9, 9, 24, 1, 1, (1, 1), (0, 0)),       # 1x1: a plain GEMM of the channels-last input
+    (2, 12, 11, 10, 40, 1, 1, (2, 2), (0, 0)),     # ResNet's downsampling 1x1 stride 2
+    (1, 8, 15, 13, 20, 3, 3, (2, 2), (1, 1)),      # strided 3x3
+    (1, 3, 30, 30, 16, 7, 7, (2, 2), (3, 3)),      # the stem: 7x7 stride 2 on 3 channels
+    (2, 5, 10, 12, 7, 5, 3, (1, 2), (2, 0)),       # rectangular filter, stride and padding
+    (1, 130, 6, 7, 33, 3, 3, (1, 1), (1, 1)),      # K = 1170 > one K block of 1024; 33 columns: a partial panel
+    (1, 4, 40, 40, 8, 3, 3, (1, 1), (0, 0)),       # 1444 output pixels: several row blocks
+]
+
+
+def _case(shape, seed):
+    n, c, h, w, k, kh, kw, stride, padding = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=gen)
+    weight = torch.randn(k, c, kh, kw, generator=gen) / (c * kh * kw) ** 0.5
+    bias = torch.randn(k, generator=gen)
+    return x, weight, bias, list(stride), list(padding)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:7])) + f"-s{s[7][0]}{s[7][1]}")
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_matches_float64_convolution(shape, channels_last):
+    x, weight, bias, stride, padding = _case(shape, seed=sum(shape[:7]))
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    packed = cpu_conv.pack_conv_weight(weight)
+    k, _, kh, kw = weight.shape
+    y = torch.ops.kiln.conv_gemm(x, packed, bias, None, k, [kh, kw], stride, padding, False, channels_last)
+    ref = F.conv2d(x.double(), weight.double(), bias.double(), stride, padding)
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    torch.testing.assert_close(y, ref.float(), rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_epilogue_residual_relu_and_input_relu_keep_nan():
+    x, weight, bias, stride, padding = _case((1, 24, 9, 10, 16, 3, 3, (1, 1), (1, 1)), seed=5)
+    x[0, 5, 3, 3] = float("nan")
+    residual = torch.randn(1, 16, 9, 10).contiguous(memory_format=torch.channels_last)
+    y = torch.ops.kiln.conv_gemm(x, cpu_conv.pack_conv_weight(weight), bias, residual, 16, [3, 3], stride, padding,
+                                 True, True, True)
+    ref = torch.relu(F.conv2d(torch.relu(x.double()), weight.double(), bias.double(), stride, padding)
+                     + residual.double())
+    torch.testing.assert_close(y, ref.float(), rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
+    assert torch.isnan(y[0, :, 2:5, 2:5]).all() and not torch.isnan(y[0, :, 6:, 6:]).any()
+
+
+def test_two_threads_share_a_block():
+    """A 7x7 layer is one block of 49 rows: the threads split its packing, column panels and epilogue."""
+    x, weight, bias, stride, padding = _case((1, 64, 7, 7, 96, 3, 3, (1, 1), (1, 1)), seed=7)
+    packed = cpu_conv.pack_conv_weight(weight)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        y = torch.ops.kiln.conv_gemm(x, packed, bias, None, 96, [3, 3], stride, padding, False)
+    finally:
+        torch.set_num_threads(before)
+    torch.testing.assert_close(y, F.conv2d(x.double(), weight.double(), bias.double(), stride, padding).float(),
+                               rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_bad_input_names_what_was_expected():
+    x, weight, bias, stride, padding = _case((1, 4, 6, 6, 8, 3, 3, (1, 1), (0, 0)), seed=1)
+    packed = cpu_conv.pack_conv_weight(weight)
+    with pytest.raises(ValueError, match="4-D fp32 CPU input"):
+        cpu_conv.conv_gemm_impl(x.double(), packed, bias, None, 8, [3, 3], stride, padding, False, True)
+    with pytest.raises(ValueError, match="residual"):
+        cpu_conv.conv_gemm_impl(x, packed, bias, torch.zeros(1, 8, 5, 5), 8, [3, 3], stride, padding, False, True)
+
+
+class _DownBlock(nn.Module):
+    """ResNet's downsampling block: strided 3x3 and 1x1 convolutions, BN, residual add, ReLU."""
+
+    def __init__(self, cin: int = 32, cout: int = 64):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(cin, cout, 3, 2, 1, bias=False), nn.BatchNorm2d(cout)
+        self.conv2, self.bn2 = nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)
+        self.down = nn.Sequential(nn.Conv2d(cin, cout, 1, 2, bias=False), nn.BatchNorm2d(cout))
+        for bn in (self.bn1, self.bn2, self.down[1]):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+
+def test_pass_runs_a_downsampling_block_with_its_epilogues(monkeypatch):
+    monkeypatch.setattr(winograd, "choose", lambda *shapes: "gemm")
+    model = _DownBlock().eval()
+    x = torch.randn(2, 32, 48, 48)  # every convolution above the pass's MIN_FLOPS
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    assert out.is_contiguous()
+    report = reports_since(position)[-1]
+    assert report.externs == ["conv_gemm"] * 3, report.externs
+    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    assert "relu -> implicit-GEMM epilogue: 2" in notes and "residual add -> implicit-GEMM epilogue: 1" in notes, \
+        notes
+    assert not report.kernels  # BN folded, the add and both ReLUs in epilogues
