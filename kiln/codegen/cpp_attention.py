@@ -18,7 +18,6 @@ from __future__ import annotations
 import functools
 
 from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE
-from kiln.codegen.cpp_prelude import PRELUDE
 
 KERNEL = r"""
 // q, k, v, o: [B, H, T|S, D] by strides (b, h, t); q and o have unit stride along D, k and v any (ksd, vsd).
@@ -89,4 +88,4 @@ extern "C" void kiln_attention(const float* q, const float* k, const float* v, f
 @functools.lru_cache(maxsize=None)
 def attention_source(mr: int = 8) -> str:
     """The kernel prelude (vector exp), kiln's GEMM (``mr``-row micro-tiles) and the attention kernel."""
-    return PRELUDE + f"#define KILN_MR512 {mr}\n" + GEMM_SOURCE + KERNEL
+    return f"#define KILN_MR512 {mr}\n" + GEMM_SOURCE + KERNEL  # (GEMM_SOURCE starts with the prelude)

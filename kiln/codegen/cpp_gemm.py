@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from kiln.codegen.cpp_prelude import PRELUDE
+
 
 @dataclasses.dataclass(frozen=True)
 class GemmSchedule:
@@ -46,7 +48,7 @@ def schedule_for(m: int, k: int) -> GemmSchedule:
     return GemmSchedule(mr=mr, kc=kc, mc=mc)
 
 
-SOURCE = r"""
+_BODY = r"""
 #include <immintrin.h>
 #include <cstdint>
 #include <cstring>
@@ -159,11 +161,32 @@ static inline void micro(const float* __restrict ap, const float* __restrict bp,
   else micro_t<false>(ap, bp, kc, c, ldc, mr, nr, first, bias, nullptr);
 }
 
-// C[M, N] (row stride ldc) = A[M, K] (row stride lda, unit column stride) @ packed B (+ bias).
+// gelu(x) = x/2 * erfc(-x/sqrt(2)) on an mr x nr tile, in place: the same operations, in the same order, as the
+// kernel kiln generates for a graph's gelu (frontend/aten.py), so fusing it here changes no bit of the result
+static inline float gelu1(float x) { return (x * 0.5f) * kiln_rt::k_erfc(x * -0.7071067811865476f); }
+
+static void gelu_tile(float* c, int64_t ldc, int mr, int nr) {
+  if (mr == KILN_MR && nr == KILN_NR) {  // whole tiles: one vector loop of compile-time length (no remainders)
+    alignas(64) float t[KILN_MR * KILN_NR];
+    for (int i = 0; i < KILN_MR; ++i)
+      for (int j = 0; j < KILN_NR; ++j) t[i * KILN_NR + j] = c[i * ldc + j];
+#pragma omp simd
+    for (int e = 0; e < KILN_MR * KILN_NR; ++e) t[e] = gelu1(t[e]);
+    for (int i = 0; i < KILN_MR; ++i)
+      for (int j = 0; j < KILN_NR; ++j) c[i * ldc + j] = t[i * KILN_NR + j];
+    return;
+  }
+  for (int i = 0; i < mr; ++i)
+    for (int j = 0; j < nr; ++j) c[i * ldc + j] = gelu1(c[i * ldc + j]);
+}
+
+// C[M, N] (row stride ldc) = A[M, K] (row stride lda, unit column stride) @ packed B (+ bias), then gelu when
+// ``act`` is 1 (applied to each tile as its last K block leaves it, while the tile is in L1).
 // Threads share each packed A block and split its NR-wide column panels (so a 64-row product, one block,
 // still uses every thread); the implicit barriers of the two omp-for loops order packing and use.
 extern "C" void kiln_gemm(const float* a, int64_t lda, const float* bpacked, const float* bias, float* c,
-                          int64_t ldc, int64_t m, int64_t n, int64_t k, int64_t KC, int64_t MC, int threads) {
+                          int64_t ldc, int64_t m, int64_t n, int64_t k, int64_t KC, int64_t MC, int act,
+                          int threads) {
   float* ap = (float*)std::aligned_alloc(64, sizeof(float) * (MC + KILN_MR) * KC + 64);
   int64_t panels = (n + KILN_NR - 1) / KILN_NR;
 #pragma omp parallel num_threads(threads)
@@ -184,8 +207,9 @@ extern "C" void kiln_gemm(const float* a, int64_t lda, const float* bpacked, con
         const float* next_b = p + 1 < panels ? bp + k * KILN_NR : nullptr;
         for (int64_t ir = 0; ir < mc; ir += KILN_MR) {
           int mr = (int)(mc - ir < KILN_MR ? mc - ir : KILN_MR);
-          micro(ap + ir * kc, bp, kc, c + (ic + ir) * ldc + jr, ldc, mr, nr, pc == 0, bias ? bias + jr : nullptr,
-                ir == 0 ? next_b : nullptr);
+          float* ct = c + (ic + ir) * ldc + jr;
+          micro(ap + ir * kc, bp, kc, ct, ldc, mr, nr, pc == 0, bias ? bias + jr : nullptr, ir == 0 ? next_b : nullptr);
+          if (act == 1 && pc + kc >= k) gelu_tile(ct, ldc, mr, nr);
         }
       }
     }
@@ -193,6 +217,9 @@ extern "C" void kiln_gemm(const float* a, int64_t lda, const float* bpacked, con
   std::free(ap);
 }
 """
+
+# the math prelude first: the gelu epilogue evaluates kiln_rt::k_erfc, as generated kernels do
+SOURCE = PRELUDE + _BODY
 
 
 def gemm_source(schedule: GemmSchedule) -> str:

@@ -19,6 +19,7 @@ from kiln.passes.fold_affine import fold_affine
 from kiln.passes.order import hoist_last_readers
 from kiln.passes.rewrite import RewriteLog
 from kiln.passes.prepack_conv import prepack_conv
+from kiln.passes.gemm_epilogue import fuse_gemm_gelu
 from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
 from kiln.passes.winograd import winograd_conv
@@ -57,6 +58,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
     ("dce_folded", lambda g, log: dce(g)),     # the unfolded layers: else the library passes pack their weights too
     ("select_gemm", _select_gemm),             # after folding: weights are final; time MKL vs oneDNN per shape
+    ("gemm_epilogue", fuse_gemm_gelu),         # after select_gemm: a linear's gelu into kiln's or oneDNN's call
     ("winograd", _winograd),                   # after folding (final weights, BN bias); before oneDNN takes the rest
     ("prepack_conv", _prepack_conv),           # after folding: reorder final conv weights once for oneDNN
     ("split_conv_bias", split_conv_bias),      # after folding (BN made the bias final); GPU convolutions only

@@ -21,7 +21,7 @@ def bind_gemm(lib: ctypes.CDLL) -> ctypes.CDLL:
     """Declare the signatures of the GEMM entry points every library built on ``cpp_gemm.SOURCE`` exports."""
     lib.kiln_pack_b.argtypes = [_P, _I, _I, _I, _I, _P]
     lib.kiln_pack_b.restype = None
-    lib.kiln_gemm.argtypes = [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_int]
+    lib.kiln_gemm.argtypes = [_P, _I, _P, _P, _P, _I, _I, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int]
     lib.kiln_gemm.restype = None
     return lib
 
@@ -50,8 +50,9 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int,
-                       schedule: GemmSchedule | None = None) -> torch.Tensor:
-    """``schedule``: a tuned one (``tune/cpu_gemm.py``), or None for the rule ``schedule_for``."""
+                       schedule: GemmSchedule | None = None, gelu: bool = False) -> torch.Tensor:
+    """``schedule``: a tuned one (``tune/cpu_gemm.py``), or None for the rule ``schedule_for``; ``gelu``: apply
+    the exact (erf) gelu to the result in the GEMM's epilogue."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
         raise ValueError(f"kiln::linear_packed expects a 2-D fp32 CPU input, got {x.dtype} {list(x.shape)} "
                          f"on {x.device}")
@@ -62,23 +63,24 @@ def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     if m == 0 or n == 0:
         return out
     if k == 0:
-        return out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
+        out = out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
+        return torch.nn.functional.gelu(out) if gelu else out
     s = schedule or schedule_for(m, k)
     library(GemmSchedule(mr=s.mr)).kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(),
                                              bias.data_ptr() if bias is not None else None, out.data_ptr(), n, m, n,
-                                             k, s.kc, s.mc, torch.get_num_threads())
+                                             k, s.kc, s.mc, int(gelu), torch.get_num_threads())
     return out
 
 
 @torch.library.custom_op("kiln::linear_packed", mutates_args=(), device_types="cpu")
 def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, mr: int = 0, kc: int = 0,
-                  mc: int = 0) -> torch.Tensor:
-    """``x @ W^T + bias`` with ``W`` given packed by ``pack_weight``; ``mr, kc, mc`` a tuned schedule (0: the
-    rule's)."""
-    return linear_packed_impl(x, packed, bias, n, GemmSchedule(mr=mr, kc=kc, mc=mc) if mr else None)
+                  mc: int = 0, gelu: bool = False) -> torch.Tensor:
+    """``[gelu](x @ W^T + bias)`` with ``W`` given packed by ``pack_weight``; ``mr, kc, mc`` a tuned schedule (0:
+    the rule's)."""
+    return linear_packed_impl(x, packed, bias, n, GemmSchedule(mr=mr, kc=kc, mc=mc) if mr else None, gelu)
 
 
 @linear_packed.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, mr: int = 0, kc: int = 0,
-      mc: int = 0) -> torch.Tensor:
+      mc: int = 0, gelu: bool = False) -> torch.Tensor:
     return x.new_empty(x.shape[0], n)

@@ -1,0 +1,63 @@
+"""A linear layer's gelu in the GEMM call (passes/gemm_epilogue.py), against eager on fresh random inputs."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln.passes import select_gemm
+from kiln.report import mark, reports_since
+from kiln.runtime import cpu_gemm
+
+
+def _compile_and_check(fn, x, choice, monkeypatch):
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: choice)
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(fn, fallback=False)(x)
+        torch.testing.assert_close(out, fn(x), rtol=1.3e-5, atol=1.5e-5)
+    report = reports_since(position)[-1]
+    notes = " ".join(note for p in report.passes if p.name == "gemm_epilogue" for note in p.notes)
+    return report, notes
+
+
+@pytest.mark.parametrize("choice", ["kiln", "onednn"])
+def test_gelu_after_linear_runs_in_the_gemm(choice, monkeypatch):
+    if choice == "kiln" and not cpu_gemm.available() or choice == "onednn" and not select_gemm.onednn_available():
+        pytest.skip(f"{choice} GEMM not available here")
+    mlp = nn.Sequential(nn.Linear(256, 520), nn.GELU(), nn.Linear(520, 64)).eval()  # above select_gemm's MIN_FLOPS
+    report, notes = _compile_and_check(mlp, torch.randn(40, 256) * 2, choice, monkeypatch)
+    assert f"gelu -> {choice} GEMM epilogue: 1" in notes, notes
+    assert not report.kernels, [k.name for k in report.kernels]  # nothing left for a generated kernel
+
+
+@pytest.mark.skipif(not cpu_gemm.available(), reason="kiln's CPU GEMM does not build here")
+def test_epilogue_matches_the_generated_gelu_kernel():
+    """kiln's epilogue evaluates the generated kernel's expression: both agree to rounding, NaN kept."""
+    gen = torch.Generator().manual_seed(2)
+    x, w, b = torch.randn(70, 130, generator=gen) * 3, torch.randn(90, 130, generator=gen), torch.randn(90)
+    x[3, 7] = float("nan")
+    packed = cpu_gemm.pack_weight(w)
+    fused = torch.ops.kiln.linear_packed(x, packed, b, 90, 0, 0, 0, True)
+    plain = torch.ops.kiln.linear_packed(x, packed, b, 90)
+    with torch.inference_mode():
+        expected = kiln.compile(lambda t: F.gelu(t), fallback=False)(plain)
+    torch.testing.assert_close(fused, expected, rtol=2.4e-7, atol=1e-30, equal_nan=True)
+    assert torch.isnan(fused[3]).all() and not torch.isnan(fused[4]).any()
+
+
+@pytest.mark.skipif(not cpu_gemm.available(), reason="kiln's CPU GEMM does not build here")
+def test_not_fused_when_the_linear_result_is_used_again_or_the_gelu_is_tanh(monkeypatch):
+    lin = nn.Linear(256, 512)
+
+    def both(x):
+        y = lin(x)
+        return F.gelu(y), y.sum(0)
+
+    report, notes = _compile_and_check(both, torch.randn(32, 256), "kiln", monkeypatch)
+    assert "gelu ->" not in notes and report.externs == ["linear_packed"], report.externs
+    report, notes = _compile_and_check(lambda x: F.gelu(lin(x), approximate="tanh"), torch.randn(32, 256), "kiln",
+                                       monkeypatch)
+    assert "gelu ->" not in notes
