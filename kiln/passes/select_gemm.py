@@ -23,7 +23,7 @@ from kiln.runtime import cpu_gemm, decisions
 from kiln.tune import cpu_gemm as tune_gemm
 
 aten = torch.ops.aten
-_choices = decisions.ShapeChoices("gemm_choices-v3")  # v3: kiln's GEMM (deep K blocks) is a candidate
+_choices = decisions.ShapeChoices("gemm_choices-v4")  # v4: timed with cold weights (decisions.cold_copies)
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the library
 
 
@@ -37,14 +37,16 @@ def choose(m: int, k: int, n: int) -> str:
     def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(m, k, generator=gen)
-        w = torch.randn(n, k, generator=gen)
         b = torch.randn(n, generator=gen)
-        out = {"aten": lambda: torch.addmm(b, x, w.t())}
+        # each call on another copy of the weight, so it comes from memory as in a model
+        ws = [torch.randn(n, k, generator=gen) for _ in range(decisions.cold_copies(4 * n * k))]
+        out = {"aten": decisions.cycling([lambda w=w: torch.addmm(b, x, w.t()) for w in ws])}
         if onednn_available():
-            out["onednn"] = lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+            out["onednn"] = decisions.cycling([lambda w=w: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
+                                               for w in ws])
         if cpu_gemm.available():
-            packed = cpu_gemm.pack_weight(w)
-            out["kiln"] = lambda: torch.ops.kiln.linear_packed(x, packed, b, n)
+            packs = [cpu_gemm.pack_weight(w) for w in ws]
+            out["kiln"] = decisions.cycling([lambda p=p: torch.ops.kiln.linear_packed(x, p, b, n) for p in packs])
         return out
 
     # ATen unless another is clearly faster: the default path users know

@@ -41,7 +41,7 @@ from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_conv, decisions
 
 aten = torch.ops.aten
-_choices = decisions.ShapeChoices("conv_choices-v2")  # v2: the implicit GEMM is a candidate
+_choices = decisions.ShapeChoices("conv_choices-v3")  # v2: the implicit GEMM is a candidate; v3: cold weights
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 ONEDNN, GEMM = "onednn", "gemm"  # choices besides "winograd<m>"
 
@@ -104,22 +104,26 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
     def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(x_shape, generator=gen).contiguous(memory_format=torch.channels_last)
-        weight = torch.randn(w_shape, generator=gen) / (kh * kw * c) ** 0.5
         bias = torch.randn(k, generator=gen)
+        # each call on another copy of the weight, so it comes from memory as in a model
+        ws = [torch.randn(w_shape, generator=gen) / (kh * kw * c) ** 0.5
+              for _ in range(decisions.cold_copies(4 * k * c * kh * kw))]
         if prepack_conv.available():
-            packed = torch.ops.mkldnn._reorder_convolution_weight(weight, padding, stride, [1, 1], 1, list(x_shape))
-            out = {ONEDNN: lambda: torch.ops.mkldnn._convolution_pointwise(x, packed, bias, padding, stride, [1, 1],
-                                                                           1, "none", [], "")}
+            packs = [torch.ops.mkldnn._reorder_convolution_weight(w, padding, stride, [1, 1], 1, list(x_shape))
+                     for w in ws]
+            out = {ONEDNN: decisions.cycling([lambda p=p: torch.ops.mkldnn._convolution_pointwise(
+                x, p, bias, padding, stride, [1, 1], 1, "none", [], "") for p in packs])}
         else:
-            out = {ONEDNN: lambda: torch.ops.aten.convolution(x, weight, bias, stride, padding, [1, 1], False,
-                                                              [0, 0], 1)}
+            out = {ONEDNN: decisions.cycling([lambda w=w: torch.ops.aten.convolution(
+                x, w, bias, stride, padding, [1, 1], False, [0, 0], 1) for w in ws])}
         for m in allowed:
-            u = cpu_conv.transform_weight(weight, m)
-            out[f"winograd{m}"] = lambda u=u, m=m: torch.ops.kiln.conv_winograd(x, u, bias, None, k, m, padding,
-                                                                                False)
+            us = [cpu_conv.transform_weight(w, m) for w in ws]
+            out[f"winograd{m}"] = decisions.cycling([lambda u=u, m=m: torch.ops.kiln.conv_winograd(
+                x, u, bias, None, k, m, padding, False) for u in us])
         if cpu_conv.gemm_available():
-            g = cpu_conv.pack_conv_weight(weight)
-            out[GEMM] = lambda: torch.ops.kiln.conv_gemm(x, g, bias, None, k, [kh, kw], stride, padding, False)
+            gs = [cpu_conv.pack_conv_weight(w) for w in ws]
+            out[GEMM] = decisions.cycling([lambda g=g: torch.ops.kiln.conv_gemm(
+                x, g, bias, None, k, [kh, kw], stride, padding, False) for g in gs])
         return out
 
     return str(_choices.decide(key, calls, baseline=ONEDNN, what=f"conv {list(x_shape)} x {list(w_shape)} stride "

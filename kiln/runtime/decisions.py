@@ -107,6 +107,43 @@ def take_measured() -> list[str]:
     return lines
 
 
+def cache_bytes(level: int, default: int) -> int:
+    """Data cache size of cpu0 at ``level`` (Linux sysfs), or ``default``."""
+    base = Path("/sys/devices/system/cpu/cpu0/cache")
+    try:
+        for index in base.glob("index*"):
+            if int((index / "level").read_text()) == level and (index / "type").read_text().strip() != "Instruction":
+                text = (index / "size").read_text().strip().upper()
+                return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
+    except (OSError, ValueError):
+        pass
+    return default
+
+
+def cold_copies(nbytes: int) -> int:
+    """How many copies of an operand (a layer's weight) a measurement cycles through, so that each call finds its
+    copy out of the last-level cache, as in a model: every layer's weight is read once per call, after the other
+    layers' weights went through the cache.  Enough to fill twice the LLC; at most 16, and at most 512 MiB.
+
+    [Note: cold weights] Timed with one hot weight, a schedule's extra passes over B look almost free (B stays in
+    L3), and libraries are compared on data the model never has in cache.  With one hot weight kiln's GEMM tuner
+    had stored 60-row A blocks for the MLP's 64-row product (a second block of 4 rows re-reads all of B); on this
+    Zen 3 box that schedule measured 4-9% slower than one 66-row block."""
+    llc = cache_bytes(3, 32 << 20)
+    return max(1, min(16, 2 * llc // max(1, nbytes) + 1, (512 << 20) // max(1, nbytes)))
+
+
+def cycling(calls: list[Any]) -> Any:
+    """One zero-argument function that runs ``calls`` in turn, one per call (see ``cold_copies``)."""
+    position = [0]
+
+    def call() -> Any:
+        fn = calls[position[0] % len(calls)]
+        position[0] += 1
+        return fn()
+    return call
+
+
 def best_times(calls: list[Any], repeats: int) -> list[float]:
     """Seconds of each zero-argument function, best of ``repeats`` after a warm-up (first-call allocations, lazy
     library loading), the functions taking turns: a noisy neighbour hits all of them alike."""

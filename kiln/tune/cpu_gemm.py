@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 import torch
 
@@ -29,7 +28,7 @@ from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
 from kiln.runtime import decisions
 from kiln.tune.ranking import fit_log_linear
 
-KIND, SAMPLE_KIND = "cpu_gemm", "cpu_gemm_sample"
+KIND, SAMPLE_KIND = "cpu_gemm2", "cpu_gemm2_sample"  # 2: timed with cold weights
 MEASURED = 8        # candidates measured per problem
 ROUNDS = 5          # alternating rounds, best of each candidate
 KC_LIMITS = (256, 512, 1024, 2048)
@@ -37,19 +36,6 @@ A_BLOCK_FRACTIONS = (0.25, 0.5, 0.75, 1.5)
 FEATURES = ("bias", "log_kc", "log_mc", "tall_tile", "a_over_l2", "b_over_l1")
 RIDGE = 0.1
 BUDGET_SHARE = 0.1  # most of ``Config.tune_budget_s`` one problem's measurement may take (estimated)
-
-
-def _cache_bytes(level: int, default: int) -> int:
-    """Data cache size of cpu0 at ``level`` (Linux sysfs), or ``default``."""
-    base = Path("/sys/devices/system/cpu/cpu0/cache")
-    try:
-        for index in base.glob("index*"):
-            if int((index / "level").read_text()) == level and (index / "type").read_text().strip() != "Instruction":
-                text = (index / "size").read_text().strip().upper()
-                return int(text[:-1]) * 1024 if text.endswith("K") else int(text)
-    except (OSError, ValueError):
-        pass
-    return default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,7 +53,7 @@ class Machine:
     def here() -> "Machine":
         from kiln.runtime import cpu_gemm
         nr = cpu_gemm.library().kiln_gemm_nr()
-        return Machine(l1=_cache_bytes(1, 32 * 1024), l2=_cache_bytes(2, 1024 * 1024), nr=nr,
+        return Machine(l1=decisions.cache_bytes(1, 32 * 1024), l2=decisions.cache_bytes(2, 1024 * 1024), nr=nr,
                        tile_heights=(8, 12) if nr == 32 else (6,))
 
 
@@ -129,7 +115,7 @@ def rank(m: int, k: int, n: int, machine: Machine, correction: Correction) -> li
 
 
 def problem_key(m: int, k: int, n: int) -> str:
-    return f"cpu_gemm:f32:{m}x{k}x{n}:t{torch.get_num_threads()}"
+    return f"cpu_gemm2:f32:{m}x{k}x{n}:t{torch.get_num_threads()}"
 
 
 def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
@@ -142,13 +128,14 @@ def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
 
 
 def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int) -> list[float]:
-    """Best-of-rounds seconds per schedule on random data (``decisions.best_times``)."""
+    """Best-of-rounds seconds per schedule on random data (``decisions.best_times``), each call on another copy of
+    the weight so that B comes from memory, as in a model (``decisions.cold_copies``)."""
     from kiln.runtime import cpu_gemm
     gen = torch.Generator().manual_seed(0)
-    x, w, bias = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
-    packed = cpu_gemm.pack_weight(w)
-    return decisions.best_times([lambda s=s: cpu_gemm.linear_packed_impl(x, packed, bias, n, s) for s in schedules],
-                                ROUNDS)
+    x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
+    packs = [cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)) for _ in range(decisions.cold_copies(4 * n * k))]
+    return decisions.best_times([decisions.cycling([lambda s=s, p=p: cpu_gemm.linear_packed_impl(x, p, bias, n, s)
+                                                    for p in packs]) for s in schedules], ROUNDS)
 
 
 def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> GemmSchedule | None:
