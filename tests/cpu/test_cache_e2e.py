@@ -31,6 +31,6 @@ def test_second_process_compiles_nothing(tmp_path):
     first = _run(str(tmp_path))
     second = _run(str(tmp_path))
     # the first process may build both layout plans of the seed model (choose.py) to measure them, and kiln's
-    # Winograd convolution library (measured against oneDNN for the second convolution)
-    assert first["compiles"] in (1, 2, 3) and first["from_cache"] is False
+    # Winograd and implicit-GEMM convolution libraries (measured against oneDNN for the convolutions)
+    assert first["compiles"] in (1, 2, 3, 4) and first["from_cache"] is False
     assert second == {"compiles": 0, "from_cache": True}

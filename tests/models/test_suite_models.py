@@ -14,8 +14,8 @@ SMALL = {
     "chain": {"size": 64},
 }
 # matmul (ATen/MKL or oneDNN, whichever measured faster), convolution and pooling
-ALLOWED_EXTERNS = {"convolution", "onednn_convolution", "conv_winograd", "attention", "mm", "addmm", "bmm",
-                   "onednn_linear", "linear_packed", "scaled_dot_product_attention", "max_pool2d_with_indices",
+ALLOWED_EXTERNS = {"convolution", "onednn_convolution", "conv_winograd", "conv_gemm", "attention", "mm", "addmm",
+                   "bmm", "onednn_linear", "linear_packed", "scaled_dot_product_attention", "max_pool2d_with_indices",
                    "avg_pool2d"}
 
 
