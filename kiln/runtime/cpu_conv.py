@@ -81,31 +81,43 @@ def _gatherable(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
+def _check_input(op: str, x: torch.Tensor) -> None:
+    if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
+        raise ValueError(f"kiln::{op} expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} {list(x.shape)} "
+                         f"on {x.device}")
+
+
+def _output(op: str, x: torch.Tensor, residual: torch.Tensor | None, k: int, ho: int, wo: int, filter_size: str,
+            padding: list[int], channels_last: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
+    """The checks kiln's convolution ops share, then ``(y, residual, residual strides)`` in layouts the kernels
+    read: y channels-last (or NCHW for a graph output)."""
+    n = x.shape[0]
+    if ho <= 0 or wo <= 0:
+        raise ValueError(f"kiln::{op}: input {list(x.shape)} with padding {padding} is smaller than the "
+                         f"{filter_size} filter")
+    if residual is not None and (tuple(residual.shape) != (n, k, ho, wo) or residual.dtype != torch.float32):
+        raise ValueError(f"kiln::{op}: residual {residual.dtype} {list(residual.shape)}, expected "
+                         f"float32 {[n, k, ho, wo]}")
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    y = _gatherable(torch.empty((n, k, ho, wo), dtype=torch.float32, memory_format=layout))
+    res = _gatherable(residual) if residual is not None else None
+    return y, res, res.stride() if res is not None else (0, 0, 0, 0)
+
+
 def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                        residual: torch.Tensor | None, out_channels: int, tile: int, padding: list[int],
                        relu: bool, channels_last: bool, relu_input: bool = False) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
-        raise ValueError(f"kiln::conv_winograd expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} "
-                         f"{list(x.shape)} on {x.device}")
+    _check_input("conv_winograd", x)
     if tile not in TILE_SIZES:
         raise ValueError(f"kiln::conv_winograd: tile must be one of {TILE_SIZES}, got {tile}")
     n, c, h, w = x.shape
     ph, pw = padding
     ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
     k = out_channels
-    if ho <= 0 or wo <= 0:
-        raise ValueError(f"kiln::conv_winograd: input {list(x.shape)} with padding {padding} is smaller than "
-                         "the 3x3 filter")
-    if residual is not None and (tuple(residual.shape) != (n, k, ho, wo) or residual.dtype != torch.float32):
-        raise ValueError(f"kiln::conv_winograd: residual {residual.dtype} {list(residual.shape)}, expected "
-                         f"float32 {[n, k, ho, wo]}")
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    y = _gatherable(torch.empty((n, k, ho, wo), dtype=torch.float32, memory_format=layout))
+    y, res, rs = _output("conv_winograd", x, residual, k, ho, wo, "3x3", padding, channels_last)
     if y.numel() == 0:
         return y
     x = _gatherable(x)
-    res = _gatherable(residual) if residual is not None else None
-    rs = res.stride() if res is not None else (0, 0, 0, 0)
     threads = torch.get_num_threads()
     tiles = n * -(-ho // tile) * -(-wo // tile)
     tb = tiles_per_block(tile, c, k, threads, tiles)
@@ -181,25 +193,14 @@ def rows_per_block(kg: int, k: int, threads: int, rows: int) -> int:
 def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                    out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
                    channels_last: bool, relu_input: bool = False) -> torch.Tensor:
-    if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
-        raise ValueError(f"kiln::conv_gemm expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} "
-                         f"{list(x.shape)} on {x.device}")
+    _check_input("conv_gemm", x)
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
     ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
     k = out_channels
-    if ho <= 0 or wo <= 0:
-        raise ValueError(f"kiln::conv_gemm: input {list(x.shape)} with padding {padding} is smaller than the "
-                         f"{kh}x{kw} filter")
-    if residual is not None and (tuple(residual.shape) != (n, k, ho, wo) or residual.dtype != torch.float32):
-        raise ValueError(f"kiln::conv_gemm: residual {residual.dtype} {list(residual.shape)}, expected "
-                         f"float32 {[n, k, ho, wo]}")
-    layout = torch.channels_last if channels_last else torch.contiguous_format
-    y = _gatherable(torch.empty((n, k, ho, wo), dtype=torch.float32, memory_format=layout))
+    y, res, rs = _output("conv_gemm", x, residual, k, ho, wo, f"{kh}x{kw}", padding, channels_last)
     if y.numel() == 0:
         return y
-    res = _gatherable(residual) if residual is not None else None
-    rs = res.stride() if res is not None else (0, 0, 0, 0)
     threads = torch.get_num_threads()
     kg = kh * kw * c
     mb = rows_per_block(kg, k, threads, n * ho * wo)
