@@ -80,6 +80,9 @@ typedef __m256 vec;
 #error "kiln's GEMM needs AVX2+FMA or AVX-512"
 #endif
 #define NV (KILN_NR / LANES)
+#ifndef KILN_B_PREFETCH
+#define KILN_B_PREFETCH 1  // 0: no prefetch of the next B panel (benchmarks/cpu_gemm_variants.py)
+#endif
 
 extern "C" int kiln_gemm_mr() { return KILN_MR; }
 extern "C" int kiln_gemm_nr() { return KILN_NR; }
@@ -204,7 +207,7 @@ extern "C" void kiln_gemm(const float* a, int64_t lda, const float* bpacked, con
         int nr = (int)(n - jr < KILN_NR ? n - jr : KILN_NR);
         // the first row tile also prefetches this thread's next B micro-panel, line by line, so that panel
         // arrives from memory during this one's compute instead of stalling the next tile's first loads
-        const float* next_b = p + 1 < panels ? bp + k * KILN_NR : nullptr;
+        const float* next_b = KILN_B_PREFETCH && p + 1 < panels ? bp + k * KILN_NR : nullptr;
         for (int64_t ir = 0; ir < mc; ir += KILN_MR) {
           int mr = (int)(mc - ir < KILN_MR ? mc - ir : KILN_MR);
           float* ct = c + (ic + ir) * ldc + jr;

@@ -1,0 +1,59 @@
+"""Variants of kiln's CPU GEMM library timed against each other (alternate rounds, one process, one thread).
+
+Each variant is kiln's GEMM source (``codegen/cpp_gemm.py``) built with one compile-time switch changed, called
+through ctypes with the rule's schedule; every call takes the next of several copies of the weight, so B comes
+from memory as in a model (``runtime/decisions.cold_copies``).  Reported per shape: each variant's median
+GFLOP/s and the median over rounds of its time relative to the first variant's.
+
+    python -m benchmarks.cpu_gemm_variants [--shapes 64x1024x4096,256x768x2304] [--rounds 15]
+
+Variants: ``prefetch`` (as shipped: the first row tile of each column panel prefetches the next panel of B) and
+``no-prefetch`` (``KILN_B_PREFETCH 0``).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+VARIANTS = {"prefetch": "", "no-prefetch": "#define KILN_B_PREFETCH 0\n"}
+SHAPES = "64x1024x4096,64x4096x1024,256x768x2304,256x3072x768,256x768x8192,1024x1024x1024,2048x2048x2048"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--shapes", default=SHAPES)
+    ap.add_argument("--rounds", type=int, default=15)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
+    from kiln.runtime import cpu_gemm, decisions
+    from kiln.runtime.build import load_module
+    libs = {name: cpu_gemm.bind_gemm(load_module(switch + gemm_source(GemmSchedule()), name="kiln_gemm_variant").lib)
+            for name, switch in VARIANTS.items()}
+    for shape in args.shapes.split(","):
+        m, k, n = (int(v) for v in shape.split("x"))
+        x, bias = torch.randn(m, k), torch.randn(n)
+        packs = [cpu_gemm.pack_weight(torch.randn(n, k)) for _ in range(decisions.cold_copies(4 * n * k))]
+        out = torch.empty(m, n)
+        s = schedule_for(m, k)
+        times: dict[str, list[float]] = {name: [] for name in libs}
+        for _ in range(args.rounds):
+            for name, lib in libs.items():
+                start = time.perf_counter()
+                for p in packs:
+                    lib.kiln_gemm(x.data_ptr(), k, p.data_ptr(), bias.data_ptr(), out.data_ptr(), n, m, n, k, s.kc,
+                                  s.mc, 0, 1)
+                times[name].append((time.perf_counter() - start) / len(packs))
+        first = next(iter(libs))
+        cells = []
+        for name, ts in times.items():
+            rel = statistics.median(t / f for t, f in zip(ts, times[first]))
+            cells.append(f"{name} {2 * m * n * k / statistics.median(ts) / 1e9:6.1f} GFLOP/s (time x{rel:.3f})")
+        print(f"{shape}: " + "  ".join(cells), flush=True)
+
+
+if __name__ == "__main__":
+    main()
