@@ -53,7 +53,7 @@ from __future__ import annotations
 __all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS"]
 
 #: Bump whenever the text of PRELUDE changes (it is part of kernel cache keys).
-PRELUDE_VERSION = "6"
+PRELUDE_VERSION = "7"
 
 #: Names of the public float math functions defined in namespace ``kiln_rt``.
 PRELUDE_FUNCTIONS = (
@@ -351,13 +351,13 @@ KILN_INLINE float k_erf(float x) {
 // erfc(x) in one branch: for a = |x|, erfc(a) = exp(-a^2) * t * P(1 - t) with t = 1/(1 + a/2) and P of degree 9
 // (kiln's own weighted least-squares fit of erfcx(a)/t on 0 <= a <= 10 in double, coefficients rounded to
 // float one at a time, lowest first, refitting the rest; fit error 2e-8 relative).  a^2 is split exactly
-// (hi + lo) so exp(-a^2) keeps its accuracy for large a.  |x| is clamped at 9.25, where exp(-a^2) still scales
-// by one normal power of two (a second scaling step cost gelu 9%); beyond it erfc < 4.2e-39 and that is
-// returned (absolute error below 4.2e-39).  x < 0: 2 - erfc(|x|).  No cancellation anywhere, so relative
+// (hi + lo) so exp(-a^2) keeps its accuracy for large a.  Up to |x| = 9.25 exp(-a^2) scales by one normal
+// power of two (a second scaling step cost gelu 9%); beyond, erfc < 4.2e-39 and 0 is returned (absolute error
+// below 4.2e-39).  x < 0: 2 - erfc(|x|).  No cancellation anywhere, so relative
 // accuracy holds across the tail; gelu is lowered to x/2 * erfc(-x/sqrt(2)) on this function.
 KILN_INLINE float k_erfc(float x) {
-  float a = std::fabs(x);
-  a = a < 9.25f ? a : 9.25f;                 // beyond, erfc < 4.2e-39 (denormal): that value is kept
+  const float ax = std::fabs(x);
+  const float a = ax < 9.25f ? ax : 9.25f;   // beyond, erfc < 4.2e-39 (denormal) and 0 is returned
   const float t = 1.0f / (1.0f + 0.5f * a);
   const float u = (0.5f * a) * t;            // 1 - t without cancellation: P is evaluated around a = 0
   float p = -0.0131481457f;
@@ -376,7 +376,7 @@ KILN_INLINE float k_erfc(float x) {
   const float r = kdetail::exp_reduce(-hi, n);
   float e = (1.0f + kdetail::expm1_poly(r)) * kdetail::pow2i(n);  // n >= -124: one normal power of two
   e = e - e * lo;                            // exp(-hi - lo) ~= exp(-hi) * (1 - lo)
-  const float c = e * (t * p);
+  const float c = ax < 9.25f ? e * (t * p) : 0.0f;  // (exactly 0, so gelu(x) = x/2 * erfc(-x/sqrt 2) -> 0 for x << 0)
   const float r2 = x < 0.0f ? 2.0f - c : c;
   return x != x ? x : r2;
 }

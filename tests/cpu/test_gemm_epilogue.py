@@ -61,3 +61,12 @@ def test_not_fused_when_the_linear_result_is_used_again_or_the_gelu_is_tanh(monk
     report, notes = _compile_and_check(lambda x: F.gelu(lin(x), approximate="tanh"), torch.randn(32, 256), "kiln",
                                        monkeypatch)
     assert "gelu ->" not in notes
+
+
+def test_gelu_vanishes_for_very_negative_inputs():
+    """erfc(|x|) is returned as exactly 0 beyond its float range, so x/2 * erfc(-x/sqrt 2) does not leave
+    -x * 4e-39 behind for huge negative x (-0.2 at x = -1e38)."""
+    x = torch.tensor([-1e38, -1e30, -1e6, -40.0, -13.5, -13.0, -5.0, -0.5, 0.0, 0.5, 3.0, 1e30])
+    with torch.inference_mode():
+        got = kiln.compile(lambda t: F.gelu(t), fallback=False)(x)
+    torch.testing.assert_close(got, F.gelu(x.double()).float(), rtol=1.3e-5, atol=1e-30)
