@@ -182,7 +182,7 @@ def pack_conv_weight(w: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def rows_per_block(kg: int, k: int, threads: int, rows: int) -> int:
+def rows_per_block(kg: int, k: int, rows: int) -> int:
     """Output pixels per block: the block's packed A (one K block) and its C share ``L2_BLOCK``; a multiple of
     24 (whole micro-tiles of 6 and 8 rows), at most the whole output."""
     kc = min(kg, schedule_for(rows, kg).kc)
@@ -203,7 +203,7 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
         return y
     threads = torch.get_num_threads()
     kg = kh * kw * c
-    mb = rows_per_block(kg, k, threads, n * ho * wo)
+    mb = rows_per_block(kg, k, n * ho * wo)
     kc = schedule_for(mb, kg).kc
     gemm_library().kiln_conv_gemm(
         x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,

@@ -11,7 +11,8 @@ of A packed at once.  For one problem ``[m, k] @ [k, n]``:
    ``Correction`` multiplies it by ``exp(w . features)`` (tile height, block sizes, how far the A block and
    the B micro-panel overflow L2 and L1), ``w`` fitted by ridge least squares to log(measured / estimated) over
    the samples this machine's database holds.
-3. **Measurement** (max-autotune): the ``MEASURED`` best-ranked candidates run alternately on random data, best
+3. **Measurement** (max-autotune): the ``MEASURED`` best-ranked candidates run alternately on random data, each
+   call on another copy of the weight so B comes from memory as in a model (``decisions.cold_copies``), best
    of rounds; every timing is kept as a sample (what the next fit learns from), the fastest as the problem's
    record, so a second compile measures nothing and default mode uses it too.  A problem whose measurement the
    model puts above ``BUDGET_SHARE`` of ``Config.tune_budget_s`` keeps the rule.
