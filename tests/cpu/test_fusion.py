@@ -107,9 +107,11 @@ def test_channels_last_layout_matches_eager():
         with torch.inference_mode():
             got = kiln.compile(model, fallback=False, layout_optimization=True)(x)
             torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
-        source = reports_since(position)[-1].source
+        report = reports_since(position)[-1]
         if name == "resnet18":  # (the seed model's ReLUs are now all inside its convolution calls)
-            assert "i3" in source or "i0_o" in source  # kernels were generated
+            # kernels were generated (which ones depends on the measured convolution choices: kiln's own
+            # convolutions take their ReLUs and adds, oneDNN's leave them to kernels; the pooling stays a kernel)
+            assert report.kernels and "kernel_0" in report.source
 
 
 def test_layout_autotune_keeps_a_correct_plan():
