@@ -50,25 +50,31 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 
 def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int,
-                       schedule: GemmSchedule | None = None, gelu: bool = False) -> torch.Tensor:
+                       schedule: GemmSchedule | None = None, gelu: bool = False,
+                       out: torch.Tensor | None = None) -> torch.Tensor:
     """``schedule``: a tuned one (``tune/cpu_gemm.py``), or None for the rule ``schedule_for``; ``gelu``: apply
-    the exact (erf) gelu to the result in the GEMM's epilogue."""
+    the exact (erf) gelu to the result in the GEMM's epilogue; ``out``: an ``[m, n]`` fp32 buffer with unit
+    column stride to write (a compiled graph's arena), else a new tensor."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
         raise ValueError(f"kiln::linear_packed expects a 2-D fp32 CPU input, got {x.dtype} {list(x.shape)} "
                          f"on {x.device}")
     if x.stride(1) != 1:
         x = x.contiguous()
     m, k = x.shape
-    out = torch.empty(m, n, dtype=torch.float32)
+    if out is None:
+        out = torch.empty(m, n, dtype=torch.float32)
+    elif tuple(out.shape) != (m, n) or out.dtype != torch.float32 or (n > 1 and out.stride(1) != 1):
+        raise ValueError(f"kiln::linear_packed.out: out must be float32 [{m}, {n}] with unit column stride, got "
+                         f"{out.dtype} {list(out.shape)} strides {list(out.stride())}")
     if m == 0 or n == 0:
         return out
     if k == 0:
         out = out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
-        return torch.nn.functional.gelu(out) if gelu else out
+        return out.copy_(torch.nn.functional.gelu(out)) if gelu else out
     s = schedule or schedule_for(m, k)
     library(GemmSchedule(mr=s.mr)).kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(),
-                                             bias.data_ptr() if bias is not None else None, out.data_ptr(), n, m, n,
-                                             k, s.kc, s.mc, int(gelu), torch.get_num_threads())
+                                             bias.data_ptr() if bias is not None else None, out.data_ptr(),
+                                             out.stride(0), m, n, k, s.kc, s.mc, int(gelu), torch.get_num_threads())
     return out
 
 
@@ -78,6 +84,21 @@ def linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     """``[gelu](x @ W^T + bias)`` with ``W`` given packed by ``pack_weight``; ``mr, kc, mc`` a tuned schedule (0:
     the rule's)."""
     return linear_packed_impl(x, packed, bias, n, GemmSchedule(mr=mr, kc=kc, mc=mc) if mr else None, gelu)
+
+
+# The ``.out`` overload, so a compiled graph's planner puts the result in its arena like ``aten.mm``'s
+# (runtime/module.py, _OUT_VARIANTS) instead of a fresh tensor per call.
+_LIB = torch.library.Library("kiln", "FRAGMENT")
+_LIB.define("linear_packed.out(Tensor x, Tensor packed, Tensor? bias, SymInt n, SymInt mr=0, SymInt kc=0, "
+            "SymInt mc=0, bool gelu=False, *, Tensor(a!) out) -> Tensor(a!)")
+
+
+def _linear_packed_out(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, mr: int = 0,
+                       kc: int = 0, mc: int = 0, gelu: bool = False, *, out: torch.Tensor) -> torch.Tensor:
+    return linear_packed_impl(x, packed, bias, n, GemmSchedule(mr=mr, kc=kc, mc=mc) if mr else None, gelu, out)
+
+
+_LIB.impl("linear_packed.out", _linear_packed_out, "CPU")
 
 
 @linear_packed.register_fake

@@ -27,7 +27,7 @@ from kiln import config
 from kiln.passes.layout import choose_layouts, library_layouts
 from kiln.passes.pipeline import holds_copies
 from kiln.report import CompileReport
-from kiln.runtime import inplace, memory
+from kiln.runtime import cpu_gemm, inplace, memory
 
 
 RECYCLE_MIN_BYTES = 1 << 16  # below this, malloc serves outputs from its free lists without page faults
@@ -35,7 +35,8 @@ RECYCLE_MIN_BYTES = 1 << 16  # below this, malloc serves outputs from its free l
 
 # library ops whose ``.out`` variant writes into a buffer we provide (so their results live in the arena)
 # (not convolution: its ``.out`` is a generated wrapper that computes into a new tensor and copies)
-_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm})
+_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
+                           cpu_gemm.linear_packed._opoverload.overloadpacket})  # (and its .out: cpu_gemm)
 
 
 def _writes_into_arena(n: Node, graph_outputs: set[Node]) -> bool:

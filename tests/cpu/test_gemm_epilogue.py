@@ -70,3 +70,28 @@ def test_gelu_vanishes_for_very_negative_inputs():
     with torch.inference_mode():
         got = kiln.compile(lambda t: F.gelu(t), fallback=False)(x)
     torch.testing.assert_close(got, F.gelu(x.double()).float(), rtol=1.3e-5, atol=1e-30)
+
+
+@pytest.mark.skipif(not cpu_gemm.available(), reason="kiln's CPU GEMM does not build here")
+def test_gemm_results_live_in_the_arena(monkeypatch):
+    """kiln::linear_packed.out writes into the planned buffer, so intermediate GEMM results are not new tensors
+    each call (as aten.mm's are not); the graph's output is still its own tensor."""
+    from kiln.runtime.module import CompiledGraph
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: "kiln")
+    mlp = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 64)).eval()
+    modules = []
+    original = CompiledGraph.__call__
+    monkeypatch.setattr(CompiledGraph, "__call__", lambda self, inputs: modules.append(self) or original(self, inputs))
+    x = torch.randn(32, 256)
+    with torch.inference_mode():
+        compiled = kiln.compile(mlp, fallback=False)
+        first = compiled(x)
+        torch.testing.assert_close(first, mlp(x), rtol=1.3e-5, atol=1.5e-5)
+        second = compiled(x * 2)
+        torch.testing.assert_close(second, mlp(x * 2), rtol=1.3e-5, atol=1.5e-5)
+        torch.testing.assert_close(first, mlp(x), rtol=1.3e-5, atol=1.5e-5)  # not overwritten by the second call
+    planned = [n for n in modules[0].planned if n.op.value == "extern"]
+    assert len(planned) == 2, planned  # the two inner GEMMs; the last one writes the graph's output
+    with pytest.raises(ValueError, match="unit column stride"):
+        torch.ops.kiln.linear_packed.out(x, cpu_gemm.pack_weight(torch.randn(8, 256)), None, 8,
+                                         out=torch.empty(8, 32).t())
