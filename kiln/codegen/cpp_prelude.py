@@ -53,7 +53,7 @@ from __future__ import annotations
 __all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS"]
 
 #: Bump whenever the text of PRELUDE changes (it is part of kernel cache keys).
-PRELUDE_VERSION = "7"
+PRELUDE_VERSION = "8"
 
 #: Names of the public float math functions defined in namespace ``kiln_rt``.
 PRELUDE_FUNCTIONS = (
@@ -117,6 +117,13 @@ PRELUDE = r"""// ===== kiln runtime prelude v""" + PRELUDE_VERSION + r""" (kiln/
 namespace kiln_rt {
 namespace kdetail {
 
+// Horner's rule, highest coefficient first: poly(x, c_n, ..., c_1, c_0) = ((c_n x + c_{n-1}) x + ...) x + c_0,
+// the same operations in the same order as writing the chain out (one polynomial per function below).
+template <class T>
+KILN_INLINE T poly(T, T p) { return p; }
+template <class T, class... C>
+KILN_INLINE T poly(T x, T p, T c, C... rest) { return poly(x, p * x + c, rest...); }
+
 KILN_INLINE uint32_t f2u(float f) { uint32_t u; std::memcpy(&u, &f, sizeof u); return u; }
 KILN_INLINE float u2f(uint32_t u) { float f; std::memcpy(&f, &u, sizeof f); return f; }
 KILN_INLINE uint64_t d2u(double f) { uint64_t u; std::memcpy(&u, &f, sizeof u); return u; }
@@ -156,11 +163,7 @@ KILN_INLINE float exp_reduce(float x, int32_t& n) {
 
 // expm1(r) for |r| <= 0.35 (minimax, ~0.25 ulp).
 KILN_INLINE float expm1_poly(float r) {
-  float q = 0.00138706958f;
-  q = q * r + 0.00836627185f;
-  q = q * r + 0.0416674353f;
-  q = q * r + 0.166665465f;
-  q = q * r + 0.49999997f;
+  float q = kdetail::poly(r, 0.00138706958f, 0.00836627185f, 0.0416674353f, 0.166665465f, 0.49999997f);
   return r + (r * r) * q;
 }
 
@@ -173,9 +176,7 @@ KILN_INLINE float pow2i(int32_t e) {  // 2^e for -126 <= e <= 127
 KILN_INLINE float log_core(float f) {
   const float s = f / (2.0f + f);
   const float z = s * s;
-  float R = 0.298714697f;
-  R = R * z + 0.399775684f;
-  R = R * z + 0.666667759f;
+  float R = kdetail::poly(z, 0.298714697f, 0.399775684f, 0.666667759f);
   R = R * z;
   const float hfsq = 0.5f * f * f;
   return f + (s * (hfsq + R) - hfsq);
@@ -184,13 +185,8 @@ KILN_INLINE float log_core(float f) {
 // erf(a) for 0 <= a <= 0.875: a + a*P(a^2).
 KILN_INLINE float erf_small(float a) {
   const float z = a * a;
-  float p = 7.86240707e-05f;
-  p = p * z + -0.000802566996f;
-  p = p * z + 0.00519090937f;
-  p = p * z + -0.0268553607f;
-  p = p * z + 0.112836227f;
-  p = p * z + -0.376126289f;
-  p = p * z + 0.128379166f;
+  float p = kdetail::poly(z, 7.86240707e-05f, -0.000802566996f, 0.00519090937f, -0.0268553607f, 0.112836227f,
+                          -0.376126289f, 0.128379166f);
   return a + a * p;
 }
 
@@ -262,12 +258,8 @@ KILN_INLINE float k_log1p(float x) {
 KILN_INLINE float k_tanh(float x) {
   const float a = std::fabs(x);
   const float z = a * a;
-  float p = 0.00215268391f;
-  p = p * z + -0.00819001347f;
-  p = p * z + 0.021706894f;
-  p = p * z + -0.0539481789f;
-  p = p * z + 0.133332208f;
-  p = p * z + -0.333333313f;
+  float p = kdetail::poly(z, 0.00215268391f, -0.00819001347f, 0.021706894f, -0.0539481789f, 0.133332208f,
+                          -0.333333313f);
   const float small = a + a * (z * p);
   const float big = 1.0f - 2.0f / (k_exp(2.0f * a) + 1.0f);
   return kdetail::with_sign_of(a < 0.625f ? small : big, x);
@@ -278,16 +270,8 @@ namespace kdetail {
 // erfcx(a) = exp(a^2)*erfc(a) ~= t*P(t), t = 1/(1+a), minimax on 0.5 <= a <= 10.1.
 template <class T>
 KILN_INLINE T erfcx_poly(T t) {
-  T p = T(-1.76908636f);
-  p = p * t + T(6.36599112f);
-  p = p * t + T(-9.14790058f);
-  p = p * t + T(6.00098324f);
-  p = p * t + T(-0.904308796f);
-  p = p * t + T(-0.700618207f);
-  p = p * t + T(-0.259392798f);
-  p = p * t + T(0.278002024f);
-  p = p * t + T(0.564497888f);
-  p = p * t + T(0.564180791f);
+  T p = kdetail::poly(t, T(-1.76908636f), T(6.36599112f), T(-9.14790058f), T(6.00098324f), T(-0.904308796f),
+                      T(-0.700618207f), T(-0.259392798f), T(0.278002024f), T(0.564497888f), T(0.564180791f));
   return t * p;
 }
 
@@ -307,16 +291,8 @@ KILN_INLINE double exp_d(double t) {
   const int64_t n = (int64_t)(d2u(kd) - 0x4338000000000000ull);
   kd = kd - 6755399441055744.0;
   const double r = tc - kd * 0.6931471805599453;
-  double p = 1.0 / 362880.0;
-  p = p * r + 1.0 / 40320.0;
-  p = p * r + 1.0 / 5040.0;
-  p = p * r + 1.0 / 720.0;
-  p = p * r + 1.0 / 120.0;
-  p = p * r + 1.0 / 24.0;
-  p = p * r + 1.0 / 6.0;
-  p = p * r + 0.5;
-  p = p * r + 1.0;
-  p = p * r + 1.0;
+  double p = kdetail::poly(r, 1.0 / 362880.0, 1.0 / 40320.0, 1.0 / 5040.0, 1.0 / 720.0, 1.0 / 120.0, 1.0 / 24.0,
+                           1.0 / 6.0, 0.5, 1.0, 1.0);
   return p * u2d((uint64_t)(n + 1023) << 52);
 }
 }  // namespace kdetail
@@ -328,15 +304,8 @@ namespace kdetail {
 // erf = 1 - erfc is then within 1.4 ulp (float evaluation included).
 KILN_INLINE float erfc_mid(float a) {
   const float u = (a - 2.4375f) * 0.64f;
-  float p = 5.70364064e-05f;
-  p = p * u + -0.00032080416f;
-  p = p * u + 0.00121406466f;
-  p = p * u + -0.00419381587f;
-  p = p * u + 0.0137153845f;
-  p = p * u + -0.0435507894f;
-  p = p * u + 0.142075539f;
-  p = p * u + -0.56222403f;
-  p = p * u + -1.53455091f;
+  float p = kdetail::poly(u, 5.70364064e-05f, -0.00032080416f, 0.00121406466f, -0.00419381587f, 0.0137153845f,
+                          -0.0435507894f, 0.142075539f, -0.56222403f, -1.53455091f);
   return k_exp(std::fma(-a, a, p));
 }
 }  // namespace kdetail
@@ -360,16 +329,8 @@ KILN_INLINE float k_erfc(float x) {
   const float a = ax < 9.25f ? ax : 9.25f;   // beyond, erfc < 4.2e-39 (denormal) and 0 is returned
   const float t = 1.0f / (1.0f + 0.5f * a);
   const float u = (0.5f * a) * t;            // 1 - t without cancellation: P is evaluated around a = 0
-  float p = -0.0131481457f;
-  p = p * u + -0.00915301498f;
-  p = p * u + 0.108733274f;
-  p = p * u + -0.0809345916f;
-  p = p * u + -0.057494022f;
-  p = p * u + -0.108684622f;
-  p = p * u + 0.21311879f;
-  p = p * u + 0.486381829f;
-  p = p * u + -1.25675583f;
-  p = p * u + 1.0f;
+  float p = kdetail::poly(u, -0.0131481457f, -0.00915301498f, 0.108733274f, -0.0809345916f, -0.057494022f,
+                          -0.108684622f, 0.21311879f, 0.486381829f, -1.25675583f, 1.0f);
   float hi, lo;
   kdetail::exact_square(a, hi, lo);
   int32_t n;
@@ -436,17 +397,12 @@ KILN_INLINE float trig_reduce(float a, int32_t& q, float& z) {
 }
 
 KILN_INLINE float sin_poly(float r, float z) {  // |r| <= pi/4
-  float p = -0.000195179062f;
-  p = p * z + 0.00833218731f;
-  p = p * z + -0.166666552f;
+  float p = kdetail::poly(z, -0.000195179062f, 0.00833218731f, -0.166666552f);
   return r + r * (z * p);
 }
 
 KILN_INLINE float cos_poly(float z) {
-  float p = -2.88784491e-07f;
-  p = p * z + 2.48220076e-05f;
-  p = p * z + -0.001388898f;
-  p = p * z + 0.0416666679f;
+  float p = kdetail::poly(z, -2.88784491e-07f, 2.48220076e-05f, -0.001388898f, 0.0416666679f);
   return 1.0f + z * (z * p - 0.5f);
 }
 
@@ -484,12 +440,7 @@ KILN_INLINE double log_d(float a) {
   const double f = m - 1.0;
   const double s = f / (2.0 + f);
   const double z = s * s;
-  double p = 1.0 / 13.0;
-  p = p * z + 1.0 / 11.0;
-  p = p * z + 1.0 / 9.0;
-  p = p * z + 1.0 / 7.0;
-  p = p * z + 1.0 / 5.0;
-  p = p * z + 1.0 / 3.0;
+  double p = kdetail::poly(z, 1.0 / 13.0, 1.0 / 11.0, 1.0 / 9.0, 1.0 / 7.0, 1.0 / 5.0, 1.0 / 3.0);
   return kd * 0.6931471805599453 + (2.0 * s + 2.0 * s * (z * p));
 }
 
