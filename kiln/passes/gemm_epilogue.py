@@ -26,7 +26,7 @@ from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.passes.simplify import scalar_value
+from kiln.passes.simplify import is_scalar
 
 
 def _times(n: Node, value: float) -> Node | None:
@@ -34,8 +34,7 @@ def _times(n: Node, value: float) -> Node | None:
     if n.op is not Op.MUL or len(n.inputs) != 2:
         return None
     for a, s in (n.inputs, n.inputs[::-1]):
-        v = scalar_value(s)
-        if v is not None and not isinstance(v, bool) and v == value:
+        if is_scalar(s, value):
             return a
     return None
 

@@ -26,7 +26,8 @@ def scalar_value(n: Node) -> Any:
     return None
 
 
-def _is(n: Node, value: float) -> bool:
+def is_scalar(n: Node, value: float) -> bool:
+    """``n`` is the number ``value`` everywhere (not a bool)."""
     v = scalar_value(n)
     return v is not None and not isinstance(v, bool) and v == value
 
@@ -41,13 +42,13 @@ def _identity(n: Node, inputs: tuple[Node, ...]) -> Node | None:
         return x
     if op is Op.NEG and x.op is Op.NEG:
         return x.inputs[0]
-    if op in (Op.ADD, Op.SUB) and _is(inputs[1], 0) and x.shape == n.shape and n.dtype.is_floating_point:
+    if op in (Op.ADD, Op.SUB) and is_scalar(inputs[1], 0) and x.shape == n.shape and n.dtype.is_floating_point:
         return x
-    if op is Op.ADD and _is(x, 0) and n.dtype.is_floating_point:
+    if op is Op.ADD and is_scalar(x, 0) and n.dtype.is_floating_point:
         return inputs[1]
-    if op in (Op.MUL, Op.DIV) and _is(inputs[1], 1):
+    if op in (Op.MUL, Op.DIV) and is_scalar(inputs[1], 1):
         return x
-    if op is Op.MUL and _is(x, 1):
+    if op is Op.MUL and is_scalar(x, 1):
         return inputs[1]
     return None
 

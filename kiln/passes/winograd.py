@@ -9,9 +9,9 @@ op level): 1.2x (7x7x512) to 1.65x (the seed's 220x220x128).  The choice is meas
 machine and kept on disk (``runtime/decisions.py``).
 
 The implicit GEMM has no arithmetic advantage; it is the generated convolution for the shapes Winograd cannot
-take (1x1, strided, other filter sizes) and wins where oneDNN's call or blocking costs more than the work (small
-layers).  On the AVX2 dev box (Zen 3) it measured 0.9-1.05x oneDNN on ResNet-18's layers, 0.65x on the 7x7
-stem (3 input channels: the packing dominates).
+take (1x1, strided, other filter sizes), chosen only where it measures faster.  On the AVX2 dev box (Zen 3)
+``benchmarks/cpu_conv.py`` had it at 0.72-0.92x oneDNN on ResNet-18's layers and 0.46-0.58x on the 3-channel
+first layers (the packing dominates), so there oneDNN keeps them.
 
 The epilogue is free in the output transform, while as separate kernels the add and the ReLU each cost a pass
 over the output (ResNet-18's residual blocks: conv-BN-add-ReLU).  The ReLU is ``max(0, x)`` with NaN kept, as
