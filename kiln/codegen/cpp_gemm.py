@@ -27,7 +27,6 @@ class GemmSchedule:
     mr: int = 8     # AVX-512 micro-tile rows (x 32 columns): 2 * MR accumulators of the 32 zmm registers
     kc: int = 1024  # depth of one rank-KC update (the B micro-panel, KC x NR floats, is read from L1/L2)
     mc: int = 192   # rows of A packed at once (a multiple of MR): MC x KC floats stay in L2
-    prefetch: int = 0  # k steps ahead to prefetch the B micro-panel into L1 (0: none)
 
     def trace(self) -> dict[str, int]:
         return dataclasses.asdict(self)
@@ -125,10 +124,6 @@ static inline void micro_t(const float* __restrict ap, const float* __restrict b
     // one line of the B micro-panel the caller runs next, per k step, while this one computes
     if (PREFETCH)  // (a template argument: a run-time test here cost the loop 15%)
       for (int l = 0; l < KILN_NR; l += 16) _mm_prefetch((const char*)(next_b + kk * KILN_NR + l), _MM_HINT_T0);
-#ifdef KILN_PREFETCH
-    _mm_prefetch((const char*)(bp + (kk + KILN_PREFETCH) * KILN_NR), _MM_HINT_T0);
-    _mm_prefetch((const char*)(bp + (kk + KILN_PREFETCH) * KILN_NR + 16), _MM_HINT_T0);
-#endif
     vec bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = VLOAD(bp + kk * KILN_NR + v * LANES);
 #pragma GCC unroll 16
@@ -226,8 +221,5 @@ SOURCE = PRELUDE + _BODY
 
 
 def gemm_source(schedule: GemmSchedule) -> str:
-    """The library for this schedule's compile-time part (tile rows, prefetch); KC and MC are arguments."""
-    head = f"#define KILN_MR512 {schedule.mr}\n"
-    if schedule.prefetch:
-        head += f"#define KILN_PREFETCH {schedule.prefetch}\n"
-    return head + SOURCE
+    """The library for this schedule's compile-time part (the tile rows); KC and MC are arguments."""
+    return f"#define KILN_MR512 {schedule.mr}\n" + SOURCE
