@@ -7,8 +7,9 @@ GFLOP/s and the median over rounds of its time relative to the first variant's.
 
     python -m benchmarks.cpu_gemm_variants [--shapes 64x1024x4096,256x768x2304] [--rounds 15]
 
-Variants: ``prefetch`` (as shipped: the first row tile of each column panel prefetches the next panel of B) and
-``no-prefetch`` (``KILN_B_PREFETCH 0``).
+Variants: ``as shipped`` (the first row tile of each column panel prefetches the next panel of B; each micro-tile
+prefetches its rows of C before its k loop), ``no-B-prefetch`` (``KILN_B_PREFETCH 0``) and ``no-C-prefetch``
+(``KILN_C_PREFETCH 0``).  ``--kc``/``--mc`` replace the rule's K block depth and A block rows.
 """
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ import time
 
 import torch
 
-VARIANTS = {"prefetch": "", "no-prefetch": "#define KILN_B_PREFETCH 0\n"}
+VARIANTS = {"as shipped": "", "no-B-prefetch": "#define KILN_B_PREFETCH 0\n",
+            "no-C-prefetch": "#define KILN_C_PREFETCH 0\n"}
 SHAPES = "64x1024x4096,64x4096x1024,256x768x2304,256x3072x768,256x768x8192,1024x1024x1024,2048x2048x2048"
 
 
@@ -26,6 +28,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--shapes", default=SHAPES)
     ap.add_argument("--rounds", type=int, default=15)
+    ap.add_argument("--kc", type=int, default=0, help="K block depth (default: the rule's, schedule_for)")
+    ap.add_argument("--mc", type=int, default=0, help="rows of A per block (default: the rule's)")
     args = ap.parse_args()
     torch.set_num_threads(1)
     from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
@@ -39,6 +43,7 @@ def main() -> None:
         packs = [cpu_gemm.pack_weight(torch.randn(n, k)) for _ in range(decisions.cold_copies(4 * n * k))]
         out = torch.empty(m, n)
         s = schedule_for(m, k)
+        s = GemmSchedule(mr=s.mr, kc=args.kc or s.kc, mc=args.mc or s.mc)
         times: dict[str, list[float]] = {name: [] for name in libs}
         for _ in range(args.rounds):
             for name, lib in libs.items():

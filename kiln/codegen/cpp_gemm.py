@@ -82,6 +82,9 @@ typedef __m256 vec;
 #ifndef KILN_B_PREFETCH
 #define KILN_B_PREFETCH 1  // 0: no prefetch of the next B panel (benchmarks/cpu_gemm_variants.py)
 #endif
+#ifndef KILN_C_PREFETCH
+#define KILN_C_PREFETCH 1  // 0: no prefetch of the C tile (benchmarks/cpu_gemm_variants.py)
+#endif
 
 extern "C" int kiln_gemm_mr() { return KILN_MR; }
 extern "C" int kiln_gemm_nr() { return KILN_NR; }
@@ -111,15 +114,22 @@ static void pack_a(const float* a, int64_t lda, int64_t mc, int64_t kc, float* o
   }
 }
 
-// one MR x NR tile: acc = sum_k A[:, k] B[k, :]; C (=|+=) acc (+ bias on the first K block).  ``next_b`` (or
-// null): a B micro-panel to prefetch into L1, one line per k step.  On Zen 3 this made the suite's GEMMs 3-5%
-// faster (benchmarks/cpu_gemm.py's shapes, one core); an inner K split of the B panel instead was 2-5% slower.
-template <bool PREFETCH>
+// one ROWS x NR tile (ROWS <= MR; A panels are packed MR rows wide): acc = sum_k A[:, k] B[k, :]; C (=|+=) acc
+// (+ bias on the first K block).  ``next_b`` (or null): a B micro-panel to prefetch into L1, one line per k step.
+// On Zen 3 this made the suite's GEMMs 3-5% faster (benchmarks/cpu_gemm.py's shapes, one core); an inner K split
+// of the B panel instead was 2-5% slower.  An edge tile computes only its own rows (64 = 10 x 6 + 4).
+template <bool PREFETCH, int ROWS>
 static inline void micro_t(const float* __restrict ap, const float* __restrict bp, int64_t kc, float* c, int64_t ldc,
-                           int mr, int nr, bool first, const float* bias, const float* next_b) {
-  vec acc[KILN_MR][NV];
-  for (int i = 0; i < KILN_MR; ++i)
+                           int nr, bool first, const float* bias, const float* next_b) {
+  vec acc[ROWS][NV];
+  for (int i = 0; i < ROWS; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v] = VZERO();
+  if (KILN_C_PREFETCH)  // the tile's rows of C, read (a later K block) or written at the end: fetched now, so
+    for (int i = 0; i < ROWS; ++i)  // the loads and stores after the k loop do not wait on L3 or memory
+      for (int l = 0; l < KILN_NR; l += 16) {
+        __builtin_prefetch(c + i * ldc + l, 1, 3);
+        __builtin_prefetch(c + i * ldc + l + 15, 1, 3);  // (C rows need not start on a cache line)
+      }
   for (int64_t kk = 0; kk < kc; ++kk) {
     // one line of the B micro-panel the caller runs next, per k step, while this one computes
     if (PREFETCH)  // (a template argument: a run-time test here cost the loop 15%)
@@ -127,13 +137,13 @@ static inline void micro_t(const float* __restrict ap, const float* __restrict b
     vec bv[NV];
     for (int v = 0; v < NV; ++v) bv[v] = VLOAD(bp + kk * KILN_NR + v * LANES);
 #pragma GCC unroll 16
-    for (int i = 0; i < KILN_MR; ++i) {
+    for (int i = 0; i < ROWS; ++i) {
       vec av = VSET1(ap[kk * KILN_MR + i]);
       for (int v = 0; v < NV; ++v) acc[i][v] = VFMA(av, bv[v], acc[i][v]);
     }
   }
-  if (mr == KILN_MR && nr == KILN_NR) {
-    for (int i = 0; i < KILN_MR; ++i)
+  if (nr == KILN_NR) {
+    for (int i = 0; i < ROWS; ++i)
       for (int v = 0; v < NV; ++v) {
         float* p = c + i * ldc + v * LANES;
         vec x = acc[i][v];
@@ -143,20 +153,35 @@ static inline void micro_t(const float* __restrict ap, const float* __restrict b
       }
     return;
   }
-  alignas(64) float tile[KILN_MR * KILN_NR];
-  for (int i = 0; i < KILN_MR; ++i)
+  alignas(64) float tile[ROWS * KILN_NR];
+  for (int i = 0; i < ROWS; ++i)
     for (int v = 0; v < NV; ++v) VSTORE(tile + i * KILN_NR + v * LANES, acc[i][v]);
-  for (int i = 0; i < mr; ++i)
+  for (int i = 0; i < ROWS; ++i)
     for (int j = 0; j < nr; ++j) {
       float x = tile[i * KILN_NR + j];
       c[i * ldc + j] = first ? x + (bias ? bias[j] : 0.0f) : c[i * ldc + j] + x;
     }
 }
 
+// micro_t<P, mr> for a run-time row count 1 <= mr <= MR
+template <bool PREFETCH, int ROWS>
+struct micro_rows {
+  static inline void run(int mr, const float* __restrict ap, const float* __restrict bp, int64_t kc, float* c,
+                         int64_t ldc, int nr, bool first, const float* bias, const float* next_b) {
+    if (mr == ROWS) micro_t<PREFETCH, ROWS>(ap, bp, kc, c, ldc, nr, first, bias, next_b);
+    else micro_rows<PREFETCH, ROWS - 1>::run(mr, ap, bp, kc, c, ldc, nr, first, bias, next_b);
+  }
+};
+template <bool PREFETCH>
+struct micro_rows<PREFETCH, 0> {
+  static inline void run(int, const float*, const float*, int64_t, float*, int64_t, int, bool, const float*,
+                         const float*) {}
+};
+
 static inline void micro(const float* __restrict ap, const float* __restrict bp, int64_t kc, float* c, int64_t ldc,
                          int mr, int nr, bool first, const float* bias, const float* next_b = nullptr) {
-  if (next_b) micro_t<true>(ap, bp, kc, c, ldc, mr, nr, first, bias, next_b);
-  else micro_t<false>(ap, bp, kc, c, ldc, mr, nr, first, bias, nullptr);
+  if (next_b) micro_rows<true, KILN_MR>::run(mr, ap, bp, kc, c, ldc, nr, first, bias, next_b);
+  else micro_rows<false, KILN_MR>::run(mr, ap, bp, kc, c, ldc, nr, first, bias, nullptr);
 }
 
 // gelu(x) = x/2 * erfc(-x/sqrt(2)) on an mr x nr tile, in place: the same operations, in the same order, as the

@@ -3,7 +3,9 @@ tile's last K block leaves the registers, oneDNN as its "gelu" post-op.  The gel
 read and write the whole activation once more (MLP: 64 x 4096 floats after each up-projection) disappears.
 
 The pattern is what ``aten.gelu`` (exact, erf form) lowers to (``frontend/aten.py``): ``x/2 * erfc(-x/sqrt 2)``,
-with the linear's result used by nothing else.  kiln's epilogue computes the same operations in the same order
+with the linear's result used by nothing else.  ``x`` may also be a reshape of the linear's 2-D result (a linear on
+3-D activations, as in a transformer: ``[B*T, N]`` viewed as ``[B, T, N]``); the gelu then moves into the GEMM and
+the reshape stays, now of the fused result.  kiln's epilogue computes the same operations in the same order
 as the generated kernel (with g++ 12 the results are bit-identical; the test allows 2 ulp); oneDNN's gelu is its
 own (a few ulp apart).
 
@@ -68,18 +70,27 @@ def fuse_gemm_gelu(graph: Graph, log: RewriteLog | None = None) -> Graph:
     users = graph.users()
     outputs = set(graph.outputs)
 
+    def linear_of(x: Node) -> Node:
+        """The linear whose result ``x`` is: ``x`` itself, or the input of the reshape ``x``."""
+        if x.op is Op.RESHAPE and x.inputs[0] not in outputs and len(users[x.inputs[0]]) == 1:
+            return x.inputs[0]
+        return x
+
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         x = gelu_input(node)
-        if x is None or x in outputs or len(users[x]) != 2 or (kind := _fusable(x)) is None:
+        if x is None or x in outputs or len(users[x]) != 2 or (kind := _fusable(linear_of(x))) is None:
             return None  # (two users: the two multiplications of the pattern, nothing else)
         new_x = gelu_input(Node(node.op, inputs, node.attrs, node.shape, node.dtype))  # x with rewritten inputs
-        args = list(extern_args(new_x)[0])
+        reshaped = new_x.op is Op.RESHAPE
+        linear = new_x.inputs[0] if reshaped else new_x
+        args = list(extern_args(linear)[0])
         if kind == "kiln":  # (x, packed, bias, n[, mr, kc, mc]) + gelu
             args = args[:4] + (args[4:7] if len(args) > 4 else [0, 0, 0]) + [True]
         else:  # (x, w, bias, attr, scalars, algorithm): oneDNN's exact gelu post-op
             args[3:6] = ["gelu", [], "none"]
         if log:
             log.hit(f"gelu -> {kind} GEMM epilogue")
-        return build_extern(b, new_x.attr("target"), args, {}, node.shape, node.dtype)
+        fused = build_extern(b, linear.attr("target"), args, {}, linear.shape, node.dtype)
+        return b.add(Op.RESHAPE, (fused,), shape=node.shape) if reshaped else fused
 
     return dce(rewrite(graph, rule))

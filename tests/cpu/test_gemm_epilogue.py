@@ -33,6 +33,17 @@ def test_gelu_after_linear_runs_in_the_gemm(choice, monkeypatch):
     assert not report.kernels, [k.name for k in report.kernels]  # nothing left for a generated kernel
 
 
+@pytest.mark.parametrize("choice", ["kiln", "onednn"])
+def test_gelu_after_a_linear_on_3d_activations(choice, monkeypatch):
+    """A transformer's MLP: the linear runs on [B*T, C] and its result is viewed as [B, T, N] before the gelu."""
+    if choice == "kiln" and not cpu_gemm.available() or choice == "onednn" and not select_gemm.onednn_available():
+        pytest.skip(f"{choice} GEMM not available here")
+    mlp = nn.Sequential(nn.Linear(96, 520), nn.GELU(), nn.Linear(520, 96)).eval()
+    report, notes = _compile_and_check(mlp, torch.randn(2, 40, 96) * 2, choice, monkeypatch)
+    assert f"gelu -> {choice} GEMM epilogue: 1" in notes, notes
+    assert not any(n.op.name == "ERFC" for k in report.kernels for n in k.nodes), [k.name for k in report.kernels]
+
+
 @pytest.mark.skipif(not cpu_gemm.available(), reason="kiln's CPU GEMM does not build here")
 def test_epilogue_matches_the_generated_gelu_kernel():
     """kiln's epilogue evaluates the generated kernel's expression: both agree to rounding, NaN kept."""
