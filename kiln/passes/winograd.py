@@ -41,7 +41,9 @@ from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_conv, decisions
 
 aten = torch.ops.aten
-_choices = decisions.ShapeChoices("conv_choices-v3")  # v2: the implicit GEMM is a candidate; v3: cold weights
+# v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run
+_choices = decisions.ShapeChoices("conv_choices-v4")
+EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 ONEDNN, GEMM = "onednn", "gemm"  # choices besides "winograd<m>"
 
@@ -93,41 +95,58 @@ def writes_channels_last(n: Node) -> bool:
     return is_kiln_conv(n) and bool(_args(n)["channels_last"])
 
 
-def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int], padding: list[int]) -> str:
-    """``"onednn"``, ``"winograd<m>"`` or ``"gemm"`` for this convolution; measured once per shape, thread count
-    and allowed tile sizes on random data (channels-last, as kiln's graphs feed it)."""
+def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int], padding: list[int],
+           epilogue: str = "") -> str:
+    """``"onednn"``, ``"winograd<m>"`` or ``"gemm"`` for this convolution; measured once per shape, epilogue,
+    thread count and allowed tile sizes on random data (channels-last, as kiln's graphs feed it).
+
+    ``epilogue`` (one of ``EPILOGUES``) is what follows the convolution in the graph: kiln's kernels compute it
+    in their output transform, while after oneDNN's call it is one more pass over the result (a generated
+    kernel), so each candidate is timed with the epilogue it would run (ResNet's 64-channel layers: Winograd and
+    oneDNN within 2% alone, apart by the ReLU pass with it)."""
     allowed = tiles() if cpu_conv.supports(w_shape, stride, [1, 1], 1) else ()
     n, c, h, w = x_shape
     k, _, kh, kw = w_shape
-    key = (n, c, h, w, k, kh, kw, *stride, *padding, torch.get_num_threads(), *allowed)
+    key = (n, c, h, w, k, kh, kw, *stride, *padding, torch.get_num_threads(), EPILOGUES.index(epilogue), *allowed)
+    add, relu = epilogue.startswith("add"), epilogue.endswith("relu")
 
     def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(x_shape, generator=gen).contiguous(memory_format=torch.channels_last)
         bias = torch.randn(k, generator=gen)
+        out_shape = (n, k, (h + 2 * padding[0] - kh) // stride[0] + 1, (w + 2 * padding[1] - kw) // stride[1] + 1)
+        r = torch.randn(out_shape, generator=gen).contiguous(memory_format=torch.channels_last) if add else None
+        after = torch.empty(out_shape).contiguous(memory_format=torch.channels_last)
+
+        def separate(y: torch.Tensor) -> torch.Tensor:
+            """The epilogue as the one pass over a library's result that kiln's kernel makes: read it (and r),
+            write a buffer.  After an add the ReLU rides in that same pass, so the add stands for both."""
+            if add:
+                return torch.add(y, r, out=after)
+            return torch.clamp_min(y, 0.0, out=after) if relu else y
         # each call on another copy of the weight, so it comes from memory as in a model
         ws = [torch.randn(w_shape, generator=gen) / (kh * kw * c) ** 0.5
               for _ in range(decisions.cold_copies(4 * k * c * kh * kw))]
         if prepack_conv.available():
             packs = [torch.ops.mkldnn._reorder_convolution_weight(w, padding, stride, [1, 1], 1, list(x_shape))
                      for w in ws]
-            out = {ONEDNN: decisions.cycling([lambda p=p: torch.ops.mkldnn._convolution_pointwise(
-                x, p, bias, padding, stride, [1, 1], 1, "none", [], "") for p in packs])}
+            out = {ONEDNN: decisions.cycling([lambda p=p: separate(torch.ops.mkldnn._convolution_pointwise(
+                x, p, bias, padding, stride, [1, 1], 1, "none", [], "")) for p in packs])}
         else:
-            out = {ONEDNN: decisions.cycling([lambda w=w: torch.ops.aten.convolution(
-                x, w, bias, stride, padding, [1, 1], False, [0, 0], 1) for w in ws])}
+            out = {ONEDNN: decisions.cycling([lambda w=w: separate(torch.ops.aten.convolution(
+                x, w, bias, stride, padding, [1, 1], False, [0, 0], 1)) for w in ws])}
         for m in allowed:
             us = [cpu_conv.transform_weight(w, m) for w in ws]
             out[f"winograd{m}"] = decisions.cycling([lambda u=u, m=m: torch.ops.kiln.conv_winograd(
-                x, u, bias, None, k, m, padding, False) for u in us])
+                x, u, bias, r, k, m, padding, relu) for u in us])
         if cpu_conv.gemm_available():
             gs = [cpu_conv.pack_conv_weight(w) for w in ws]
             out[GEMM] = decisions.cycling([lambda g=g: torch.ops.kiln.conv_gemm(
-                x, g, bias, None, k, [kh, kw], stride, padding, False) for g in gs])
+                x, g, bias, r, k, [kh, kw], stride, padding, relu) for g in gs])
         return out
 
     return str(_choices.decide(key, calls, baseline=ONEDNN, what=f"conv {list(x_shape)} x {list(w_shape)} stride "
-                               f"{list(stride)}"))
+                               f"{list(stride)}" + (f" + {epilogue}" if epilogue else "")))
 
 
 def _candidate(node: Node) -> list | None:
@@ -150,13 +169,30 @@ def _candidate(node: Node) -> list | None:
     return args
 
 
-def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: RewriteLog | None) -> Node | None:
+def epilogue_of(conv: Node, users: dict[Node, list[Node]], outputs: set[Node]) -> str:
+    """Which of ``EPILOGUES`` follows ``conv`` in the graph and would fold into a kiln convolution (the rules of
+    ``_absorb_epilogue``): its only user a ReLU, or an add of a same-shaped fp32 value, maybe then a ReLU."""
+    if conv in outputs or len(users.get(conv, ())) != 1:
+        return ""
+    (user,) = users[conv]
+    if user.op is Op.RELU:
+        return "relu"
+    if user.op is Op.ADD and len(user.inputs) == 2 and user.dtype == torch.float32 \
+            and all(i.shape == user.shape and i.dtype == torch.float32 for i in user.inputs) \
+            and user.inputs[0] is not user.inputs[1]:
+        after = users.get(user, ())
+        return "add_relu" if user not in outputs and len(after) == 1 and after[0].op is Op.RELU else "add"
+    return ""
+
+
+def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: RewriteLog | None,
+                  epilogue: str = "") -> Node | None:
     args = _candidate(Node(node.op, inputs, node.attrs, node.shape, node.dtype))
     if args is None:
         return None
     x, w, bias, stride, padding = args[:5]
     weight = w.attr("value").tensor.float()
-    choice = choose(tuple(x.shape), tuple(w.shape), list(stride), list(padding))
+    choice = choose(tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue)
     common = dict(x=x, bias=bias, residual=None, out_channels=node.shape[1], padding=list(padding), relu=False,
                   channels_last=True, relu_input=False)
     if choice.startswith("winograd"):
@@ -220,7 +256,10 @@ def winograd_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
                                                            cpu_conv.available()):
         return graph  # (available() builds the libraries: only for graphs with a CPU convolution to give them)
     # dead nodes first (folding leaves the unfolded convolutions behind): not converted, and not counted as uses
-    graph = dce(rewrite(dce(graph), lambda node, inputs, b: _to_kiln_conv(node, inputs, b, log)))
+    graph = dce(graph)
+    users, outputs = graph.users(), set(graph.outputs)
+    graph = dce(rewrite(graph, lambda node, inputs, b: _to_kiln_conv(node, inputs, b, log,
+                                                                     epilogue_of(node, users, outputs))))
     if not any(is_kiln_conv(n) for n in graph.nodes):
         return graph
     uses = {n: len(users) for n, users in graph.users().items()}

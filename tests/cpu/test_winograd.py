@@ -153,6 +153,38 @@ def test_choice_is_measured_once_and_can_be_turned_off(monkeypatch):
         winograd.tiles()
 
 
+@pytest.mark.parametrize("epilogue", ["relu", "add_relu", "add", ""])
+def test_choice_times_each_candidate_with_its_epilogue(epilogue, monkeypatch):
+    """The conv pass passes the epilogue kiln's kernels would take in to the measurement, whose candidates then
+    compute it: kiln's kernels in their output transform, oneDNN's result in a separate pass (checked here on
+    the values each candidate returns)."""
+    seen = {}
+
+    def record(x_shape, w_shape, stride, padding, epilogue=""):
+        seen[tuple(x_shape)] = epilogue
+        return "winograd2"
+    monkeypatch.setattr(winograd, "choose", record)
+    conv, conv2 = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)  # above MIN_FLOPS
+    bodies = {"relu": lambda x: torch.relu(conv(x)), "add_relu": lambda x: torch.relu(conv(x) + conv2(x)),
+              "add": lambda x: conv(x) + conv2(x) * 2, "": lambda x: conv(x) * conv(x).sum()}
+    with torch.inference_mode():
+        kiln.compile(bodies[epilogue], fallback=False)(torch.randn(1, 16, 40, 40))
+    assert seen[(1, 16, 40, 40)] == epilogue, seen
+
+    monkeypatch.undo()
+    calls = {}
+    monkeypatch.setattr(winograd._choices, "decide", lambda key, make, **kw: calls.update(make()) or "onednn")
+    winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1], epilogue)
+    results = {name: fn() for name, fn in calls.items()}
+    assert "onednn" in results and len(results) > 1, list(results)
+    # oneDNN's timed pass after an add is the add alone (the generated kernel's ReLU costs nothing more)
+    expected = results["onednn"].relu() if epilogue == "add_relu" else results["onednn"]
+    assert expected.min() < 0 if epilogue in ("", "add") else expected.min() >= 0
+    for name, y in results.items():  # every candidate computed the same function, epilogue included
+        torch.testing.assert_close(y.relu() if name == "onednn" and epilogue == "add_relu" else y, expected,
+                                   rtol=1e-4, atol=1e-4, msg=name)
+
+
 def test_views_of_channels_last_results_have_eager_strides(monkeypatch):
     """A graph output that is a view (flatten, permute) of a library's channels-last result gets the strides
     eager's contiguous result would give it."""
