@@ -19,7 +19,12 @@
 
 Cost model: a shared producer is recomputed in each consumer kernel unless its inlined cost (1 per cheap op,
 8 per transcendental) exceeds ``RECOMPUTE_LIMIT``, i.e. unless recomputing it costs more than the 8 bytes a
-store plus load of one fp32 element moves.  Values computed from weights alone (BatchNorm's scale
+store plus load of one fp32 element moves - or unless recomputing it reads more memory than storing it once.
+A producer reading ``L`` full-size buffers, recomputed by ``u`` consumers, loads ``u * L`` elements per output
+element; stored, ``L`` loads, one store and ``u`` loads: so it is stored when ``(u - 1)(L - 1) > 2``.  A
+transformer's residual stream is the case: ``x_k = x_(k-1) + branch_k`` feeds layer k's LayerNorm and the
+next add, and recomputing it inline made each LayerNorm re-read every earlier branch's output (GPT's layer 3:
+seven buffers instead of one).  Values computed from weights alone (BatchNorm's scale
 ``w * rsqrt(var + eps)`` when it is not folded: GPU default mode holds no tensor of its own) cost nothing
 here: their inputs are a few per-channel values that stay in cache, and their arithmetic hides under the
 kernel's memory traffic.  Counting them made the stem's max-pool padding a materialized kernel.
@@ -79,6 +84,14 @@ def distinct_users(graph: Graph) -> dict[Node, list[Node]]:
     return users
 
 
+def _rereads(n: Node, reads: frozenset[Node], consumers: int) -> bool:
+    """Whether ``consumers`` recomputations of ``n`` load more than storing it once: ``(u - 1)(L - 1) > 2`` for
+    ``L`` loaded values at least half ``n``'s size (small ones - biases, per-row statistics, indices - stay in
+    cache and do not count)."""
+    loads = sum(1 for r in reads if 2 * r.numel >= n.numel)
+    return (consumers - 1) * (loads - 1) > 2
+
+
 def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
     """(realized nodes, alias nodes).  Alias nodes are view chains passed to externs without a copy."""
     users = distinct_users(graph)
@@ -98,18 +111,23 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
                     aliases.add(i)
                 realized.add(base)
     cost: dict[Node, int] = {}
+    reads: dict[Node, frozenset[Node]] = {}  # the stored values an inlined node's expression loads
     from_weights: set[Node] = set()  # computed from constants alone
     for n in graph.nodes:
         if n.op in (Op.CONSTANT, Op.FULL) or (n.op in INLINABLE and n.inputs and set(n.inputs) <= from_weights):
             from_weights.add(n)
         if n in realized or n.op not in INLINABLE or n in from_weights:
             cost[n] = 0
+            reads[n] = frozenset() if n in from_weights else frozenset((n,))
             continue
         own = 8 if n.op in TRANSCENDENTAL else (0 if n.op in VIEW else 1)
         cost[n] = own + sum(cost[i] for i in set(n.inputs) if i not in realized)
-        if len(users[n]) > 1 and cost[n] > RECOMPUTE_LIMIT and n.op not in (Op.FULL, Op.IOTA):
+        reads[n] = frozenset().union(*(reads[i] for i in n.inputs))
+        if len(users[n]) > 1 and n.op not in (Op.FULL, Op.IOTA) and n.op not in VIEW and (
+                cost[n] > RECOMPUTE_LIMIT or _rereads(n, reads[n], len(users[n]))):
             realized.add(n)
             cost[n] = 0
+            reads[n] = frozenset((n,))
     for o in graph.outputs:
         # an output that is a view of an extern's fresh result is returned as that view, not copied
         base = o
