@@ -803,3 +803,29 @@ def test_fusion_recomputes_values_computed_from_weights_alone():
     g = b.finish([m])
     realized, _ = decide_realized(g)
     assert y not in realized and scale not in realized
+
+
+def test_fusion_stores_a_residual_stream_that_consumers_would_reread():
+    """x_k = x_(k-1) + branch_k, each x_k read by a row reduction (a LayerNorm's mean) and the next add.  Inlined,
+    the last mean would load every branch; the stream is stored once recomputing it loads more than storing it
+    ((u - 1)(L - 1) > 2: two consumers, four full-size loads), and a stored x_k starts the count again."""
+    from kiln.passes.fuse import decide_realized
+    b = GraphBuilder()
+    xs = [inp(b, (8, 64))]
+    branches = [inp(b, (8, 64)) for _ in range(6)]
+    means = []
+    for br in branches:
+        xs.append(b.add(Op.ADD, (xs[-1], br)))
+        means.append(b.add(Op.SUM, (xs[-1],), axes=(1,), keepdim=True))
+    g = b.finish(means + [xs[-1]])
+    realized, _ = decide_realized(g)
+    # x1 loads 2 inputs, x2 3 (recomputed twice: 6 loads against 3 + 1 + 2), x3 4: stored; x4, x5 load 2 and 3
+    assert [x in realized for x in xs[1:]] == [False, False, True, False, False, True], \
+        [x in realized for x in xs[1:]]
+    b2 = GraphBuilder()  # a per-row value read by every element is not a load that counts
+    x = inp(b2, (8, 64))
+    row = inp(b2, (8, 1))
+    y = b2.add(Op.ADD, (b2.add(Op.ADD, (x, b2.add(Op.EXPAND, (row,), shape=(8, 64)))), b2.add(Op.EXPAND, (row,),
+                                                                                               shape=(8, 64))))
+    g2 = b2.finish([b2.add(Op.SUM, (y,), axes=(1,), keepdim=True), b2.add(Op.MUL, (y, y))])
+    assert y not in decide_realized(g2)[0]
