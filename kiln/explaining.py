@@ -18,6 +18,8 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
             for k, v in r.phases.items()))
     if r.fallback:
         out.append(f"!!! fell back to eager: {r.fallback}")
+    for line in r.tune_skipped:
+        out.append(f"--- tuning skipped {line}")
     if r.captured is not None:
         out += ["", "--- graph IR after capture", format_graph(r.captured)]
     if r.passes:

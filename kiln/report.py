@@ -35,6 +35,7 @@ class CompileReport:
     compile_seconds: float = 0.0
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per compile phase
     check_failures: list[str] = dataclasses.field(default_factory=list)
+    tune_skipped: list[str] = dataclasses.field(default_factory=list)  # max-autotune: candidates/kernels skipped
     matmuls: Any = None           # GPU: matmul template choices (kiln.runtime.matmul_step.Stats)
 
     def format(self, *, source: bool = True) -> str:

@@ -179,8 +179,10 @@ class CompiledGraph:
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
         from kiln.runtime.build import load_module
-        from kiln.tune.cpu import apply_schedules
+        from kiln.tune.cpu import apply_schedules, stats
+        skipped_before = len(stats.skipped)
         apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
+        report.tune_skipped = stats.skipped[skipped_before:]
         position = {n: i for i, n in enumerate(self.graph.nodes)}
         source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position)
         report.source = source

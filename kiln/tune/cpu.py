@@ -67,35 +67,45 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
             k.schedule = default_schedule(k)
             if not tune or time.monotonic() > deadline:
                 continue
-            space = candidates(k)
-            nbytes = cpu_pointwise.kernel_bytes(k, node_of, dtype_of)
-            space = _ranked(space, k, nbytes, db)
-            results = measure([_standalone(k, dtype_of, node_of, s) for s in space],
-                              timeout_s=max(10.0, min(60.0, deadline - time.monotonic())))
-            stats.measured += len(space)
-            ok = [(m.median_s, m) for m in results if m.status == "ok"]
-            if space[0].loops:
-                for t, m in ok:
-                    sample = cpu_pointwise.Sample(m.trace["loops"], tuple(k.outer), nbytes, torch.get_num_threads(), t)
-                    db.put(f"{key}|{sample.loops}|t{sample.threads}", cpu_pointwise.SAMPLE_KIND, sample.trace(), t,
-                           m.spread_s or 0.0, structure=cpu_pointwise.SAMPLE_KIND)
-            stats.skipped += [f"{m.name}: {m.status}" for m in results if m.status != "ok"]
-            if ok:
-                _, best = min(ok, key=lambda t: t[0])
-                k.schedule = CppSchedule.from_trace(best.trace)
-                db.put(key, "reduction" if k.is_reduction else "pointwise", best.trace, best.median_s,
-                       best.spread_s or 0.0, structure=f"cpp:{'reduction' if k.is_reduction else 'pointwise'}")
-                if progress is not None:
-                    progress(done + 1, len(kernels), best.median_s, max(0.0, deadline - time.monotonic()))
+            try:
+                _tune(k, key, dtype_of, node_of, db, deadline, done, len(kernels))
+            except Exception as e:  # noqa: BLE001 - tuning one kernel must never fail the compile
+                k.schedule = default_schedule(k)
+                stats.skipped.append(f"{k.name}: tuning failed ({type(e).__name__}: {e}); heuristic schedule")
     finally:
         db.close()
+
+
+def _tune(k: Kernel, key: str, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node], db: TuningDB,
+          deadline: float, done: int, total: int) -> None:
+    """Measure kernel ``k``'s candidates; keep the fastest in ``k.schedule`` and the database."""
+    space = candidates(k)
+    nbytes = cpu_pointwise.kernel_bytes(k, node_of, dtype_of)
+    space = _ranked(space, k, nbytes, db)
+    results = measure([_standalone(k, dtype_of, node_of, s) for s in space],
+                      timeout_s=max(10.0, min(60.0, deadline - time.monotonic())))
+    stats.measured += len(space)
+    ok = [(m.median_s, m) for m in results if m.status == "ok"]
+    if space[0].loops and not k.is_reduction:  # (the cost model knows pointwise loop nests only)
+        for t, m in ok:
+            sample = cpu_pointwise.Sample(m.trace["loops"], tuple(k.outer), nbytes, torch.get_num_threads(), t)
+            db.put(f"{key}|{sample.loops}|t{sample.threads}", cpu_pointwise.SAMPLE_KIND, sample.trace(), t,
+                   m.spread_s or 0.0, structure=cpu_pointwise.SAMPLE_KIND)
+    stats.skipped += [f"{m.name}: {m.status}" for m in results if m.status != "ok"]
+    if ok:
+        _, best = min(ok, key=lambda t: t[0])
+        k.schedule = CppSchedule.from_trace(best.trace)
+        db.put(key, "reduction" if k.is_reduction else "pointwise", best.trace, best.median_s,
+               best.spread_s or 0.0, structure=f"cpp:{'reduction' if k.is_reduction else 'pointwise'}")
+        if progress is not None:
+            progress(done + 1, total, best.median_s, max(0.0, deadline - time.monotonic()))
 
 
 def _ranked(space: list[CppSchedule], k: Kernel, nbytes: int, db: TuningDB) -> list[CppSchedule]:
     """A pointwise kernel's loop-nest candidates worth measuring: the cost model's first ``TOP`` once it has
     ``MIN_SAMPLES`` samples of this machine to learn from; all of them before that."""
-    if len(space) <= cpu_pointwise.TOP or not space[0].loops:
-        return space
+    if len(space) <= cpu_pointwise.TOP or not space[0].loops or k.is_reduction:
+        return space  # (a reduction's few accumulator widths are all measured)
     samples = cpu_pointwise.samples_in(db)
     if len(samples) < cpu_pointwise.MIN_SAMPLES:
         return space

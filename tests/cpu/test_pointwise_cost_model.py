@@ -66,3 +66,40 @@ def test_max_autotune_measures_the_models_first_candidates_once_it_has_samples(t
     db = TuningDB.open(tmp_path / "tuning.sqlite")
     assert len(pw.samples_in(db)) >= pw.MIN_SAMPLES + pw.TOP  # what was measured became samples
     db.close()
+
+
+def test_reductions_are_tuned_beside_the_pointwise_samples_and_a_failing_tuner_never_fails_the_compile(
+        tmp_path, monkeypatch):
+    """With the database past ``MIN_SAMPLES``, a reduction kernel's candidates (accumulator widths, loops named
+    o0, o1) are all measured, not ranked by the pointwise model (whose loop nests are named i0, i1: ranking them
+    raised and the whole graph fell back to eager); none becomes a pointwise sample.  And should tuning one
+    kernel raise, that kernel keeps its heuristic schedule and the report says so."""
+    db = TuningDB.open(tmp_path / "tuning.sqlite")
+    for k, extents in enumerate([(64, 3), (512, 5), (300, 64)] * 2):
+        for t in candidate_traces(extents, 1 << 15):
+            s = pw.Sample(str(t), extents, math.prod(extents) * 12, 1, 1e-5 * (1 + k))
+            db.put(f"synthetic{k}|{s.loops}", pw.SAMPLE_KIND, s.trace(), s.seconds, 0.0, structure=pw.SAMPLE_KIND)
+    samples = len(pw.samples_in(db))
+    db.close()
+    x = torch.randn(6, 40, 300)
+
+    def fn(a):  # a LayerNorm-like row reduction with a pointwise prologue and epilogue
+        h = a * 2 + 1
+        m = h.mean(-1, keepdim=True)
+        return (h - m) * torch.rsqrt(((h - m) ** 2).mean(-1, keepdim=True) + 1e-5)
+    with torch.inference_mode():
+        got = kiln.compile(fn, mode="max-autotune", fallback=False, cache_dir=str(tmp_path))(x)
+    torch.testing.assert_close(got, fn(x), rtol=1.3e-5, atol=1.5e-5)
+    db = TuningDB.open(tmp_path / "tuning.sqlite")
+    assert len(pw.samples_in(db)) == samples  # the reduction's timings are not pointwise samples
+    db.close()
+
+    from kiln.report import mark, reports_since
+    monkeypatch.setattr(tune_cpu, "candidates", lambda k: (_ for _ in ()).throw(RuntimeError("injected")))
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(lambda a: torch.tanh(a) * 3 - a, mode="max-autotune", fallback=False,
+                           cache_dir=str(tmp_path / "other"))(x)
+    torch.testing.assert_close(got, torch.tanh(x) * 3 - x, rtol=1.3e-5, atol=1.5e-5)
+    skipped = reports_since(position)[-1].tune_skipped
+    assert skipped and "tuning failed (RuntimeError: injected)" in skipped[0], skipped
