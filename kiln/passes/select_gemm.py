@@ -23,7 +23,8 @@ from kiln.runtime import cpu_gemm, decisions
 from kiln.tune import cpu_gemm as tune_gemm
 
 aten = torch.ops.aten
-_choices = decisions.ShapeChoices("gemm_choices-v4")  # v4: timed with cold weights (decisions.cold_copies)
+# v4: timed with cold weights (decisions.cold_copies); v5: kiln's micro-kernel prefetches its C tile
+_choices = decisions.ShapeChoices("gemm_choices-v5")
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the library
 
 

@@ -29,7 +29,8 @@ from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
 from kiln.runtime import decisions
 from kiln.tune.ranking import fit_log_linear
 
-KIND, SAMPLE_KIND = "cpu_gemm2", "cpu_gemm2_sample"  # 2: timed with cold weights
+# 2: timed with cold weights; 3: the micro-kernel prefetches its C tile (K blocks' C re-reads got cheaper)
+KIND, SAMPLE_KIND = "cpu_gemm3", "cpu_gemm3_sample"
 MEASURED = 8        # candidates measured per problem
 ROUNDS = 5          # alternating rounds, best of each candidate
 KC_LIMITS = (256, 512, 1024, 2048)
@@ -116,7 +117,7 @@ def rank(m: int, k: int, n: int, machine: Machine, correction: Correction) -> li
 
 
 def problem_key(m: int, k: int, n: int) -> str:
-    return f"cpu_gemm2:f32:{m}x{k}x{n}:t{torch.get_num_threads()}"
+    return f"{KIND}:f32:{m}x{k}x{n}:t{torch.get_num_threads()}"
 
 
 def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
