@@ -144,21 +144,6 @@ def cycling(calls: list[Any]) -> Any:
     return call
 
 
-def best_times(calls: list[Any], repeats: int) -> list[float]:
-    """Seconds of each zero-argument function, best of ``repeats`` after a warm-up (first-call allocations, lazy
-    library loading), the functions taking turns: a noisy neighbour hits all of them alike."""
-    import time
-    best = [float("inf")] * len(calls)
-    for fn in calls:
-        fn()
-    for _ in range(repeats):
-        for i, fn in enumerate(calls):
-            start = time.perf_counter()
-            fn()
-            best[i] = min(best[i], time.perf_counter() - start)
-    return best
-
-
 def round_times(calls: list[Any], rounds: int) -> list[list[float]]:
     """Seconds of each zero-argument function per round, after a warm-up; in each round every function runs
     once, in turn."""
@@ -174,6 +159,18 @@ def round_times(calls: list[Any], rounds: int) -> list[list[float]]:
             row.append(time.perf_counter() - start)
         out.append(row)
     return out
+
+
+def drift_corrected(per_round: list[list[float]]) -> list[float]:
+    """One time per function from ``round_times``: each time divided by its round's geometric mean (the machine's
+    speed in that round), the median of those over rounds, times the median round mean.  Rankings then follow
+    what holds round after round rather than which function met the machine's one fast moment."""
+    import math
+    import statistics
+    means = [math.exp(sum(math.log(t) for t in row) / len(row)) for row in per_round]
+    level = statistics.median(means)
+    return [statistics.median(row[i] / g for row, g in zip(per_round, means)) * level
+            for i in range(len(per_round[0]))]
 
 
 def fastest(calls: dict[str, Any], baseline: str, rounds: int = 9, margin: float = 0.97, what: str = "") -> str:

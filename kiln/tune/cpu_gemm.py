@@ -12,8 +12,8 @@ of A packed at once.  For one problem ``[m, k] @ [k, n]``:
    the B micro-panel overflow L2 and L1), ``w`` fitted by ridge least squares to log(measured / estimated) over
    the samples this machine's database holds.
 3. **Measurement** (max-autotune): the ``MEASURED`` best-ranked candidates run alternately on random data, each
-   call on another copy of the weight so B comes from memory as in a model (``decisions.cold_copies``), best
-   of rounds; every timing is kept as a sample (what the next fit learns from), the fastest as the problem's
+   call on another copy of the weight so B comes from memory as in a model (``decisions.cold_copies``), their
+   times corrected for the machine's drift between rounds (``decisions.drift_corrected``); every timing is kept as a sample (what the next fit learns from), the fastest as the problem's
    record, so a second compile measures nothing and default mode uses it too.  A problem whose measurement the
    model puts above ``BUDGET_SHARE`` of ``Config.tune_budget_s`` keeps the rule.
 """
@@ -32,7 +32,7 @@ from kiln.tune.ranking import fit_log_linear
 # 2: timed with cold weights; 3: the micro-kernel prefetches its C tile (K blocks' C re-reads got cheaper)
 KIND, SAMPLE_KIND = "cpu_gemm3", "cpu_gemm3_sample"
 MEASURED = 8        # candidates measured per problem
-ROUNDS = 5          # alternating rounds, best of each candidate
+ROUNDS = 7          # alternating rounds (decisions.drift_corrected)
 KC_LIMITS = (256, 512, 1024, 2048)
 A_BLOCK_FRACTIONS = (0.25, 0.5, 0.75, 1.5)
 FEATURES = ("bias", "log_kc", "log_mc", "tall_tile", "a_over_l2", "b_over_l1")
@@ -130,14 +130,16 @@ def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
 
 
 def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int) -> list[float]:
-    """Best-of-rounds seconds per schedule on random data (``decisions.best_times``), each call on another copy of
-    the weight so that B comes from memory, as in a model (``decisions.cold_copies``)."""
+    """Seconds per schedule on random data over alternating rounds, corrected for the machine's drift between
+    rounds (``decisions.drift_corrected``), each call on another copy of the weight so that B comes from memory,
+    as in a model (``decisions.cold_copies``)."""
     from kiln.runtime import cpu_gemm
     gen = torch.Generator().manual_seed(0)
     x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
     packs = [cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)) for _ in range(decisions.cold_copies(4 * n * k))]
-    return decisions.best_times([decisions.cycling([lambda s=s, p=p: cpu_gemm.linear_packed_impl(x, p, bias, n, s)
-                                                    for p in packs]) for s in schedules], ROUNDS)
+    calls = [decisions.cycling([lambda s=s, p=p: cpu_gemm.linear_packed_impl(x, p, bias, n, s) for p in packs])
+             for s in schedules]
+    return decisions.drift_corrected(decisions.round_times(calls, ROUNDS))
 
 
 def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> GemmSchedule | None:

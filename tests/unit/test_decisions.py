@@ -29,3 +29,12 @@ def test_fastest_keeps_the_baseline_within_the_margin():
     same = [0.005] * 10
     assert decisions.fastest({"base": _sleeper(same), "other": _sleeper(same)}, "base", rounds=9) == "base"
     decisions.take_measured()
+
+
+def test_drift_corrected_times_follow_what_holds_in_every_round():
+    """Round 2 ran at half speed, and in round 3 function b met a fast moment: a's 10% lead in the other rounds
+    decides, and the level stays that of a typical round."""
+    rounds = [[1.0, 1.1, 2.0], [2.0, 2.2, 4.0], [1.0, 0.5, 2.0], [1.0, 1.1, 2.0], [1.02, 1.12, 2.0]]
+    a, b, c = decisions.drift_corrected(rounds)
+    assert a < b < c
+    assert 0.9 < a < 1.1 and 1.0 < b < 1.2 and 1.8 < c < 2.2
