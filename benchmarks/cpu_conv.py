@@ -2,7 +2,8 @@
 
 One thread.  Per layer: oneDNN (``mkldnn._convolution_pointwise`` on a weight reordered beforehand, what kiln's
 graphs call when oneDNN wins), kiln's Winograd F(2x2, 3x3) (3x3 stride 1 only) and kiln's implicit GEMM
-(``kiln::conv_gemm``), all on the same channels-last input and bias.  Each round runs every backend once over
+(``kiln::conv_gemm``), all on the same channels-last input and bias; for the depthwise layers (MobileNetV2's, not
+in the suite) oneDNN against kiln's depthwise kernel (``kiln::conv_dw``).  Each round runs every backend once over
 ``--weights`` distinct weights, so that, as in a model, the weights come from memory rather than from the last
 call's cache; medians over rounds, interleaved.  Each backend's result is checked against float64 first.
 
@@ -31,15 +32,28 @@ LAYERS = [
     ("resnet 512@7 3x3", 1, 512, 7, 7, 512, 3, 1, 1),
     ("seed conv1 3->64", 1, 3, 224, 224, 64, 3, 1, 0),
 ]
+# depthwise (groups = C = K): MobileNetV2 at 224
+DEPTHWISE = [
+    ("dw 96@112 3x3/2", 1, 96, 112, 112, 96, 3, 2, 1),
+    ("dw 144@56 3x3", 1, 144, 56, 56, 144, 3, 1, 1),
+    ("dw 192@28 3x3", 1, 192, 28, 28, 192, 3, 1, 1),
+    ("dw 576@14 3x3", 1, 576, 14, 14, 576, 3, 1, 1),
+    ("dw 960@7 3x3", 1, 960, 7, 7, 960, 3, 1, 1),
+]
 
 
 def _calls(x: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor, stride: int, pad: int) -> dict:
-    from kiln.runtime import cpu_conv
-    k, _, kh, kw = weights[0].shape
+    from kiln.runtime import cpu_conv, cpu_conv_dw
+    k, cg, kh, kw = weights[0].shape
     s, p = [stride, stride], [pad, pad]
-    onednn = [torch.ops.mkldnn._reorder_convolution_weight(w, p, s, [1, 1], 1, list(x.shape)) for w in weights]
-    out = {"onednn": lambda i: torch.ops.mkldnn._convolution_pointwise(x, onednn[i], bias, p, s, [1, 1], 1, "none",
-                                                                       [], "")}
+    groups = x.shape[1] // cg
+    onednn = [torch.ops.mkldnn._reorder_convolution_weight(w, p, s, [1, 1], groups, list(x.shape)) for w in weights]
+    out = {"onednn": lambda i: torch.ops.mkldnn._convolution_pointwise(x, onednn[i], bias, p, s, [1, 1], groups,
+                                                                       "none", [], "")}
+    if groups > 1:
+        dw = [cpu_conv_dw.pack_weight(w) for w in weights]
+        out["dw"] = lambda i: torch.ops.kiln.conv_dw(x, dw[i], bias, None, k, [kh, kw], s, p, False)
+        return out
     if cpu_conv.supports(weights[0].shape, s, [1, 1], 1) and cpu_conv.available():
         wino = [cpu_conv.transform_weight(w, 2) for w in weights]
         out["winograd2"] = lambda i: torch.ops.kiln.conv_winograd(x, wino[i], bias, None, k, 2, p, False)
@@ -55,13 +69,16 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
-    print(f"{'layer':24s} {'GFLOP':>6s}  ms: oneDNN / Winograd / implicit GEMM    kiln's best vs oneDNN")
-    for name, n, c, h, w, k, ks, stride, pad in LAYERS:
+    print(f"{'layer':24s} {'GFLOP':>6s}  ms: oneDNN / Winograd / implicit GEMM (depthwise: / kiln)    kiln's best "
+          f"vs oneDNN")
+    for name, n, c, h, w, k, ks, stride, pad in LAYERS + DEPTHWISE:
+        groups = c if name.startswith("dw") else 1
         x = torch.randn(n, c, h, w, generator=gen).contiguous(memory_format=torch.channels_last)
-        weights = [torch.randn(k, c, ks, ks, generator=gen) / (c * ks * ks) ** 0.5 for _ in range(args.weights)]
+        weights = [torch.randn(k, c // groups, ks, ks, generator=gen) / (c // groups * ks * ks) ** 0.5
+                   for _ in range(args.weights)]
         bias = torch.randn(k, generator=gen)
         calls = _calls(x, weights, bias, stride, pad)
-        ref = F.conv2d(x.double(), weights[0].double(), bias.double(), stride, pad)
+        ref = F.conv2d(x.double(), weights[0].double(), bias.double(), stride, pad, groups=groups)
         for fn in calls.values():
             torch.testing.assert_close(fn(0), ref.float(), rtol=1e-4, atol=1e-4)
         times: dict[str, list[float]] = {q: [] for q in calls}
@@ -73,9 +90,10 @@ def main() -> None:
                 times[q].append((time.perf_counter() - start) / args.weights)
         med = {q: statistics.median(v) * 1e3 for q, v in times.items()}
         best = min(v for q, v in med.items() if q != "onednn")
-        cells = " / ".join(f"{med[q]:.3f}" if q in med else "-" for q in ("onednn", "winograd2", "conv_gemm"))
-        print(f"{name:24s} {2 * ref.numel() * c * ks * ks / 1e9:6.3f}  {cells:36s} {med['onednn'] / best:.2f}x",
-              flush=True)
+        cells = " / ".join(f"{med[q]:.3f}" if q in med else "-" for q in ("onednn", "winograd2", "conv_gemm", "dw")
+                           if q in med or groups == 1 and q != "dw")
+        print(f"{name:24s} {2 * ref.numel() * c // groups * ks * ks / 1e9:6.3f}  {cells:36s} "
+              f"{med['onednn'] / best:.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -9,7 +9,9 @@ op level): 1.2x (7x7x512) to 1.65x (the seed's 220x220x128).  The choice is meas
 machine and kept on disk (``runtime/decisions.py``).
 
 The implicit GEMM has no arithmetic advantage; it is the generated convolution for the shapes Winograd cannot
-take (1x1, strided, other filter sizes), chosen only where it measures faster.  On the AVX2 dev box (Zen 3)
+take (1x1, strided, other filter sizes), chosen only where it measures faster.  Depthwise convolutions (one
+filter per channel) have no channel reduction to make a GEMM of; kiln's direct depthwise kernel
+(``codegen/cpp_conv_dw.py``) is measured against oneDNN for them.  On the AVX2 dev box (Zen 3)
 ``benchmarks/cpu_conv.py`` had it at 0.72-0.92x oneDNN on ResNet-18's layers and 0.46-0.58x on the 3-channel
 first layers (the packing dominates), so there oneDNN keeps them.
 
@@ -38,14 +40,14 @@ from kiln.ir.ops import Op
 from kiln.passes import prepack_conv
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_conv, decisions
+from kiln.runtime import cpu_conv, cpu_conv_dw, decisions
 
 aten = torch.ops.aten
 # v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run
 _choices = decisions.ShapeChoices("conv_choices-v4")
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
-ONEDNN, GEMM = "onednn", "gemm"  # choices besides "winograd<m>"
+ONEDNN, GEMM, DEPTHWISE = "onednn", "gemm", "dw"  # choices besides "winograd<m>"
 
 
 def tiles() -> tuple[int, ...]:
@@ -64,7 +66,10 @@ ARG_NAMES = {
                       "channels_last", "relu_input"),
     "conv_gemm": ("x", "packed", "bias", "residual", "out_channels", "kernel", "stride", "padding", "relu",
                   "channels_last", "relu_input"),
+    "conv_dw": ("x", "packed", "bias", "residual", "out_channels", "kernel", "stride", "padding", "relu",
+                "channels_last", "relu_input"),
 }
+_LABELS = {"conv_winograd": "Winograd", "conv_gemm": "implicit-GEMM", "conv_dw": "depthwise"}
 
 
 def _op_name(n: Node) -> str | None:
@@ -73,11 +78,13 @@ def _op_name(n: Node) -> str | None:
         return "conv_winograd"
     if target is torch.ops.kiln.conv_gemm.default:
         return "conv_gemm"
+    if target is torch.ops.kiln.conv_dw.default:
+        return "conv_dw"
     return None
 
 
 def _label(conv: Node) -> str:
-    return "Winograd" if _op_name(conv) == "conv_winograd" else "implicit-GEMM"
+    return _LABELS[_op_name(conv)]
 
 
 def is_kiln_conv(n: Node) -> bool:
@@ -96,18 +103,20 @@ def writes_channels_last(n: Node) -> bool:
 
 
 def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int], padding: list[int],
-           epilogue: str = "") -> str:
-    """``"onednn"``, ``"winograd<m>"`` or ``"gemm"`` for this convolution; measured once per shape, epilogue,
-    thread count and allowed tile sizes on random data (channels-last, as kiln's graphs feed it).
+           epilogue: str = "", groups: int = 1) -> str:
+    """``"onednn"``, ``"winograd<m>"``, ``"gemm"`` or (depthwise, ``groups`` = channels) ``"dw"`` for this
+    convolution; measured once per shape, epilogue, thread count and allowed tile sizes on random data
+    (channels-last, as kiln's graphs feed it).
 
     ``epilogue`` (one of ``EPILOGUES``) is what follows the convolution in the graph: kiln's kernels compute it
     in their output transform, while after oneDNN's call it is one more pass over the result (a generated
     kernel), so each candidate is timed with the epilogue it would run (ResNet's 64-channel layers: Winograd and
     oneDNN within 2% alone, apart by the ReLU pass with it)."""
-    allowed = tiles() if cpu_conv.supports(w_shape, stride, [1, 1], 1) else ()
+    allowed = tiles() if cpu_conv.supports(w_shape, stride, [1, 1], groups) else ()
     n, c, h, w = x_shape
-    k, _, kh, kw = w_shape
-    key = (n, c, h, w, k, kh, kw, *stride, *padding, torch.get_num_threads(), EPILOGUES.index(epilogue), *allowed)
+    k, cg, kh, kw = w_shape
+    key = (n, c, h, w, k, kh, kw, *stride, *padding, torch.get_num_threads(), EPILOGUES.index(epilogue), *allowed) \
+        + ((groups,) if groups > 1 else ())
     add, relu = epilogue.startswith("add"), epilogue.endswith("relu")
 
     def calls() -> dict:
@@ -125,16 +134,22 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
                 return torch.add(y, r, out=after)
             return torch.clamp_min(y, 0.0, out=after) if relu else y
         # each call on another copy of the weight, so it comes from memory as in a model
-        ws = [torch.randn(w_shape, generator=gen) / (kh * kw * c) ** 0.5
-              for _ in range(decisions.cold_copies(4 * k * c * kh * kw))]
+        ws = [torch.randn(w_shape, generator=gen) / (kh * kw * cg) ** 0.5
+              for _ in range(decisions.cold_copies(4 * k * cg * kh * kw))]
         if prepack_conv.available():
-            packs = [torch.ops.mkldnn._reorder_convolution_weight(w, padding, stride, [1, 1], 1, list(x_shape))
+            packs = [torch.ops.mkldnn._reorder_convolution_weight(w, padding, stride, [1, 1], groups, list(x_shape))
                      for w in ws]
             out = {ONEDNN: decisions.cycling([lambda p=p: separate(torch.ops.mkldnn._convolution_pointwise(
-                x, p, bias, padding, stride, [1, 1], 1, "none", [], "")) for p in packs])}
+                x, p, bias, padding, stride, [1, 1], groups, "none", [], "")) for p in packs])}
         else:
             out = {ONEDNN: decisions.cycling([lambda w=w: separate(torch.ops.aten.convolution(
-                x, w, bias, stride, padding, [1, 1], False, [0, 0], 1)) for w in ws])}
+                x, w, bias, stride, padding, [1, 1], False, [0, 0], groups)) for w in ws])}
+        if groups > 1:  # depthwise: kiln's direct kernel is the only other candidate
+            if cpu_conv_dw.available():
+                ds = [cpu_conv_dw.pack_weight(w) for w in ws]
+                out[DEPTHWISE] = decisions.cycling([lambda d=d: torch.ops.kiln.conv_dw(
+                    x, d, bias, r, k, [kh, kw], stride, padding, relu) for d in ds])
+            return out
         for m in allowed:
             us = [cpu_conv.transform_weight(w, m) for w in ws]
             out[f"winograd{m}"] = decisions.cycling([lambda u=u, m=m: torch.ops.kiln.conv_winograd(
@@ -146,7 +161,8 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
         return out
 
     return str(_choices.decide(key, calls, baseline=ONEDNN, what=f"conv {list(x_shape)} x {list(w_shape)} stride "
-                               f"{list(stride)}" + (f" + {epilogue}" if epilogue else "")))
+                               f"{list(stride)}" + (f" groups {groups}" if groups > 1 else "")
+                               + (f" + {epilogue}" if epilogue else "")))
 
 
 def _candidate(node: Node) -> list | None:
@@ -160,11 +176,12 @@ def _candidate(node: Node) -> list | None:
         return None
     x, w, bias, stride, padding, dilation, transposed, _, groups = args
     if transposed or not isinstance(w, Node) or w.op is not Op.CONSTANT or w.dtype != torch.float32 \
-            or not isinstance(x, Node) or len(x.shape) != 4 or len(w.shape) != 4 \
-            or not cpu_conv.gemm_supports(stride, dilation, groups) or len(padding) != 2 \
+            or not isinstance(x, Node) or len(x.shape) != 4 or len(w.shape) != 4 or len(padding) != 2 \
+            or not (cpu_conv.gemm_supports(stride, dilation, groups)
+                    or cpu_conv_dw.supports(x.shape[1], tuple(w.shape), stride, dilation, groups)) \
             or (bias is not None and (not isinstance(bias, Node) or bias.dtype != torch.float32)) \
             or w.attr("value").tensor.device.type != "cpu" \
-            or 2 * node.numel * x.shape[1] * w.shape[2] * w.shape[3] < MIN_FLOPS:
+            or 2 * node.numel * w.shape[1] * w.shape[2] * w.shape[3] < MIN_FLOPS:
         return None
     return args
 
@@ -191,8 +208,9 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
     if args is None:
         return None
     x, w, bias, stride, padding = args[:5]
+    groups = args[8]
     weight = w.attr("value").tensor.float()
-    choice = choose(tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue)
+    choice = choose(tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue, groups)
     common = dict(x=x, bias=bias, residual=None, out_channels=node.shape[1], padding=list(padding), relu=False,
                   channels_last=True, relu_input=False)
     if choice.startswith("winograd"):
@@ -208,6 +226,12 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
         values = dict(common, kernel=list(w.shape[2:]), stride=list(stride),
                       packed=Baked(cpu_conv.pack_conv_weight(weight), f"conv_gemm{list(w.shape)}"))
         op, names = torch.ops.kiln.conv_gemm.default, ARG_NAMES["conv_gemm"]
+    elif choice == DEPTHWISE:
+        if log:
+            log.hit("convolution -> kiln depthwise")
+        values = dict(common, kernel=list(w.shape[2:]), stride=list(stride),
+                      packed=Baked(cpu_conv_dw.pack_weight(weight), f"conv_dw{list(w.shape)}"))
+        op, names = torch.ops.kiln.conv_dw.default, ARG_NAMES["conv_dw"]
     else:
         return None
     return build_extern(b, op, [values[name] for name in names], {}, node.shape, node.dtype)
@@ -253,7 +277,7 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
 
 def winograd_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
     if not any(_candidate(n) for n in graph.nodes) or not (cpu_conv.gemm_available() or tiles() and
-                                                           cpu_conv.available()):
+                                                           cpu_conv.available() or cpu_conv_dw.available()):
         return graph  # (available() builds the libraries: only for graphs with a CPU convolution to give them)
     # dead nodes first (folding leaves the unfolded convolutions behind): not converted, and not counted as uses
     graph = dce(graph)

@@ -222,12 +222,18 @@ def conv_gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, 
                           relu_input)
 
 
-@conv_gemm.register_fake
-def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
-      out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-      channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+def result_like(x: torch.Tensor, out_channels: int, kernel: list[int], stride: list[int], padding: list[int],
+                channels_last: bool) -> torch.Tensor:
+    """An empty tensor shaped and laid out as a kiln convolution's result (the ops' fake implementations)."""
     n, _, h, w = x.shape
     ho = (h + 2 * padding[0] - kernel[0]) // stride[0] + 1
     wo = (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
     return x.new_empty((n, out_channels, ho, wo),
                        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+
+
+@conv_gemm.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+      out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
+      channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+    return result_like(x, out_channels, kernel, stride, padding, channels_last)

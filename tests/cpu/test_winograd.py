@@ -160,7 +160,7 @@ def test_choice_times_each_candidate_with_its_epilogue(epilogue, monkeypatch):
     the values each candidate returns)."""
     seen = {}
 
-    def record(x_shape, w_shape, stride, padding, epilogue=""):
+    def record(x_shape, w_shape, stride, padding, epilogue="", groups=1):
         seen[tuple(x_shape)] = epilogue
         return "winograd2"
     monkeypatch.setattr(winograd, "choose", record)

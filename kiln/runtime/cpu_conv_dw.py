@@ -1,0 +1,86 @@
+"""kiln's depthwise convolution at run time (``codegen/cpp_conv_dw.py``): the compiled library, the weight
+packing, and the ``kiln::conv_dw`` op.
+
+Depthwise means one filter per channel: ``groups == in_channels == out_channels`` and a ``[C, 1, kh, kw]``
+weight (MobileNet's and EfficientNet's 3x3 and 5x5 layers).  Like kiln's other convolutions (``cpu_conv.py``) it
+reads its input in any layout, writes channels-last (or NCHW for a graph output), and takes the bias, a residual
+and a ReLU as its epilogue; ``passes/winograd.py`` measures it against oneDNN per shape.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+
+import torch
+
+from kiln.codegen.cpp_conv_dw import conv_dw_source
+from kiln.runtime.cpu_conv import _check_input, _gatherable, _output, result_like
+
+_I = ctypes.c_int64
+_P = ctypes.c_void_p
+
+
+@functools.lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    from kiln.runtime.build import load_module
+    lib = load_module(conv_dw_source(), name="kiln_conv_dw").lib
+    lib.kiln_conv_dw.argtypes = ([_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 12
+                                 + [ctypes.c_int, ctypes.c_int, ctypes.c_int])
+    lib.kiln_conv_dw.restype = None
+    return lib
+
+
+def available() -> bool:
+    from kiln.runtime.build import builds
+    return builds(library)
+
+
+def supports(in_channels: int, weight_shape: tuple[int, ...], stride: list[int], dilation: list[int],
+             groups: int) -> bool:
+    """A depthwise convolution with one filter per channel (channel multiplier 1), no dilation."""
+    return groups > 1 and groups == in_channels == weight_shape[0] and weight_shape[1] == 1 \
+        and list(dilation) == [1, 1] and all(s > 0 for s in stride)
+
+
+def pack_weight(w: torch.Tensor) -> torch.Tensor:
+    """``w [C, 1, kh, kw]`` as ``[kh][kw][C]`` (a tap's channels contiguous); 1-D fp32."""
+    return w.detach().float().cpu()[:, 0].permute(1, 2, 0).contiguous().reshape(-1)
+
+
+def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+                 out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
+                 channels_last: bool, relu_input: bool = False) -> torch.Tensor:
+    _check_input("conv_dw", x)
+    n, c, h, w = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    if c != out_channels or packed.numel() != kh * kw * c:
+        raise ValueError(f"kiln::conv_dw: a depthwise convolution of {out_channels} channels with a {kh}x{kw} "
+                         f"filter takes {out_channels} input channels and {kh * kw * out_channels} packed weights, "
+                         f"got {c} and {packed.numel()}")
+    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    y, res, rs = _output("conv_dw", x, residual, c, ho, wo, f"{kh}x{kw}", padding, channels_last)
+    if y.numel() == 0:
+        return y
+    x = _gatherable(x)
+    library().kiln_conv_dw(
+        x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+        res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), kh, kw, sh, sw, ph, pw, ho, wo,
+        int(relu), int(relu_input), torch.get_num_threads())
+    return y
+
+
+@torch.library.custom_op("kiln::conv_dw", mutates_args=(), device_types="cpu")
+def conv_dw(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+            out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
+            channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+    """``[relu](conv2d([relu](x), W, bias, stride, padding, groups=C) [+ residual])`` for a depthwise ``W`` given
+    by ``pack_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``."""
+    return conv_dw_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
+                        relu_input)
+
+
+@conv_dw.register_fake
+def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
+      out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
+      channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+    return result_like(x, out_channels, kernel, stride, padding, channels_last)

@@ -1,0 +1,117 @@
+"""kiln's depthwise CPU convolution (codegen/cpp_conv_dw.py): the op against float64 convolution on fresh random
+data, and the pass that puts it into graphs with its epilogues."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import kiln
+from kiln.passes import winograd
+from kiln.report import mark, reports_since
+from kiln.runtime import cpu_conv_dw
+
+pytestmark = pytest.mark.skipif(not cpu_conv_dw.available(), reason="kiln's depthwise kernel does not build here")
+
+# (N, C, H, W, kh, kw, stride, padding)
+SHAPES = [
+    (1, 32, 14, 14, 3, 3, (1, 1), (1, 1)),     # MobileNet's 3x3
+    (2, 40, 15, 13, 3, 3, (2, 2), (1, 1)),     # strided; 40 channels: a partial vector on AVX-512
+    (1, 20, 17, 19, 5, 5, (1, 1), (2, 2)),     # 5x5; 20 channels: partial vectors on AVX2 and AVX-512
+    (1, 12, 9, 11, 5, 3, (2, 1), (0, 1)),      # rectangular filter, stride and padding
+    (1, 7, 6, 5, 3, 3, (1, 1), (0, 0)),        # fewer channels than a vector; output narrower than a pixel block
+]
+
+
+def _case(shape, seed):
+    n, c, h, w, kh, kw, stride, padding = shape
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, c, h, w, generator=gen)
+    weight = torch.randn(c, 1, kh, kw, generator=gen) / (kh * kw) ** 0.5
+    bias = torch.randn(c, generator=gen)
+    return x, weight, bias, list(stride), list(padding)
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:6])) + f"-s{s[6][0]}{s[6][1]}")
+@pytest.mark.parametrize("channels_last", [True, False])
+def test_matches_float64_convolution(shape, channels_last):
+    x, weight, bias, stride, padding = _case(shape, 0)
+    c, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
+    layout = torch.channels_last if channels_last else torch.contiguous_format
+    ref = F.conv2d(x.double(), weight.double(), bias.double(), stride, padding, groups=c)
+    packed = cpu_conv_dw.pack_weight(weight)
+    got = torch.ops.kiln.conv_dw(x.contiguous(memory_format=layout), packed, bias, None, c, [kh, kw], stride,
+                                 padding, False, channels_last)
+    assert got.is_contiguous(memory_format=layout)
+    torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_epilogues_and_input_relu_keep_nan():
+    """relu(conv(relu(x)) + r) in one call, NaN kept as torch.relu keeps it."""
+    x, weight, bias, stride, padding = _case(SHAPES[0], 1)
+    c = weight.shape[0]
+    x[0, 3, 5, 5] = float("nan")
+    r = torch.randn(1, c, 14, 14)
+    packed = cpu_conv_dw.pack_weight(weight)
+    got = torch.ops.kiln.conv_dw(x, packed, bias, r, c, [3, 3], stride, padding, True, True, True)
+    ref = torch.relu(F.conv2d(torch.relu(x).double(), weight.double(), bias.double(), stride, padding, groups=c)
+                     + r.double())
+    torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
+    assert torch.isnan(got[0, 3, 4:7, 4:7]).all() and not torch.isnan(got[0, 4]).any()
+
+
+def test_bad_arguments_are_named():
+    x = torch.randn(1, 8, 6, 6)
+    with pytest.raises(ValueError, match="takes 8 input channels and 72 packed weights"):
+        torch.ops.kiln.conv_dw(x, torch.zeros(70), None, None, 8, [3, 3], [1, 1], [1, 1], False)
+    with pytest.raises(ValueError, match="fp32"):
+        torch.ops.kiln.conv_dw(x.double(), torch.zeros(72), None, None, 8, [3, 3], [1, 1], [1, 1], False)
+
+
+class _Inverted(nn.Module):
+    """A MobileNetV2 block: expand 1x1, depthwise 3x3, project 1x1, residual."""
+
+    def __init__(self, c: int = 16, hidden: int = 64) -> None:
+        super().__init__()
+        self.expand = nn.Sequential(nn.Conv2d(c, hidden, 1, bias=False), nn.BatchNorm2d(hidden), nn.ReLU())
+        self.dw = nn.Sequential(nn.Conv2d(hidden, hidden, 3, padding=1, groups=hidden, bias=False),
+                                nn.BatchNorm2d(hidden), nn.ReLU())
+        self.project = nn.Sequential(nn.Conv2d(hidden, c, 1, bias=False), nn.BatchNorm2d(c))
+        for m in self.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.project(self.dw(self.expand(x)))
+
+
+def test_pass_runs_a_depthwise_layer_with_its_epilogue(monkeypatch):
+    seen = []
+
+    def pick(x_shape, w_shape, stride, padding, epilogue="", groups=1):
+        seen.append((groups, epilogue))
+        return "dw" if groups > 1 else "onednn"
+    monkeypatch.setattr(winograd, "choose", pick)
+    model = _Inverted().eval()
+    x = torch.randn(2, 16, 56, 56)
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
+    report = reports_since(position)[-1]
+    assert (64, "relu") in seen, seen
+    assert "conv_dw" in report.externs, report.externs
+    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    assert "convolution -> kiln depthwise: 1" in notes and "relu -> depthwise epilogue: 1" in notes, notes
+
+
+def test_choice_measures_onednn_against_the_depthwise_kernel(monkeypatch):
+    calls = {}
+    monkeypatch.setattr(winograd._choices, "decide", lambda key, make, **kw: calls.update(make()) or "onednn")
+    winograd.choose((1, 24, 20, 20), (24, 1, 3, 3), [2, 2], [1, 1], "relu", 24)
+    assert set(calls) == {"onednn", "dw"}, list(calls)
+    results = {name: fn() for name, fn in calls.items()}
+    torch.testing.assert_close(results["dw"], results["onednn"], rtol=1e-4, atol=1e-4)
+    assert results["dw"].min() >= 0
