@@ -1,7 +1,8 @@
 """How well the CPU GEMM cost model ranks schedules (issue 4's bar: Spearman >= 0.7 with measured times, and its
 top 8 within 5% of the exhaustive best on >= 90% of the problems).
 
-Every candidate of each problem is measured (``tune/cpu_gemm.py``'s timing: alternating rounds, corrected for the machine's drift between them).
+Every candidate of each problem is measured (``tune/cpu_gemm.py``'s timing: alternating rounds, corrected for
+the machine's drift between them).
 The learned correction for a problem is fitted only to the *other* problems' samples (leave one problem out), as
 it would be on a machine that tuned those before; the analytic model alone is reported beside it.
 

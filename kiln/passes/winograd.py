@@ -220,18 +220,14 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
         values = dict(common, tile=tile, packed=Baked(cpu_conv.transform_weight(weight, tile),
                                                       f"winograd{tile}{list(w.shape)}"))
         op, names = torch.ops.kiln.conv_winograd.default, ARG_NAMES["conv_winograd"]
-    elif choice == GEMM:
+    elif choice in (GEMM, DEPTHWISE):  # both take any filter and stride, and a weight packed their own way
+        name, pack, what = (("conv_gemm", cpu_conv.pack_conv_weight, "implicit GEMM") if choice == GEMM
+                            else ("conv_dw", cpu_conv_dw.pack_weight, "depthwise"))
         if log:
-            log.hit("convolution -> kiln implicit GEMM")
+            log.hit(f"convolution -> kiln {what}")
         values = dict(common, kernel=list(w.shape[2:]), stride=list(stride),
-                      packed=Baked(cpu_conv.pack_conv_weight(weight), f"conv_gemm{list(w.shape)}"))
-        op, names = torch.ops.kiln.conv_gemm.default, ARG_NAMES["conv_gemm"]
-    elif choice == DEPTHWISE:
-        if log:
-            log.hit("convolution -> kiln depthwise")
-        values = dict(common, kernel=list(w.shape[2:]), stride=list(stride),
-                      packed=Baked(cpu_conv_dw.pack_weight(weight), f"conv_dw{list(w.shape)}"))
-        op, names = torch.ops.kiln.conv_dw.default, ARG_NAMES["conv_dw"]
+                      packed=Baked(pack(weight), f"{name}{list(w.shape)}"))
+        op, names = getattr(torch.ops.kiln, name).default, ARG_NAMES[name]
     else:
         return None
     return build_extern(b, op, [values[name] for name in names], {}, node.shape, node.dtype)

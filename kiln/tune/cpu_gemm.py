@@ -14,9 +14,10 @@ of A packed at once.  For one problem ``[m, k] @ [k, n]``:
    the samples this machine's database holds.
 3. **Measurement** (max-autotune): the ``MEASURED`` best-ranked candidates run alternately on random data, each
    call on another copy of the weight so B comes from memory as in a model (``decisions.cold_copies``), their
-   times corrected for the machine's drift between rounds (``decisions.drift_corrected``); every timing is kept as a sample (what the next fit learns from), the fastest as the problem's
-   record, so a second compile measures nothing and default mode uses it too.  A problem whose measurement the
-   model puts above ``BUDGET_SHARE`` of ``Config.tune_budget_s`` keeps the rule.
+   times corrected for the machine's drift between rounds (``decisions.drift_corrected``); every timing is kept
+   as a sample (what the next fit learns from), the fastest as the problem's record, so a second compile
+   measures nothing and default mode uses it too.  A problem whose measurement the model puts above
+   ``BUDGET_SHARE`` of ``Config.tune_budget_s`` keeps the rule.
 """
 from __future__ import annotations
 
