@@ -2,7 +2,8 @@
 
 One thread.  Per layer: oneDNN (``mkldnn._convolution_pointwise`` on a weight reordered beforehand, what kiln's
 graphs call when oneDNN wins), kiln's Winograd F(2x2, 3x3) (3x3 stride 1 only) and kiln's implicit GEMM
-(``kiln::conv_gemm``), all on the same channels-last input and bias; for the depthwise layers (MobileNetV2's, not
+(``kiln::conv_gemm``; for 3-channel inputs also its pack-free direct kernel), all on the same channels-last input
+and bias; for the depthwise layers (MobileNetV2's, not
 in the suite) oneDNN against kiln's depthwise kernel (``kiln::conv_dw``).  Each round runs every backend once over
 ``--weights`` distinct weights, so that, as in a model, the weights come from memory rather than from the last
 call's cache; medians over rounds, interleaved.  Each backend's result is checked against float64 first.
@@ -17,6 +18,8 @@ import time
 
 import torch
 import torch.nn.functional as F
+
+from kiln.codegen.cpp_conv_gemm import DIRECT_MAX_CHANNELS
 
 # (name, N, C, H, W, K, kernel, stride, padding): ResNet-18 at 224 and the seed model
 LAYERS = [
@@ -59,6 +62,9 @@ def _calls(x: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor, str
         out["winograd2"] = lambda i: torch.ops.kiln.conv_winograd(x, wino[i], bias, None, k, 2, p, False)
     gemm = [cpu_conv.pack_conv_weight(w) for w in weights]
     out["conv_gemm"] = lambda i: torch.ops.kiln.conv_gemm(x, gemm[i], bias, None, k, [kh, kw], s, p, False)
+    if x.shape[1] <= DIRECT_MAX_CHANNELS:
+        out["direct"] = lambda i: torch.ops.kiln.conv_gemm(x, gemm[i], bias, None, k, [kh, kw], s, p, False, True,
+                                                           False, True)
     return out
 
 
@@ -69,8 +75,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
-    print(f"{'layer':24s} {'GFLOP':>6s}  ms: oneDNN / Winograd / implicit GEMM (depthwise: / kiln)    kiln's best "
-          f"vs oneDNN")
+    print(f"{'layer':24s} {'GFLOP':>6s}  ms: oneDNN / Winograd / implicit GEMM [/ direct, 3 channels] (depthwise: / "
+          f"kiln)    kiln's best vs oneDNN")
     for name, n, c, h, w, k, ks, stride, pad in LAYERS + DEPTHWISE:
         groups = c if name.startswith("dw") else 1
         x = torch.randn(n, c, h, w, generator=gen).contiguous(memory_format=torch.channels_last)
@@ -90,8 +96,9 @@ def main() -> None:
                 times[q].append((time.perf_counter() - start) / args.weights)
         med = {q: statistics.median(v) * 1e3 for q, v in times.items()}
         best = min(v for q, v in med.items() if q != "onednn")
-        cells = " / ".join(f"{med[q]:.3f}" if q in med else "-" for q in ("onednn", "winograd2", "conv_gemm", "dw")
-                           if q in med or groups == 1 and q != "dw")
+        cells = " / ".join(f"{med[q]:.3f}" if q in med else "-"
+                           for q in ("onednn", "winograd2", "conv_gemm", "direct", "dw")
+                           if q in med or groups == 1 and q not in ("dw", "direct"))
         print(f"{name:24s} {2 * ref.numel() * c // groups * ks * ks / 1e9:6.3f}  {cells:36s} "
               f"{med['onednn'] / best:.2f}x", flush=True)
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 import torch
 
 from kiln import config
+from kiln.codegen.cpp_conv_gemm import DIRECT_MAX_CHANNELS
 from kiln.frontend.extern import Baked, build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
@@ -43,11 +44,12 @@ from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_conv, cpu_conv_dw, decisions
 
 aten = torch.ops.aten
-# v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run
-_choices = decisions.ShapeChoices("conv_choices-v4")
+# v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run;
+# v5: the depthwise kernel and the pack-free direct kernel (few input channels) are candidates
+_choices = decisions.ShapeChoices("conv_choices-v5")
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
-ONEDNN, GEMM, DEPTHWISE = "onednn", "gemm", "dw"  # choices besides "winograd<m>"
+ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"
 
 
 def tiles() -> tuple[int, ...]:
@@ -65,7 +67,7 @@ ARG_NAMES = {
     "conv_winograd": ("x", "packed", "bias", "residual", "out_channels", "tile", "padding", "relu",
                       "channels_last", "relu_input"),
     "conv_gemm": ("x", "packed", "bias", "residual", "out_channels", "kernel", "stride", "padding", "relu",
-                  "channels_last", "relu_input"),
+                  "channels_last", "relu_input", "direct"),
     "conv_dw": ("x", "packed", "bias", "residual", "out_channels", "kernel", "stride", "padding", "relu",
                 "channels_last", "relu_input"),
 }
@@ -158,6 +160,9 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
             gs = [cpu_conv.pack_conv_weight(w) for w in ws]
             out[GEMM] = decisions.cycling([lambda g=g: torch.ops.kiln.conv_gemm(
                 x, g, bias, r, k, [kh, kw], stride, padding, relu) for g in gs])
+            if c <= DIRECT_MAX_CHANNELS:  # (packing im2col rows of few channels costs more than it saves)
+                out[DIRECT] = decisions.cycling([lambda g=g: torch.ops.kiln.conv_gemm(
+                    x, g, bias, r, k, [kh, kw], stride, padding, relu, True, False, True) for g in gs])
         return out
 
     return str(_choices.decide(key, calls, baseline=ONEDNN, what=f"conv {list(x_shape)} x {list(w_shape)} stride "
@@ -220,12 +225,13 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
         values = dict(common, tile=tile, packed=Baked(cpu_conv.transform_weight(weight, tile),
                                                       f"winograd{tile}{list(w.shape)}"))
         op, names = torch.ops.kiln.conv_winograd.default, ARG_NAMES["conv_winograd"]
-    elif choice in (GEMM, DEPTHWISE):  # both take any filter and stride, and a weight packed their own way
-        name, pack, what = (("conv_gemm", cpu_conv.pack_conv_weight, "implicit GEMM") if choice == GEMM
-                            else ("conv_dw", cpu_conv_dw.pack_weight, "depthwise"))
+    elif choice in (GEMM, DIRECT, DEPTHWISE):  # any filter and stride, a weight packed their own way
+        name, pack, what = {GEMM: ("conv_gemm", cpu_conv.pack_conv_weight, "implicit GEMM"),
+                            DIRECT: ("conv_gemm", cpu_conv.pack_conv_weight, "direct (few channels)"),
+                            DEPTHWISE: ("conv_dw", cpu_conv_dw.pack_weight, "depthwise")}[choice]
         if log:
             log.hit(f"convolution -> kiln {what}")
-        values = dict(common, kernel=list(w.shape[2:]), stride=list(stride),
+        values = dict(common, kernel=list(w.shape[2:]), stride=list(stride), direct=choice == DIRECT,
                       packed=Baked(pack(weight), f"{name}{list(w.shape)}"))
         op, names = getattr(torch.ops.kiln, name).default, ARG_NAMES[name]
     else:

@@ -156,6 +156,9 @@ def gemm_library() -> ctypes.CDLL:
     lib.kiln_conv_gemm.argtypes = ([_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 13
                                    + [ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int])
     lib.kiln_conv_gemm.restype = None
+    lib.kiln_conv_direct.argtypes = ([_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 13
+                                     + [ctypes.c_int, ctypes.c_int, ctypes.c_int])
+    lib.kiln_conv_direct.restype = None
     return lib
 
 
@@ -192,7 +195,7 @@ def rows_per_block(kg: int, k: int, rows: int) -> int:
 
 def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                    out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-                   channels_last: bool, relu_input: bool = False) -> torch.Tensor:
+                   channels_last: bool, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
     _check_input("conv_gemm", x)
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
@@ -203,6 +206,12 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
         return y
     threads = torch.get_num_threads()
     kg = kh * kw * c
+    if direct:  # the same packed weight, no im2col packing (few input channels: kiln_conv_direct)
+        gemm_library().kiln_conv_direct(
+            x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
+            res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), k, kh, kw, sh, sw, ph, pw,
+            ho, wo, int(relu), int(relu_input), threads)
+        return y
     mb = rows_per_block(kg, k, n * ho * wo)
     kc = schedule_for(mb, kg).kc
     gemm_library().kiln_conv_gemm(
@@ -215,11 +224,12 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
 @torch.library.custom_op("kiln::conv_gemm", mutates_args=(), device_types="cpu")
 def conv_gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
               out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-              channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+              channels_last: bool = True, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
     """``[relu](conv2d([relu](x), W, bias, stride, padding) [+ residual])`` for ``W`` given by
-    ``pack_conv_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``."""
+    ``pack_conv_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``.
+    ``direct``: without packing the input (``kiln_conv_direct``, for few input channels)."""
     return conv_gemm_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
-                          relu_input)
+                          relu_input, direct)
 
 
 def result_like(x: torch.Tensor, out_channels: int, kernel: list[int], stride: list[int], padding: list[int],
@@ -235,5 +245,5 @@ def result_like(x: torch.Tensor, out_channels: int, kernel: list[int], stride: l
 @conv_gemm.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
       out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-      channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+      channels_last: bool = True, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
     return result_like(x, out_channels, kernel, stride, padding, channels_last)

@@ -37,24 +37,28 @@ def _case(shape, seed):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s[:7])) + f"-s{s[7][0]}{s[7][1]}")
 @pytest.mark.parametrize("channels_last", [True, False])
-def test_matches_float64_convolution(shape, channels_last):
+@pytest.mark.parametrize("direct", [False, True], ids=["packed", "direct"])
+def test_matches_float64_convolution(shape, channels_last, direct):
+    """Both paths of the op: im2col rows packed for the micro-kernel, and the pack-free direct kernel."""
     x, weight, bias, stride, padding = _case(shape, seed=sum(shape[:7]))
     if channels_last:
         x = x.contiguous(memory_format=torch.channels_last)
     packed = cpu_conv.pack_conv_weight(weight)
     k, _, kh, kw = weight.shape
-    y = torch.ops.kiln.conv_gemm(x, packed, bias, None, k, [kh, kw], stride, padding, False, channels_last)
+    y = torch.ops.kiln.conv_gemm(x, packed, bias, None, k, [kh, kw], stride, padding, False, channels_last, False,
+                                 direct)
     ref = F.conv2d(x.double(), weight.double(), bias.double(), stride, padding)
     assert y.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
     torch.testing.assert_close(y, ref.float(), rtol=1.3e-5, atol=1.5e-5)
 
 
-def test_epilogue_residual_relu_and_input_relu_keep_nan():
+@pytest.mark.parametrize("direct", [False, True], ids=["packed", "direct"])
+def test_epilogue_residual_relu_and_input_relu_keep_nan(direct):
     x, weight, bias, stride, padding = _case((1, 24, 9, 10, 16, 3, 3, (1, 1), (1, 1)), seed=5)
     x[0, 5, 3, 3] = float("nan")
     residual = torch.randn(1, 16, 9, 10).contiguous(memory_format=torch.channels_last)
     y = torch.ops.kiln.conv_gemm(x, cpu_conv.pack_conv_weight(weight), bias, residual, 16, [3, 3], stride, padding,
-                                 True, True, True)
+                                 True, True, True, direct)
     ref = torch.relu(F.conv2d(torch.relu(x.double()), weight.double(), bias.double(), stride, padding)
                      + residual.double())
     torch.testing.assert_close(y, ref.float(), rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
@@ -99,6 +103,31 @@ class _DownBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = torch.relu(self.bn1(self.conv1(x)))
         return torch.relu(self.bn2(self.conv2(y)) + self.down(x))
+
+
+def test_pass_offers_the_direct_kernel_for_few_input_channels(monkeypatch):
+    """A first layer (3 channels) may run pack-free; the candidates agree, and a graph runs it with its ReLU."""
+    calls = {}
+    monkeypatch.setattr(winograd._choices, "decide", lambda key, make, **kw: calls.update(make()) or "onednn")
+    winograd.choose((1, 3, 30, 30), (16, 3, 7, 7), [2, 2], [3, 3], "relu")
+    assert {"onednn", "gemm", "direct"} <= set(calls), list(calls)
+    results = {name: fn() for name, fn in calls.items()}
+    for name, y in results.items():
+        torch.testing.assert_close(y, results["onednn"], rtol=1e-4, atol=1e-4, msg=name)
+    calls.clear()
+    winograd.choose((1, 16, 30, 30), (16, 16, 3, 3), [2, 2], [1, 1], "relu")
+    assert "direct" not in calls  # (16 channels: the packed GEMM's case)
+
+    monkeypatch.undo()
+    monkeypatch.setattr(winograd, "choose", lambda *args: "direct")
+    stem = nn.Sequential(nn.Conv2d(3, 24, 7, 2, 3), nn.ReLU()).eval()
+    x = torch.randn(2, 3, 64, 64)
+    position = mark()
+    with torch.inference_mode():
+        torch.testing.assert_close(kiln.compile(stem, fallback=False)(x), stem(x), rtol=1e-4, atol=1e-5)
+    notes = " ".join(note for p in reports_since(position)[-1].passes if p.name == "winograd" for note in p.notes)
+    assert "convolution -> kiln direct (few channels): 1" in notes and "relu -> implicit-GEMM epilogue: 1" in notes, \
+        notes
 
 
 def test_pass_runs_a_downsampling_block_with_its_epilogues(monkeypatch):
