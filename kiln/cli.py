@@ -37,7 +37,9 @@ def _db_command(args: argparse.Namespace) -> int:
             print(f"imported {count} record(s) from {args.file}")
         elif args.action == "prune":
             older = args.older_than_days * 86400 if args.older_than_days is not None else None
-            print(f"pruned {db.prune(older, args.other_machines)} record(s)")
+            from kiln.tune import live_kinds
+            keep = live_kinds() if args.retired else None
+            print(f"pruned {db.prune(older, args.other_machines, keep)} record(s)")
     finally:
         db.close()
     return 0
@@ -94,6 +96,8 @@ def parser() -> argparse.ArgumentParser:
     prune = actions.add_parser("prune", help="delete old records or those of other machines/versions")
     prune.add_argument("--older-than-days", type=float, default=None)
     prune.add_argument("--other-machines", action="store_true")
+    prune.add_argument("--retired", action="store_true", help="records of kinds kiln no longer reads (a tuner's "
+                       "older timing or kernel)")
     tune = sub.add_parser("tune", help="tune a model's kernels (max-autotune) with a progress bar")
     tune.add_argument("factory", help="module:function returning (model, example_inputs)")
     tune.add_argument("--budget", type=float, default=300.0, help="seconds of measurement (default 300)")

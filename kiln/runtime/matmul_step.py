@@ -43,6 +43,7 @@ aten = torch.ops.aten
 # measured or recorded (with TRITON_INTERPRET=1 this is how CI runs the template on CPU tensors).
 FORCE: MatmulConfig | None = None
 _TEMPLATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+KIND = "gpu-matmul"  # its tuning records
 
 
 @dataclasses.dataclass
@@ -209,7 +210,7 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
         if problems:
             for p in measure_problems(list(problems.values()), dtype_of, node_of, strides_of, device):
                 stats.measured += p.measured
-                db.put(p.key, "gpu-matmul", p.choice, p.median_s, p.spread_s, structure=f"gpu-matmul:{p.spec.bias}")
+                db.put(p.key, KIND, p.choice, p.median_s, p.spread_s, structure=f"{KIND}:{p.spec.bias}")
                 for i in p.members:
                     choices[i] = p.choice
     finally:

@@ -26,7 +26,7 @@ import time
 import warnings
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from kiln import config
 
@@ -194,9 +194,15 @@ class TuningDB:
             args = (self.hardware, self.versions)
         return [_record(r) for r in self.conn.execute(sql + " ORDER BY key", args).fetchall()]
 
-    def prune(self, older_than_s: float | None = None, other_machines: bool = False) -> int:
-        """Delete records older than ``older_than_s`` seconds and/or those of other hardware or versions."""
+    def prune(self, older_than_s: float | None = None, other_machines: bool = False,
+              keep_kinds: Sequence[str] | None = None) -> int:
+        """Delete records older than ``older_than_s`` seconds and/or those of other hardware or versions and/or
+        (``keep_kinds`` given) those of any other kind: retired kinds that kiln no longer reads (a tuner whose
+        kernel or timing changed stores under a new kind, ``cpu_gemm3`` after ``cpu_gemm2``)."""
         clauses, args = [], []
+        if keep_kinds is not None:
+            clauses.append(f"kind NOT IN ({', '.join('?' * len(keep_kinds))})" if keep_kinds else "1")
+            args += list(keep_kinds)
         if older_than_s is not None:
             clauses.append("created < ?")
             args.append(time.time() - older_than_s)

@@ -86,6 +86,26 @@ def test_cli_list_show_export_import_prune(tmp_path, capsys):
     assert "pruned 1" in capsys.readouterr().out
 
 
+def test_prune_retired_kinds_keeps_what_kiln_reads(tmp_path, capsys):
+    """A tuner that changed its kernel or timing stores under a new kind; the old kind's records are never read
+    again, and ``prune --retired`` drops them (and only them)."""
+    from kiln.tune import cpu_gemm, cpu_pointwise, live_kinds
+    db = _db(tmp_path, hardware=None, versions=None)
+    db.put("cpu_gemm2:f32:64x64x64:t1", "cpu_gemm2", {"kc": 64}, 0.001, 0.0, structure="cpu_gemm2")
+    db.put("cpu_gemm2:f32:64x64x64:t1:6/64/66", "cpu_gemm2_sample", {"kc": 64}, 0.001, 0.0)
+    db.put("cpu_gemm3:f32:64x64x64:t1", cpu_gemm.KIND, {"kc": 64}, 0.001, 0.0, structure=cpu_gemm.KIND)
+    db.put("k|loops", cpu_pointwise.SAMPLE_KIND, {"loops": ""}, 0.001, 0.0)
+    db.put("cpp:pointwise:abc", "pointwise", {"loops": ""}, 0.001, 0.0)
+    db.close()
+    assert {"pointwise", "reduction", "gpu-matmul", cpu_gemm.KIND, cpu_gemm.SAMPLE_KIND} <= set(live_kinds())
+    path = str(tmp_path / "tuning.sqlite")
+    assert cli_main(["db", "--path", path, "prune", "--retired"]) == 0
+    assert "pruned 2" in capsys.readouterr().out
+    db = _db(tmp_path, hardware=None, versions=None)
+    assert sorted(r.kind for r in db.records()) == sorted([cpu_gemm.KIND, cpu_pointwise.SAMPLE_KIND, "pointwise"])
+    db.close()
+
+
 def test_python_dash_m_kiln_runs(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kiln", "db", "--path", str(tmp_path / "t.sqlite"), "list"],
                           capture_output=True, text=True, timeout=120)
