@@ -146,9 +146,6 @@ static inline void vstores(float* p, vec v, int64_t n, int64_t s) {
 """
 
 KERNEL = r"""
-#ifndef KILN_WINO_PREFETCH
-#define KILN_WINO_PREFETCH 1  // 0: no prefetch of the next weight panel (A/B measurement)
-#endif
 #define WM KILN_WINO_M
 #define WA (KILN_WINO_M + 2)
 #define WA2 (WA * WA)
@@ -209,7 +206,6 @@ extern "C" void kiln_winograd(const float* x, int64_t n, int64_t h, int64_t w, i
             const float* next_b = q + 1 < panels ? bp + c * KILN_NR
                                   : pc + kc < c ? up + (pc + kc) * KILN_NR
                                   : p + 1 < WA2 ? u + (int64_t)(p + 1) * panels * c * KILN_NR : nullptr;
-            if (!KILN_WINO_PREFETCH) next_b = nullptr;
             for (int64_t ir = 0; ir < nt; ir += KILN_MR)
               micro(ap + ir * kc, bp, kc, mp + ir * k + jr, k, (int)(nt - ir < KILN_MR ? nt - ir : KILN_MR), nr,
                     pc == 0, nullptr, ir == 0 ? next_b : nullptr);

@@ -35,7 +35,8 @@ class TuneStats:
 
 
 stats = TuneStats()
-KINDS = ("pointwise", "reduction", cpu_pointwise.SAMPLE_KIND)  # the record kinds this tuner writes and reads
+POINTWISE, REDUCTION = "pointwise", "reduction"  # record kinds of the kernels' schedules
+KINDS = (POINTWISE, REDUCTION, cpu_pointwise.SAMPLE_KIND)  # the record kinds this tuner writes and reads
 # ``kiln tune`` installs a callback here: progress(kernels_done, kernels_total, best_s, seconds_left)
 progress = None
 
@@ -96,8 +97,8 @@ def _tune(k: Kernel, key: str, dtype_of: dict[str, torch.dtype], node_of: dict[s
     if ok:
         _, best = min(ok, key=lambda t: t[0])
         k.schedule = CppSchedule.from_trace(best.trace)
-        db.put(key, KINDS[1] if k.is_reduction else KINDS[0], best.trace, best.median_s,
-               best.spread_s or 0.0, structure=f"cpp:{'reduction' if k.is_reduction else 'pointwise'}")
+        kind = REDUCTION if k.is_reduction else POINTWISE
+        db.put(key, kind, best.trace, best.median_s, best.spread_s or 0.0, structure=f"cpp:{kind}")
         if progress is not None:
             progress(done + 1, total, best.median_s, max(0.0, deadline - time.monotonic()))
 
