@@ -125,7 +125,7 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(x_shape, generator=gen).contiguous(memory_format=torch.channels_last)
         bias = torch.randn(k, generator=gen)
-        out_shape = (n, k, (h + 2 * padding[0] - kh) // stride[0] + 1, (w + 2 * padding[1] - kw) // stride[1] + 1)
+        out_shape = (n, k, *cpu_conv.output_hw(h, w, [kh, kw], stride, padding))
         r = torch.randn(out_shape, generator=gen).contiguous(memory_format=torch.channels_last) if add else None
         after = torch.empty(out_shape).contiguous(memory_format=torch.channels_last)
 

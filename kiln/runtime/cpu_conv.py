@@ -199,7 +199,7 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     _check_input("conv_gemm", x)
     n, c, h, w = x.shape
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    ho, wo = output_hw(h, w, kernel, stride, padding)
     k = out_channels
     y, res, rs = _output("conv_gemm", x, residual, k, ho, wo, f"{kh}x{kw}", padding, channels_last)
     if y.numel() == 0:
@@ -232,12 +232,16 @@ def conv_gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, 
                           relu_input, direct)
 
 
+def output_hw(h: int, w: int, kernel: list[int], stride: list[int], padding: list[int]) -> tuple[int, int]:
+    """A convolution's output height and width (no dilation)."""
+    return ((h + 2 * padding[0] - kernel[0]) // stride[0] + 1, (w + 2 * padding[1] - kernel[1]) // stride[1] + 1)
+
+
 def result_like(x: torch.Tensor, out_channels: int, kernel: list[int], stride: list[int], padding: list[int],
                 channels_last: bool) -> torch.Tensor:
     """An empty tensor shaped and laid out as a kiln convolution's result (the ops' fake implementations)."""
     n, _, h, w = x.shape
-    ho = (h + 2 * padding[0] - kernel[0]) // stride[0] + 1
-    wo = (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    ho, wo = output_hw(h, w, kernel, stride, padding)
     return x.new_empty((n, out_channels, ho, wo),
                        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 

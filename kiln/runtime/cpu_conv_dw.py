@@ -14,7 +14,7 @@ import functools
 import torch
 
 from kiln.codegen.cpp_conv_dw import conv_dw_source
-from kiln.runtime.cpu_conv import _check_input, _gatherable, _output, result_like
+from kiln.runtime.cpu_conv import _check_input, _gatherable, _output, output_hw, result_like
 
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -57,7 +57,7 @@ def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
         raise ValueError(f"kiln::conv_dw: a depthwise convolution of {out_channels} channels with a {kh}x{kw} "
                          f"filter takes {out_channels} input channels and {kh * kw * out_channels} packed weights, "
                          f"got {c} and {packed.numel()}")
-    ho, wo = (h + 2 * ph - kh) // sh + 1, (w + 2 * pw - kw) // sw + 1
+    ho, wo = output_hw(h, w, kernel, stride, padding)
     y, res, rs = _output("conv_dw", x, residual, c, ho, wo, f"{kh}x{kw}", padding, channels_last)
     if y.numel() == 0:
         return y
