@@ -36,6 +36,9 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
             out.append(k.format())
             out.append(f"  why: {k.reason}")
     out += ["", f"--- extern calls ({len(r.externs)}): " + (", ".join(r.externs) if r.externs else "none")]
+    if r.native_externs:
+        out.append(f"    {len(r.native_externs)} of them called from the generated C++, not through Python: "
+                   + ", ".join(r.native_externs))
     m = r.matmuls
     if m is not None and m.candidates:
         out.append(f"--- matmuls: {m.candidates} candidates for the Triton template, {m.from_database} decided by "

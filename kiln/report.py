@@ -27,6 +27,7 @@ class CompileReport:
     passes: list[PassRecord] = dataclasses.field(default_factory=list)
     kernels: list[Any] = dataclasses.field(default_factory=list)     # kernel IR objects
     externs: list[str] = dataclasses.field(default_factory=list)     # extern calls left in the plan
+    native_externs: list[str] = dataclasses.field(default_factory=list)  # ... of them called from C++ (native.py)
     memory: dict[str, Any] = dataclasses.field(default_factory=dict)  # arena size, buffers, reuse
     source: str = ""
     wrapper: str = ""             # GPU: the generated straight-line call (kiln.runtime.wrapper)

@@ -2,8 +2,9 @@
 
 Layout of the unit: the vector-math prelude, small helpers, one ``static void kernel_N_name(void** b)`` per
 kernel (named after the ops it fuses, with a comment listing the graph nodes it covers), and one
-``extern "C" void kiln_segment_K(void** b)`` per run of kernels between two extern calls.  ``b`` is the
-runtime's table of buffer pointers.
+``extern "C" void kiln_segment_K(void** b)`` per run of kernels between two extern calls that go through Python
+(kiln's own library ops are called from the segments: ``runtime/native.py``).  ``b`` is the runtime's table of
+buffer pointers.
 
 Loops: outer (row) loops run in parallel with OpenMP; the innermost loop of a pointwise kernel and every
 per-row elementwise loop carry ``#pragma omp simd``; reductions accumulate into ``VW`` independent lanes so
@@ -11,6 +12,8 @@ GCC emits vector code without ``-ffast-math`` (the order of the sum differs from
 rounding).
 """
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 
@@ -261,15 +264,21 @@ class KernelWriter:
             self.lines.append(f"{indent}{ctype(a.dtype)} {a.name} = {_init(a.kind, a.dtype)};")
 
 
-def translation_unit(kernels: list[Kernel], segments: list[list[str]], slot_of: dict[str, int],
+def translation_unit(kernels: list[Kernel], segments: list[list[Any]], slot_of: dict[str, int],
                      dtype_of: dict[str, torch.dtype], outputs: set[str], position: dict | None = None) -> str:
-    """The whole C++ source for one graph."""
+    """The whole C++ source for one graph.  ``segments``: per segment, kernel names and native calls
+    (``runtime.native.NativeCall``), in order."""
     from kiln.codegen.cpp_prelude import PRELUDE
     parts = [PRELUDE, HELPERS]
     for k in kernels:
         parts.append(KernelWriter(k, slot_of, dtype_of, outputs, position).write())
-    for i, names in enumerate(segments):
-        calls = "\n".join(f"  {n}(b);" for n in names)
+    # library calls made between the kernels (runtime/native.py): their addresses are set at load time
+    natives = [e for entries in segments for e in entries if not isinstance(e, str)]
+    parts.append(f"static void* kiln_native_fn[{max(len(natives), 1)}];\n"
+                 'extern "C" void kiln_set_native(int i, void* f) { kiln_native_fn[i] = f; }')
+    index = {id(e): i for i, e in enumerate(natives)}
+    for i, entries in enumerate(segments):
+        calls = "\n".join(f"  {e}(b);" if isinstance(e, str) else e.statement(index[id(e)]) for e in entries)
         parts.append(f'extern "C" void kiln_segment_{i}(void** b) {{\n{calls}\n}}')
     parts.append('extern "C" void kiln_set_threads(int n) { omp_set_num_threads(n); }')
     return "\n\n".join(parts) + "\n"

@@ -19,12 +19,13 @@ from kiln.frontend.extern import Baked, build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_gemm, decisions
+from kiln.runtime import cpu_gemm, decisions, native
 from kiln.tune import cpu_gemm as tune_gemm
 
 aten = torch.ops.aten
-# v4: timed with cold weights (decisions.cold_copies); v5: kiln's micro-kernel prefetches its C tile
-_choices = decisions.ShapeChoices("gemm_choices-v5")
+# v4: timed with cold weights (decisions.cold_copies); v5: kiln's micro-kernel prefetches its C tile; v6: kiln's
+# GEMM timed as graphs call it (from C++, runtime/native.py)
+_choices = decisions.ShapeChoices("gemm_choices-v6")
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the library
 
 
@@ -46,8 +47,10 @@ def choose(m: int, k: int, n: int) -> str:
             out["onednn"] = decisions.cycling([lambda w=w: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")
                                                for w in ws])
         if cpu_gemm.available():
-            packs = [cpu_gemm.pack_weight(w) for w in ws]
-            out["kiln"] = decisions.cycling([lambda p=p: torch.ops.kiln.linear_packed(x, p, b, n) for p in packs])
+            # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
+            op, y = torch.ops.kiln.linear_packed.default, torch.empty(m, n)
+            out["kiln"] = decisions.cycling([native.direct_call(op, native.op_args(op, x, cpu_gemm.pack_weight(w), b, n),
+                                                                y) for w in ws])
         return out
 
     # ATen unless another is clearly faster: the default path users know

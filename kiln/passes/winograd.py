@@ -31,6 +31,8 @@ Before (BN already folded into ``%w``, ``%b``)::        After::
 """
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from kiln import config
@@ -41,12 +43,13 @@ from kiln.ir.ops import Op
 from kiln.passes import prepack_conv
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_conv, cpu_conv_dw, decisions
+from kiln.runtime import cpu_conv, cpu_conv_dw, decisions, native
 
 aten = torch.ops.aten
 # v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run;
-# v5: the depthwise kernel and the pack-free direct kernel (few input channels) are candidates
-_choices = decisions.ShapeChoices("conv_choices-v5")
+# v5: the depthwise kernel and the pack-free direct kernel (few input channels) are candidates; v6: kiln's kernels
+# timed as graphs call them (from C++, runtime/native.py)
+_choices = decisions.ShapeChoices("conv_choices-v6")
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"
@@ -146,23 +149,25 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
         else:
             out = {ONEDNN: decisions.cycling([lambda w=w: separate(torch.ops.aten.convolution(
                 x, w, bias, stride, padding, [1, 1], False, [0, 0], groups)) for w in ws])}
+        # kiln's convolutions as a compiled graph runs them: called from C++ into its buffer (runtime/native.py)
+        y = torch.empty(out_shape).contiguous(memory_format=torch.channels_last)
+
+        def kiln_calls(op: Any, packed: list[torch.Tensor], **extra: Any) -> Any:
+            return decisions.cycling([native.direct_call(op, native.op_args(
+                op, x, p, bias, r, k, padding=padding, relu=relu, stride=stride, kernel=[kh, kw], **extra), y)
+                for p in packed])
         if groups > 1:  # depthwise: kiln's direct kernel is the only other candidate
             if cpu_conv_dw.available():
-                ds = [cpu_conv_dw.pack_weight(w) for w in ws]
-                out[DEPTHWISE] = decisions.cycling([lambda d=d: torch.ops.kiln.conv_dw(
-                    x, d, bias, r, k, [kh, kw], stride, padding, relu) for d in ds])
+                out[DEPTHWISE] = kiln_calls(torch.ops.kiln.conv_dw.default, [cpu_conv_dw.pack_weight(w) for w in ws])
             return out
         for m in allowed:
-            us = [cpu_conv.transform_weight(w, m) for w in ws]
-            out[f"winograd{m}"] = decisions.cycling([lambda u=u, m=m: torch.ops.kiln.conv_winograd(
-                x, u, bias, r, k, m, padding, relu) for u in us])
+            out[f"winograd{m}"] = kiln_calls(torch.ops.kiln.conv_winograd.default,
+                                             [cpu_conv.transform_weight(w, m) for w in ws], tile=m)
         if cpu_conv.gemm_available():
             gs = [cpu_conv.pack_conv_weight(w) for w in ws]
-            out[GEMM] = decisions.cycling([lambda g=g: torch.ops.kiln.conv_gemm(
-                x, g, bias, r, k, [kh, kw], stride, padding, relu) for g in gs])
+            out[GEMM] = kiln_calls(torch.ops.kiln.conv_gemm.default, gs)
             if c <= DIRECT_MAX_CHANNELS:  # (packing im2col rows of few channels costs more than it saves)
-                out[DIRECT] = decisions.cycling([lambda g=g: torch.ops.kiln.conv_gemm(
-                    x, g, bias, r, k, [kh, kw], stride, padding, relu, True, False, True) for g in gs])
+                out[DIRECT] = kiln_calls(torch.ops.kiln.conv_gemm.default, gs, direct=True)
         return out
 
     return str(_choices.decide(key, calls, baseline=ONEDNN, what=f"conv {list(x_shape)} x {list(w_shape)} stride "

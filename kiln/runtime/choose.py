@@ -52,7 +52,8 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     if known == "contiguous":
         report.memory["layout"] = "contiguous (measured earlier)"
         return plain
-    plain_state = (report.kernels, report.externs, dict(report.memory), report.source, report.from_cache)
+    plain_state = (report.kernels, report.externs, report.native_externs, dict(report.memory), report.source,
+                   report.from_cache)
     with config.scope(layout_optimization=True):
         nhwc = build(graph, report)
     if known == "channels-last":
@@ -63,7 +64,8 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
         first, second = plain(inputs), nhwc(inputs)
         if not all(torch.allclose(b, a, rtol=1e-3, atol=1e-4, equal_nan=True) for a, b in zip(first, second)):
             # never trade correctness for speed: keep the contiguous plan and say why
-            report.kernels, report.externs, report.memory, report.source, report.from_cache = plain_state
+            (report.kernels, report.externs, report.native_externs, report.memory, report.source,
+             report.from_cache) = plain_state
             report.memory["layout"] = "contiguous (the channels-last plan disagreed on random inputs)"
             return plain
         t_plain = t_nhwc = float("inf")
@@ -75,6 +77,7 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
         report.memory["layout"] = f"channels-last ({t_nhwc * 1e3:.1f} ms vs {t_plain * 1e3:.1f} ms contiguous)"
         return nhwc
     _save_decision(key, "contiguous")
-    report.kernels, report.externs, report.memory, report.source, report.from_cache = plain_state
+    (report.kernels, report.externs, report.native_externs, report.memory, report.source,
+     report.from_cache) = plain_state
     report.memory["layout"] = f"contiguous ({t_plain * 1e3:.1f} ms vs {t_nhwc * 1e3:.1f} ms channels-last)"
     return plain

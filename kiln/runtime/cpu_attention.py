@@ -7,15 +7,17 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Callable
 
 import torch
 
 from kiln.codegen.cpp_attention import attention_source
-from kiln.runtime import decisions
+from kiln.runtime import decisions, native
 
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
-_choices = decisions.ShapeChoices("attention_choices-v1")
+# v2: kiln's kernel timed as graphs call it (from C++)
+_choices = decisions.ShapeChoices("attention_choices-v2")
 
 
 @functools.lru_cache(maxsize=None)
@@ -69,6 +71,25 @@ def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, causal: b
     return q.new_empty(b, t, h, d).permute(0, 2, 1, 3)
 
 
+@native.register(torch.ops.kiln.attention.default)
+def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> tuple | None:
+    """``kiln_attention`` called from the generated code (runtime/native.py), with attention_impl's checks."""
+    q, k, v, causal = args["q"], args["k"], args["v"], args["causal"]
+    strides = [strides_of(t) if native.fp32_tensor(t, 4) else None for t in (q, k, v)]
+    if any(st is None for st in strides) or strides[0][3] != 1 or len(out_strides) != 4 or out_strides[3] != 1:
+        return None
+    b, h, t, d = q.shape
+    s = k.shape[2]
+    if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d) or (causal and s != t) \
+            or b * h * t * d == 0 or s == 0:
+        return None
+    Ref, I64 = native.Ref, native.I64
+    return (native.address(library().kiln_attention), "kiln_attention",
+            [(native.PTR, Ref(q)), (native.PTR, Ref(k)), (native.PTR, Ref(v)), (native.PTR, Ref(native.OUT))]
+            + [(I64, x) for x in (b, h, t, s, d, *strides[0][:3], *strides[1], *strides[2], *out_strides[:3])]
+            + [(native.F32, args["scale"]), (native.I32, int(causal)), (native.I32, native.THREADS)])
+
+
 def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
     """Is kiln's kernel clearly faster than ATen's for this shape (measured once per shape and machine)?"""
     def calls() -> dict:
@@ -77,8 +98,12 @@ def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
         scale = d ** -0.5
         out = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                                  scale=scale)}
-        if available():
-            out["kiln"] = lambda: attention_impl(q, k, v, scale, causal)
+        if available():  # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
+            op = torch.ops.kiln.attention.default
+            call = native.direct_call(op, native.op_args(op, q, k, v, scale, causal),
+                                      torch.empty(b, t, h, d).permute(0, 2, 1, 3))
+            if call is not None:  # (None: an empty problem)
+                out["kiln"] = call
         return out
 
     return _choices.decide((b, h, t, d, int(causal), torch.get_num_threads()), calls, baseline="aten",

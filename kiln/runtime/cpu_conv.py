@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Any, Callable
 
 import torch
 
 from kiln.codegen.cpp_conv_gemm import conv_gemm_source
 from kiln.codegen.cpp_gemm import schedule_for
 from kiln.codegen.cpp_winograd import winograd_matrices, winograd_source
+from kiln.runtime import native
 from kiln.runtime.cpu_gemm import bind_gemm
 
 _I = ctypes.c_int64
@@ -148,6 +150,51 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual
                        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
 
 
+def native_prefix(args: dict, strides_of: Callable, out_strides: tuple[int, ...], k: int, ho: int,
+                  wo: int) -> list[tuple[str, Any]] | None:
+    """The arguments kiln's convolution functions share, ``x, n, h, w, c, x strides, weight, bias, residual,
+    residual strides, y, y strides``, for a native call (runtime/native.py); None where the op's Python
+    implementation would have checked, copied or refused something."""
+    x, packed, bias, res = args["x"], args["packed"], args["bias"], args["residual"]
+    xs = strides_of(x) if native.fp32_tensor(x, 4) else None
+    rs = strides_of(res) if native.fp32_tensor(res, 4) else None
+    n = x.shape[0] if xs is not None else 0
+
+    def gatherable(strides: tuple[int, ...]) -> bool:
+        return strides[1] == 1 or strides[1] * 16 < 2 ** 31
+
+    if xs is None or not gatherable(xs) or not native.fp32_tensor(packed, 1) or not native.dense(bias, strides_of) \
+            or (res is not None and (rs is None or not gatherable(rs) or tuple(res.shape) != (n, k, ho, wo))) \
+            or len(out_strides) != 4 or ho <= 0 or wo <= 0 or n * k * ho * wo == 0:
+        return None
+    Ref, I64 = native.Ref, native.I64
+    _, c, h, w = x.shape
+    return ([(native.PTR, Ref(x))] + [(I64, v) for v in (n, h, w, c, *xs)]
+            + [(native.PTR, Ref(packed)), (native.PTR, Ref(bias)), (native.PTR, Ref(res))]
+            + [(I64, v) for v in (rs or (0, 0, 0, 0))] + [(native.PTR, Ref(native.OUT))]
+            + [(I64, v) for v in out_strides])
+
+
+@native.register(torch.ops.kiln.conv_winograd.default)
+def _native_winograd(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> tuple | None:
+    """``kiln_winograd`` called from the generated code, with conv_winograd_impl's checks and blocking."""
+    x, k, tile, (ph, pw) = args["x"], args["out_channels"], args["tile"], args["padding"]
+    if tile not in TILE_SIZES or not native.fp32_tensor(x, 4):
+        return None
+    n, c, h, w = x.shape
+    ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
+    prefix = native_prefix(args, strides_of, out_strides, k, ho, wo)
+    if prefix is None:
+        return None
+    threads = torch.get_num_threads()  # (the blocking only: any thread count computes the same result)
+    tb = tiles_per_block(tile, c, k, threads, n * -(-ho // tile) * -(-wo // tile))
+    kc = schedule_for(tb, c).kc if c > 0 else 1
+    I64, I32 = native.I64, native.I32
+    return (native.address(library(tile).kiln_winograd), f"kiln_winograd F({tile}x{tile})",
+            prefix + [(I64, v) for v in (k, ph, pw, ho, wo)]
+            + [(I32, int(args["relu"])), (I32, int(args["relu_input"])), (I64, tb), (I64, kc), (I32, native.THREADS)])
+
+
 # ------------------------------------------------------------------ implicit-GEMM convolution (any filter, stride)
 @functools.lru_cache(maxsize=None)
 def gemm_library() -> ctypes.CDLL:
@@ -230,6 +277,29 @@ def conv_gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, 
     ``direct``: without packing the input (``kiln_conv_direct``, for few input channels)."""
     return conv_gemm_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
                           relu_input, direct)
+
+
+@native.register(torch.ops.kiln.conv_gemm.default)
+def _native_conv_gemm(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> tuple | None:
+    """``kiln_conv_gemm`` (or ``kiln_conv_direct``) called from the generated code, as conv_gemm_impl calls it."""
+    x, k, kernel, stride, padding = (args[a] for a in ("x", "out_channels", "kernel", "stride", "padding"))
+    if not native.fp32_tensor(x, 4):
+        return None
+    n, c, h, w = x.shape
+    ho, wo = output_hw(h, w, kernel, stride, padding)
+    prefix = native_prefix(args, strides_of, out_strides, k, ho, wo)
+    if prefix is None:
+        return None
+    I64, I32 = native.I64, native.I32
+    sizes = [(I64, v) for v in (k, *kernel, *stride, *padding, ho, wo)]
+    flags = [(I32, int(args["relu"])), (I32, int(args["relu_input"]))]
+    if args["direct"]:
+        return (native.address(gemm_library().kiln_conv_direct), "kiln_conv_direct",
+                prefix + sizes + flags + [(I32, native.THREADS)])
+    kg = kernel[0] * kernel[1] * c
+    mb = rows_per_block(kg, k, n * ho * wo)
+    return (native.address(gemm_library().kiln_conv_gemm), "kiln_conv_gemm",
+            prefix + sizes + flags + [(I64, mb), (I64, schedule_for(mb, kg).kc), (I32, native.THREADS)])
 
 
 def output_hw(h: int, w: int, kernel: list[int], stride: list[int], padding: list[int]) -> tuple[int, int]:

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Callable
 
 import torch
 
 from kiln.codegen.cpp_conv_dw import conv_dw_source
-from kiln.runtime.cpu_conv import _check_input, _gatherable, _output, output_hw, result_like
+from kiln.frontend.extern import Baked
+from kiln.runtime import native
+from kiln.runtime.cpu_conv import _check_input, _gatherable, _output, native_prefix, output_hw, result_like
 
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -84,3 +87,22 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual
       out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
       channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
     return result_like(x, out_channels, kernel, stride, padding, channels_last)
+
+
+@native.register(torch.ops.kiln.conv_dw.default)
+def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> tuple | None:
+    """``kiln_conv_dw`` called from the generated code (runtime/native.py), with conv_dw_impl's checks."""
+    x, packed, kernel, stride, padding = (args[a] for a in ("x", "packed", "kernel", "stride", "padding"))
+    if not native.fp32_tensor(x, 4) or not native.fp32_tensor(packed, 1):
+        return None
+    n, c, h, w = x.shape
+    ho, wo = output_hw(h, w, kernel, stride, padding)
+    weights = (packed.value if isinstance(packed, Baked) else packed).numel()
+    if c != args["out_channels"] or weights != kernel[0] * kernel[1] * c:
+        return None
+    prefix = native_prefix(args, strides_of, out_strides, c, ho, wo)
+    if prefix is None:
+        return None
+    return (native.address(library().kiln_conv_dw), "kiln_conv_dw",
+            prefix + [(native.I64, v) for v in (*kernel, *stride, *padding, ho, wo)]
+            + [(native.I32, int(args["relu"])), (native.I32, int(args["relu_input"])), (native.I32, native.THREADS)])

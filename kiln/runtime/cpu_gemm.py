@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from typing import Callable
 
 import torch
 
 from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
+from kiln.runtime import native
 
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -99,6 +101,26 @@ def _linear_packed_out(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
 
 
 _LIB.impl("linear_packed.out", _linear_packed_out, "CPU")
+
+
+@native.register(torch.ops.kiln.linear_packed.default)
+def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> tuple | None:
+    """``kiln_gemm`` called from the generated code (runtime/native.py), with the checks of linear_packed_impl."""
+    x, packed, bias, n = args["x"], args["packed"], args["bias"], args["n"]
+    xs = strides_of(x) if native.fp32_tensor(x, 2) else None
+    if xs is None or (xs[1] != 1 and x.shape[1] > 1) or not native.fp32_tensor(packed, 1) \
+            or not native.dense(bias, strides_of) or len(out_strides) != 2 or (out_strides[1] != 1 and n > 1):
+        return None
+    m, k = x.shape
+    if m == 0 or n == 0 or k == 0:
+        return None
+    s = GemmSchedule(mr=args["mr"], kc=args["kc"], mc=args["mc"]) if args["mr"] else schedule_for(m, k)
+    Ref = native.Ref
+    return (native.address(library(GemmSchedule(mr=s.mr)).kiln_gemm), f"kiln_gemm mr={s.mr}",
+            [(native.PTR, Ref(x)), (native.I64, xs[0]), (native.PTR, Ref(packed)), (native.PTR, Ref(bias)),
+             (native.PTR, Ref(native.OUT)), (native.I64, out_strides[0]), (native.I64, m), (native.I64, n),
+             (native.I64, k), (native.I64, s.kc), (native.I64, s.mc), (native.I32, int(args["gelu"])),
+             (native.I32, native.THREADS)])
 
 
 @linear_packed.register_fake

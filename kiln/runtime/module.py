@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln.codegen.cpp import translation_unit
-from kiln.frontend.extern import argument_builder, short_name
+from kiln.frontend.extern import Baked, argument_builder, short_name
 from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import view_function
 from kiln.ir.kernel import Kernel
@@ -27,9 +27,10 @@ from kiln import config
 from kiln.passes.layout import choose_layouts, library_layouts
 from kiln.passes.pipeline import holds_copies
 from kiln.report import CompileReport
-from kiln.runtime import cpu_gemm, inplace, memory
+from kiln.runtime import cpu_gemm, inplace, memory, native
 
 
+_C_TYPES = {torch.float32: "float"}  # element types native calls take views of
 RECYCLE_MIN_BYTES = 1 << 16  # below this, malloc serves outputs from its free lists without page faults
 
 
@@ -39,10 +40,25 @@ _OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.at
                            cpu_gemm.linear_packed._opoverload.overloadpacket})  # (and its .out: cpu_gemm)
 
 
-def _writes_into_arena(n: Node, graph_outputs: set[Node]) -> bool:
+def _writes_into_arena(n: Node, escaping: set[Node]) -> bool:
+    """Does extern ``n`` write its result into the arena through a ``.out`` variant?  Not when the caller gets
+    the result or a view of it (``escaping``)."""
     target = n.attr("target")
     return (getattr(target, "overloadpacket", None) in _OUT_VARIANTS and n.attr("out_index") is None
-            and n not in graph_outputs and n.dtype.is_floating_point)
+            and n not in escaping and n.dtype.is_floating_point)
+
+
+def _escaping(graph: Graph) -> set[Node]:
+    """The graph's outputs and the nodes they are views of: values the caller holds after the call, which must
+    not live in the arena (the next call would overwrite them)."""
+    out = set(graph.outputs)
+    stack = list(out)
+    while stack:
+        n = stack.pop()
+        if n.op in VIEW and n.inputs[0] not in out:
+            out.add(n.inputs[0])
+            stack.append(n.inputs[0])
+    return out
 
 
 def _storage_uses(t: torch.Tensor) -> int:
@@ -161,21 +177,83 @@ class CompiledGraph:
         plan = self._fuse_steps(make_plan(graph), report)
         self.plan = plan
         report.kernels = plan.kernels
-        report.externs = [short_name(s.node.attr("target")) for s in plan.steps if isinstance(s, ExternStep)]
         node_of = {name: n for n, name in plan.buffer_of.items()}
         self.slot_of = {name: k for k, name in enumerate(plan.buffer_of.values())}
+        self._baked: list[torch.Tensor] = []  # tensors baked into native calls: pointer-table slots after the buffers
+        self.native = self._native_calls(plan)
+        report.externs = [short_name(s.node.attr("target")) for s in plan.steps if isinstance(s, ExternStep)]
+        report.native_externs = [short_name(n.attr("target")) for n in self.native]
         dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
         segments, self.program = self._program(plan)
         self._segments = segments
         self._drop_after = self._releases(plan, segments, node_of)
         self._load_code(plan, segments, dtype_of, outputs, node_of, report)
-        self.ptrs = (ctypes.c_void_p * max(len(self.slot_of), 1))()
+        self.ptrs = (ctypes.c_void_p * max(len(self.slot_of) + len(self._baked), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
+        for k, t in enumerate(self._baked):
+            self.ptrs[len(self.slot_of) + k] = t.data_ptr()
         self._plan_memory(plan, node_of, report)
 
     # ------------------------------------------------------------------ build helpers
-    def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
+    def _native_calls(self, plan: Plan) -> dict[Node, native.NativeCall]:
+        """Externs of kiln's own libraries that the generated code calls directly (runtime/native.py): with an
+        arena, for results the arena holds (not the graph's outputs), fp32."""
+        if not self.ARENA:
+            return {}
+        escaping = _escaping(self.graph)
+        oneDNN_weights = {c.inputs[1] for c in plan.cl_convs}
+        baked_slot: dict[int, int] = {}
+
+        def layout(v: Node) -> tuple[tuple[int, ...], int] | None:
+            """(strides, offset in elements) of ``v`` in its realized base's buffer."""
+            base = _base(v, plan.buffer_of)
+            if base in oneDNN_weights:  # held channels-last for oneDNN (_plan_memory)
+                return None
+            strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
+            chain = []
+            while v is not base:
+                chain.append(v)
+                v = v.inputs[0]
+            t = torch.empty_strided(base.shape, strides, dtype=base.dtype, device="meta")
+            for n in reversed(chain):
+                t = view_function(n)(t)
+            return tuple(t.stride()), t.storage_offset()
+
+        def strides_of(v: Node) -> tuple[int, ...] | None:
+            found = layout(v)
+            return found[0] if found else None
+
+        def pointer(v: Any, out: Node) -> str | None:
+            if v is native.OUT:
+                v = out
+            if isinstance(v, (Baked, torch.Tensor)):  # a prepacked weight: a fixed pointer, in a slot of its own
+                t = v.value if isinstance(v, Baked) else v
+                if id(t) not in baked_slot:
+                    baked_slot[id(t)] = len(self.slot_of) + len(self._baked)
+                    self._baked.append(t)
+                return f"b[{baked_slot[id(t)]}]"
+            found = layout(v)
+            if found is None:
+                return None
+            slot = self.slot_of[plan.buffer_of[_base(v, plan.buffer_of)]]
+            if found[1] == 0:
+                return f"b[{slot}]"
+            return f"(({_C_TYPES[v.dtype]}*)b[{slot}] + {found[1]})"  # a view at an offset (q, k, v of one product)
+
+        calls: dict[Node, native.NativeCall] = {}
+        for s in plan.steps:
+            n = s.node if isinstance(s, ExternStep) else None
+            if n is None or not native.bindable(n) or n in escaping or n.dtype != torch.float32 \
+                    or n not in plan.buffer_of:
+                continue
+            call = native.bind(n, strides_of, plan.strides_of.get(n) or contiguous_strides(n.shape),
+                               lambda v, n=n: pointer(v, n))
+            if call is not None:
+                calls[n] = call
+        return calls
+
+    def _load_code(self, plan: Plan, segments: list[list[Any]], dtype_of: dict[str, torch.dtype],
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
         from kiln.runtime.build import load_module
@@ -195,33 +273,36 @@ class CompiledGraph:
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = None
             self._segment_fns.append(fn)
+        natives = [e for entries in segments for e in entries if not isinstance(e, str)]
+        self.lib.kiln_set_native.argtypes = [ctypes.c_int, ctypes.c_void_p]
+        for i, call in enumerate(natives):
+            self.lib.kiln_set_native(i, call.function)
         self.lib.kiln_set_threads.argtypes = [ctypes.c_int]
         self._threads = -1
 
-    def _releases(self, plan: Plan, segments: list[list[str]], node_of: dict[str, Node]) -> list[list[Node]]:
+    def _releases(self, plan: Plan, segments: list[list[Any]], node_of: dict[str, Node]) -> list[list[Node]]:
         """Per program step, the per-call values (library results, cached views) no later step reads.
 
         [Note: releasing library results] Results of extern calls that are not planned into the arena are
         tensors the library allocated for this call; dropping each after its last reader lets the allocator
         reuse the memory within the call, so peak memory follows the live set rather than the sum of all
         results (ResNet-18 batch 16 on the GPU: 77 MiB -> below eager's 61 MiB of transient memory)."""
-        keep = set(self.graph.outputs)
-        stack = list(keep)
-        while stack:  # views of outputs keep their bases
-            n = stack.pop()
-            if n.op in VIEW:
-                keep.add(n.inputs[0])
-                stack.append(n.inputs[0])
+        keep = _escaping(self.graph)  # (views of outputs keep their bases)
         by_name = {k.name: k for k in plan.kernels}
         last: dict[Node, int] = {}
         for step, (kind, item) in enumerate(self.program):
             if kind in ("segment", "fused"):
-                for k in ([by_name[name] for name in segments[item]] if kind == "segment" else [item]):
+                for k in ([by_name[e] for e in segments[item] if isinstance(e, str)] if kind == "segment"
+                          else [item]):
                     reads, writes = k.buffers()
                     for b in reads | writes:
                         last[node_of[b]] = step
-            if kind in ("extern", "fused"):
-                for i in (item.inputs if kind == "extern" else item.node_inputs):
+            if kind in ("extern", "fused", "segment"):
+                if kind == "segment":
+                    inputs = [i for e in segments[item] if not isinstance(e, str) for i in e.node.inputs]
+                else:
+                    inputs = item.inputs if kind == "extern" else item.node_inputs
+                for i in inputs:
                     while True:  # the input and the view chain down to its realized base
                         last[i] = step
                         if i in plan.buffer_of or i.op not in VIEW:
@@ -247,8 +328,8 @@ class CompiledGraph:
     def _run_fused(self, step: Any, env: dict[Node, torch.Tensor]) -> None:
         raise NotImplementedError(f"kiln: {type(self).__name__} has no fused steps ({step})")
 
-    def _program(self, plan: Plan) -> tuple[list[list[str]], list[tuple[str, Any]]]:
-        segments: list[list[str]] = []
+    def _program(self, plan: Plan) -> tuple[list[list[Any]], list[tuple[str, Any]]]:
+        segments: list[list[Any]] = []
         program: list[tuple[str, Any]] = []
         for s in plan.steps:
             if isinstance(s, Kernel):
@@ -259,6 +340,12 @@ class CompiledGraph:
                     segments[-1].append(s.name)
                 else:
                     segments.append([s.name])
+                    program.append(("segment", len(segments) - 1))
+            elif isinstance(s, ExternStep) and s.node in self.native:  # called from the segment's C++
+                if program and program[-1][0] == "segment":
+                    segments[-1].append(self.native[s.node])
+                else:
+                    segments.append([self.native[s.node]])
                     program.append(("segment", len(segments) - 1))
             elif isinstance(s, ExternStep):
                 program.append(("extern", s.node))
@@ -272,11 +359,12 @@ class CompiledGraph:
 
     def _plan_memory(self, plan: Plan, node_of: dict[str, Node], report: CompileReport) -> None:
         graph_outputs = set(self.graph.outputs)
+        escaping = _escaping(self.graph)
         step_index: dict[str, int] = {}
         last_use: dict[str, int] = {}
         for k, s in enumerate(plan.steps):
             if isinstance(s, ExternStep):
-                if _writes_into_arena(s.node, graph_outputs):
+                if _writes_into_arena(s.node, escaping) or s.node in self.native:
                     step_index.setdefault(plan.buffer_of[s.node], k)
                 inputs = s.node.inputs
             else:  # kernels, and fused steps (which also read graph nodes, through views)

@@ -1,0 +1,121 @@
+"""Native calls (runtime/native.py): kiln's library ops called from the generated C++ give eager's results, in every
+place such a call can sit - after a kernel, on a graph input, on a view, after a Python extern, before the graph's
+output - and a call the binder cannot address stays a Python extern."""
+import itertools
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.passes import select_gemm, winograd
+from kiln.report import mark, reports_since
+from kiln.runtime import cpu_conv, cpu_gemm
+
+pytestmark = pytest.mark.skipif(not (cpu_gemm.available() and cpu_conv.gemm_available()),
+                                reason="kiln's CPU GEMM does not build here")
+
+
+@pytest.fixture(autouse=True)
+def _kiln_gemm_for_every_linear(monkeypatch):
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: "kiln")
+    monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
+    monkeypatch.setattr(winograd, "MIN_FLOPS", 0)
+
+
+def _compile_report(model, *inputs):
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False)(*inputs)
+        torch.testing.assert_close(out, model(*inputs), rtol=1e-4, atol=1e-4)
+    return reports_since(position)[-1]
+
+
+class _MLP(nn.Module):
+    """linear-gelu-linear on [B, T, D] activations (the linears read views), then a LayerNorm (the output)."""
+
+    def __init__(self, d: int = 48, h: int = 96):
+        super().__init__()
+        self.up, self.down, self.norm = nn.Linear(d, h), nn.Linear(h, d), nn.LayerNorm(d)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.norm(x + self.down(torch.nn.functional.gelu(self.up(x))))
+
+
+def test_linears_are_called_from_cpp():
+    report = _compile_report(_MLP().eval(), torch.randn(2, 7, 48))
+    assert report.externs == ["linear_packed"] * 2, [(p.name, p.notes) for p in report.passes][5:9]
+    assert report.native_externs == ["linear_packed"] * 2, report.native_externs
+    assert "kiln_native_fn[0]" in report.source and "kiln_native_fn[1]" in report.source
+    assert "called from the generated C++" in report.format(source=False)
+
+
+def test_graph_output_stays_a_python_call():
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
+    report = _compile_report(model, torch.randn(5, 32))
+    # the first linear writes the arena; the last one's result is the caller's, allocated by the op
+    assert report.externs == ["linear_packed", "linear_packed"], report.externs
+    assert report.native_externs == ["linear_packed"], report.native_externs
+
+
+@pytest.mark.parametrize("library", ["kiln", "aten"])
+def test_results_outlive_the_next_call(monkeypatch, library):
+    """The last linear's result reaches the caller as a view ([B*T, N] -> [B, T, N]): it must not be written into
+    the arena, where the next call would overwrite it (addmm's ``.out`` into the arena once did that)."""
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: library)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
+    x1, x2 = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
+    with torch.inference_mode():
+        compiled = kiln.compile(model, fallback=False)
+        first = compiled(x1)
+        compiled(x2)
+        torch.testing.assert_close(first, model(x1), rtol=1e-4, atol=1e-5)
+
+
+def test_thread_count_changes_after_compile():
+    model, x = _MLP(64, 160).eval(), torch.randn(3, 40, 64)
+    threads = torch.get_num_threads()
+    try:
+        with torch.inference_mode():
+            compiled = kiln.compile(model, fallback=False)
+            for n in (1, 2, 1):
+                torch.set_num_threads(n)
+                torch.testing.assert_close(compiled(x), model(x), rtol=1e-4, atol=1e-4)
+    finally:
+        torch.set_num_threads(threads)
+
+
+class _Block(nn.Module):
+    """conv-BN-ReLU, conv-BN + identity, ReLU, then a pointwise op (so the second conv is not the output)."""
+
+    def __init__(self, ch: int = 16):
+        super().__init__()
+        self.conv1, self.bn1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch)
+        self.conv2, self.bn2 = nn.Conv2d(ch, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch)
+        for bn in (self.bn1, self.bn2):
+            bn.running_mean.uniform_(-0.5, 0.5)
+            bn.running_var.uniform_(0.5, 2.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = torch.relu(self.bn1(self.conv1(x)))
+        return torch.relu(self.bn2(self.conv2(y)) + x) * 0.5
+
+
+@pytest.mark.parametrize("choices", [("winograd2", "winograd4"), ("onednn", "winograd2"), ("gemm", "direct")])
+def test_convolutions_after_kernels_and_python_externs(monkeypatch, choices):
+    """The second convolution reads the first one's result: an arena buffer (native), or oneDNN's tensor (a
+    Python extern), and the block's input as its residual."""
+    picks = itertools.cycle(choices)
+    monkeypatch.setattr(winograd, "choose", lambda *a, **k: next(picks))
+    channels = 6 if "direct" in choices else 16  # the direct kernel takes few input channels
+    report = _compile_report(_Block(channels).eval(), torch.randn(2, channels, 12, 10))
+    kiln_convs = [c for c in choices if c != "onednn"]
+    assert len(report.native_externs) == len(kiln_convs), (report.externs, report.native_externs)
+
+
+def test_depthwise_convolution_is_called_from_cpp(monkeypatch):
+    monkeypatch.setattr(winograd, "choose", lambda *a, **k: "dw")
+    model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2,
+                                                                                       padding=1, groups=8)).eval()
+    report = _compile_report(nn.Sequential(model, nn.Flatten(), nn.Softplus()).eval(), torch.randn(2, 8, 9, 9))
+    assert "conv_dw" in report.native_externs, (report.externs, report.native_externs)
