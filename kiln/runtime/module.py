@@ -197,8 +197,9 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------ build helpers
     def _native_calls(self, plan: Plan) -> dict[Node, native.NativeCall]:
-        """Externs of kiln's own libraries that the generated code calls directly (runtime/native.py): with an
-        arena, for results the arena holds (not the graph's outputs), fp32."""
+        """Externs of kiln's own libraries that the generated code calls directly (runtime/native.py), with an
+        arena, fp32.  A result the caller gets (or a view of it) is written into the call's output tensor
+        (``output_slots``), one with a layout of the library's into the arena."""
         if not self.ARENA:
             return {}
         escaping = _escaping(self.graph)
@@ -244,11 +245,13 @@ class CompiledGraph:
         calls: dict[Node, native.NativeCall] = {}
         for s in plan.steps:
             n = s.node if isinstance(s, ExternStep) else None
-            if n is None or not native.bindable(n) or n in escaping or n.dtype != torch.float32 \
+            if n is None or not native.bindable(n) or n.dtype != torch.float32 \
                     or n not in plan.buffer_of:
                 continue
-            call = native.bind(n, strides_of, plan.strides_of.get(n) or contiguous_strides(n.shape),
-                               lambda v, n=n: pointer(v, n))
+            out_strides = plan.strides_of.get(n) or contiguous_strides(n.shape)
+            if n in escaping and out_strides != contiguous_strides(n.shape):
+                continue  # (the caller's result, written into a new or recycled contiguous tensor per call)
+            call = native.bind(n, strides_of, out_strides, lambda v, n=n: pointer(v, n))
             if call is not None:
                 calls[n] = call
         return calls
@@ -364,7 +367,7 @@ class CompiledGraph:
         last_use: dict[str, int] = {}
         for k, s in enumerate(plan.steps):
             if isinstance(s, ExternStep):
-                if _writes_into_arena(s.node, escaping) or s.node in self.native:
+                if _writes_into_arena(s.node, escaping) or (s.node in self.native and s.node not in escaping):
                     step_index.setdefault(plan.buffer_of[s.node], k)
                 inputs = s.node.inputs
             else:  # kernels, and fused steps (which also read graph nodes, through views)
@@ -420,8 +423,11 @@ class CompiledGraph:
         self.mutated_inputs = {i for m in self.graph.nodes if mutates(m) for i in m.inputs if i.op is Op.INPUT}
         self.input_slots = [(k, self.slot_of[plan.buffer_of[n]], n) for k, n in enumerate(self.graph.inputs)
                             if n in plan.buffer_of]
-        self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in dict.fromkeys(self.graph.outputs)
-                             if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) and n in plan.buffer_of]
+        # buffers the caller gets, filled per call: kiln's outputs, and native calls' results the caller gets or
+        # views (an output that is an extern's result is the tensor the library returned)
+        returned = [n for n in dict.fromkeys(self.graph.outputs) if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN)]
+        returned += [n for n in self.native if n in escaping and n not in returned]
+        self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in returned if n in plan.buffer_of]
         self._pools: list[list[torch.Tensor]] = [[] for _ in range(len(self.output_slots))]
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}

@@ -1,10 +1,11 @@
 """Native steps: kiln's own library ops called from the generated C++ instead of from Python.
 
-kiln's GEMM, convolution and attention ops (``kiln::linear_packed``, ``kiln::conv_winograd``, ``kiln::conv_gemm``,
-``kiln::conv_dw``, ``kiln::attention``) are each one C function over pointers and sizes.  Through the dispatcher a call costs 15-25 us,
-but in a model the Python between two of them runs with cold caches: a GEMM that streams its weight from memory
-evicts the interpreter's code and data, and one ``kiln::linear_packed`` call right after such a GEMM took
-150-340 us on the Zen 3 dev box (``torch.empty(1)`` alone: 88 us).  In the MLP benchmark that was 4% of the run.
+kiln's GEMM, convolution and attention ops (``kiln::linear_packed``, ``kiln::conv_winograd``,
+``kiln::conv_gemm``, ``kiln::conv_dw``, ``kiln::attention``) are each one C function over pointers and sizes.
+Through the dispatcher a call costs 15-25 us, but in a model the Python between two of them runs with cold
+caches: a GEMM that streams its weight from memory evicts the interpreter's code and data, and one
+``kiln::linear_packed`` call right after such a GEMM took 150-340 us on the Zen 3 dev box (``torch.empty(1)``
+alone: 88 us).  In the MLP benchmark that was 4% of the run.
 
 So, on the CPU (with an arena, fixed shapes), such an extern becomes a *native call*: its library function's
 address, its constant arguments, and its tensors as entries of the graph's pointer table.  The graph's
@@ -186,4 +187,6 @@ def direct_call(op: Any, args: dict[str, Any], out: torch.Tensor) -> Callable[[]
 
 def _ensure_binders() -> None:
     # the binders live beside each op's Python implementation; importing registers them
-    from kiln.runtime import cpu_attention, cpu_conv, cpu_conv_dw, cpu_gemm  # noqa: F401
+    import importlib
+    for name in ("cpu_gemm", "cpu_conv", "cpu_conv_dw", "cpu_attention"):
+        importlib.import_module(f"kiln.runtime.{name}")

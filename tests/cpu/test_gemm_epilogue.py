@@ -13,7 +13,7 @@ from kiln.runtime import cpu_gemm
 
 
 def _compile_and_check(fn, x, choice, monkeypatch):
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: choice)
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: choice)
     position = mark()
     with torch.inference_mode():
         out = kiln.compile(fn, fallback=False)(x)
@@ -88,7 +88,7 @@ def test_gemm_results_live_in_the_arena(monkeypatch):
     """kiln::linear_packed.out writes into the planned buffer, so intermediate GEMM results are not new tensors
     each call (as aten.mm's are not); the graph's output is still its own tensor."""
     from kiln.runtime.module import CompiledGraph
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: "kiln")
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: "kiln")
     mlp = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 64)).eval()
     modules = []
     original = CompiledGraph.__call__

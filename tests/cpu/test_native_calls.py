@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not (cpu_gemm.available() and cpu_conv.gemm_avai
 
 @pytest.fixture(autouse=True)
 def _kiln_gemm_for_every_linear(monkeypatch):
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: "kiln")
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: "kiln")
     monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
     monkeypatch.setattr(winograd, "MIN_FLOPS", 0)
 
@@ -50,26 +50,28 @@ def test_linears_are_called_from_cpp():
     assert "called from the generated C++" in report.format(source=False)
 
 
-def test_graph_output_stays_a_python_call():
+def test_graph_output_is_written_into_the_callers_tensor():
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
     report = _compile_report(model, torch.randn(5, 32))
-    # the first linear writes the arena; the last one's result is the caller's, allocated by the op
-    assert report.externs == ["linear_packed", "linear_packed"], report.externs
-    assert report.native_externs == ["linear_packed"], report.native_externs
+    # the first linear writes the arena, the last one the tensor the caller gets (new or recycled per call)
+    assert report.native_externs == ["linear_packed", "linear_packed"], report.native_externs
 
 
 @pytest.mark.parametrize("library", ["kiln", "aten"])
 def test_results_outlive_the_next_call(monkeypatch, library):
     """The last linear's result reaches the caller as a view ([B*T, N] -> [B, T, N]): it must not be written into
-    the arena, where the next call would overwrite it (addmm's ``.out`` into the arena once did that)."""
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n: library)
+    the arena, where the next call would overwrite it (addmm's ``.out`` into the arena once did that), and a
+    recycled output tensor must be one the caller dropped."""
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: library)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
     x1, x2 = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     with torch.inference_mode():
         compiled = kiln.compile(model, fallback=False)
         first = compiled(x1)
-        compiled(x2)
+        for _ in range(3):  # (outputs nobody holds are recycled)
+            second = compiled(x2)
         torch.testing.assert_close(first, model(x1), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(second, model(x2), rtol=1e-4, atol=1e-5)
 
 
 def test_thread_count_changes_after_compile():
