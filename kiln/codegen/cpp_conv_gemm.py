@@ -134,10 +134,20 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
                                  int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
                                  int relu, int relu_in, int threads) {
   const int64_t kg = kh * kw * c, panels = (k + KILN_NR - 1) / KILN_NR;
+  // the input offset of every tap (dy, dx, ci), in the packed weight's row order: a block whose whole window
+  // lies in the image runs all its taps as one flat loop, without the short dx and ci loops (the stem has 3
+  // channels).  ResNet's 7x7/2 stem: 8% faster than the nested loops (unrolling the flat loop 3x: slower)
+  int64_t* tap = (int64_t*)std::malloc(sizeof(int64_t) * (kg > 0 ? kg : 1));
+  for (int64_t dy = 0, t = 0; dy < kh; ++dy)
+    for (int64_t dx = 0; dx < kw; ++dx)
+      for (int64_t ci = 0; ci < c; ++ci) tap[t++] = dy * xsh + dx * xsw + ci * xsc;
+  const int64_t pstride = sw * xsw;
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t b = 0; b < n; ++b)
     for (int64_t oy = 0; oy < ho; ++oy) {
       const float* xb = x + b * xsn;
+      const int64_t iy0 = oy * sh - ph;
+      const bool rows_inside = iy0 >= 0 && iy0 + kh <= h;
       for (int64_t ox0 = 0; ox0 < wo; ox0 += KILN_PB) {
         const int np = (int)(wo - ox0 < KILN_PB ? wo - ox0 : KILN_PB);
         const int64_t ix0 = ox0 * sw - pw;
@@ -151,6 +161,20 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
             const vec bv = bias && kn > 0 ? vloadn(bias + k0 + v * LANES, kn) : VZERO();
             for (int p = 0; p < KILN_PB; ++p) acc[p][v] = bv;
           }
+          if (inside && rows_inside && !relu_in) {
+            const float* xo = xb + iy0 * xsh + ix0 * xsw;
+            for (int64_t t = 0; t < kg; ++t) {
+              vec wv[NV];
+              for (int v = 0; v < NV; ++v) wv[v] = VLOAD(bp + t * KILN_NR + v * LANES);
+              const float* xt = xo + tap[t];
+#pragma GCC unroll 8
+              for (int p = 0; p < KILN_PB; ++p) {
+                const vec xs = VSET1(xt[p * pstride]);
+#pragma GCC unroll 4
+                for (int v = 0; v < NV; ++v) acc[p][v] = VFMA(xs, wv[v], acc[p][v]);
+              }
+            }
+          } else
           for (int64_t dy = 0; dy < kh; ++dy) {
             const int64_t iy = oy * sh - ph + dy;
             if (iy < 0 || iy >= h) continue;
@@ -205,6 +229,7 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
         }
       }
     }
+  std::free(tap);
 }
 """
 
