@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import functools
 
-from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE
+from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE, GemmSchedule
 from kiln.codegen.cpp_winograd import VECTOR_HELPERS
 
 BX = 4  # output pixels per block along x
@@ -91,5 +91,7 @@ extern "C" void kiln_conv_dw(const float* x, int64_t n, int64_t h, int64_t w, in
 
 @functools.lru_cache(maxsize=None)
 def conv_dw_source() -> str:
-    """The depthwise library: the ISA's vector definitions (from kiln's GEMM header) and the kernel."""
-    return GEMM_SOURCE + VECTOR_HELPERS + f"#define KILN_DW_BX {BX}\n" + KERNEL
+    """The depthwise library: the ISA's vector definitions (from kiln's GEMM header) and the kernel.  (The GEMM
+    header reads the AVX-512 tile rows, ``KILN_MR512``: without it the library did not build on AVX-512.)"""
+    return f"#define KILN_MR512 {GemmSchedule().mr}\n" + GEMM_SOURCE + VECTOR_HELPERS + f"#define KILN_DW_BX {BX}\n" \
+        + KERNEL
