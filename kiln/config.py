@@ -47,6 +47,9 @@ class Config:
     max_folded_numel: int = 1 << 26
     # Measure GEMM libraries (MKL via aten.addmm, oneDNN) per linear-layer shape and call the faster one.
     library_selection: bool = True
+    # CPU: call kiln's own GEMM, convolution and attention ops from the generated C++ between the kernels, not
+    # through Python, whose code runs cache-cold after a GEMM (runtime/native.py; ``benchmarks/native_calls.py``).
+    native_calls: bool = True
     # Run convolutions and the kernels between them channels-last (NHWC) inside a graph.  Off by default:
     # measured on ResNet-18 (1 thread) it cost 9%, on the seed model it gained under 3% (see passes/layout.py).
     layout_optimization: bool = False
@@ -93,6 +96,7 @@ class Config:
         "constant_folding": ("KILN_CONSTANT_FOLDING", bool),
         "fallback": ("KILN_FALLBACK", bool),
         "library_selection": ("KILN_LIBRARY_SELECTION", bool),
+        "native_calls": ("KILN_NATIVE_CALLS", bool),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),
         "target": ("KILN_TARGET", str),

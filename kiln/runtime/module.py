@@ -200,7 +200,7 @@ class CompiledGraph:
         """Externs of kiln's own libraries that the generated code calls directly (runtime/native.py), with an
         arena, fp32.  A result the caller gets (or a view of it) is written into the call's output tensor
         (``output_slots``), one with a layout of the library's into the arena."""
-        if not self.ARENA:
+        if not self.ARENA or not config.get().native_calls:
             return {}
         escaping = _escaping(self.graph)
         oneDNN_weights = {c.inputs[1] for c in plan.cl_convs}

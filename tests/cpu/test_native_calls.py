@@ -121,3 +121,14 @@ def test_depthwise_convolution_is_called_from_cpp(monkeypatch):
                                                                                        padding=1, groups=8)).eval()
     report = _compile_report(nn.Sequential(model, nn.Flatten(), nn.Softplus()).eval(), torch.randn(2, 8, 9, 9))
     assert "conv_dw" in report.native_externs, (report.externs, report.native_externs)
+
+
+def test_switched_off_every_call_goes_through_python():
+    model, x = _MLP().eval(), torch.randn(2, 7, 48)
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False, native_calls=False)(x)
+        torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-4)
+    report = reports_since(position)[-1]
+    assert report.externs == ["linear_packed"] * 2 and not report.native_externs, report.native_externs
+    assert "kiln_native_fn[0]" not in report.source
