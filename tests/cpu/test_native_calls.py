@@ -11,6 +11,7 @@ import kiln
 from kiln.passes import select_gemm, winograd
 from kiln.report import mark, reports_since
 from kiln.runtime import cpu_conv, cpu_gemm
+from test_winograd import _Block as _WinogradBlock  # (pytest puts this folder on sys.path)
 
 pytestmark = pytest.mark.skipif(not (cpu_gemm.available() and cpu_conv.gemm_available()),
                                 reason="kiln's CPU GEMM does not build here")
@@ -87,20 +88,11 @@ def test_thread_count_changes_after_compile():
         torch.set_num_threads(threads)
 
 
-class _Block(nn.Module):
-    """conv-BN-ReLU, conv-BN + identity, ReLU, then a pointwise op (so the second conv is not the output)."""
-
-    def __init__(self, ch: int = 16):
-        super().__init__()
-        self.conv1, self.bn1 = nn.Conv2d(ch, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch)
-        self.conv2, self.bn2 = nn.Conv2d(ch, ch, 3, padding=1, bias=False), nn.BatchNorm2d(ch)
-        for bn in (self.bn1, self.bn2):
-            bn.running_mean.uniform_(-0.5, 0.5)
-            bn.running_var.uniform_(0.5, 2.0)
+class _Block(_WinogradBlock):
+    """test_winograd's ResNet block, then a pointwise op (so its second convolution is not the graph's output)."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = torch.relu(self.bn1(self.conv1(x)))
-        return torch.relu(self.bn2(self.conv2(y)) + x) * 0.5
+        return super().forward(x) * 0.5
 
 
 @pytest.mark.parametrize("choices", [("winograd2", "winograd4"), ("onednn", "winograd2"), ("gemm", "direct")])
