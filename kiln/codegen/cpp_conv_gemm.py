@@ -127,12 +127,12 @@ extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, 
 // packing the im2col rows cost more than the products).  Per row of outputs, blocks of KILN_PB pixels x one
 // NR-wide panel of output channels accumulate in registers; each filter tap is NV weight vectors (the packed
 // weight's row) and KILN_PB broadcasts of input values read straight from x, zero outside the image.
-extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xsn,
-                                 int64_t xsc, int64_t xsh, int64_t xsw, const float* wp, const float* bias,
-                                 const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
-                                 int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
-                                 int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
-                                 int relu, int relu_in, int threads) {
+static void conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xsn,
+                        int64_t xsc, int64_t xsh, int64_t xsw, const float* wp, const float* bias,
+                        const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
+                        int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
+                        int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
+                        int relu, int relu_in, int threads) {
   const int64_t kg = kh * kw * c, panels = (k + KILN_NR - 1) / KILN_NR;
   // the input offset of every tap (dy, dx, ci), in the packed weight's row order: a block whose whole window
   // lies in the image runs all its taps as one flat loop, without the short dx and ci loops (the stem has 3
@@ -151,7 +151,8 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
       for (int64_t ox0 = 0; ox0 < wo; ox0 += KILN_PB) {
         const int np = (int)(wo - ox0 < KILN_PB ? wo - ox0 : KILN_PB);
         const int64_t ix0 = ox0 * sw - pw;
-        const bool inside = np == KILN_PB && ix0 >= 0 && ix0 + (KILN_PB - 1) * sw + kw <= w;
+        // (a last block of fewer pixels may compute all KILN_PB when their windows lie in the image: it stores np)
+        const bool inside = ix0 >= 0 && ix0 + (KILN_PB - 1) * sw + kw <= w;
         for (int64_t q = 0; q < panels; ++q) {
           const float* bp = wp + q * kg * KILN_NR;
           const int64_t k0 = q * KILN_NR;
@@ -230,6 +231,40 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
       }
     }
   std::free(tap);
+}
+
+// Padding, an input ReLU, or a last block reaching past the right edge send blocks down the per-tap tested path
+// (the stem: 13% of its blocks).  So the input is first copied into a zero-padded NCHW buffer wide enough for
+// every block's window, the ReLU applied as it is copied (a few channels: small), and every block runs the flat
+// tap loop: on Zen 3 the stem 6% faster, 8 channels at 56x56 14%.
+extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xsn,
+                                 int64_t xsc, int64_t xsh, int64_t xsw, const float* wp, const float* bias,
+                                 const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
+                                 int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
+                                 int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
+                                 int relu, int relu_in, int threads) {
+  const int64_t span = ((wo + KILN_PB - 1) / KILN_PB * KILN_PB - 1) * sw + kw;  // columns the last block reads
+  if (ph == 0 && pw == 0 && !relu_in && span <= w) {
+    conv_direct(x, n, h, w, c, xsn, xsc, xsh, xsw, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw, k, kh,
+                kw, sh, sw, ph, pw, ho, wo, relu, relu_in, threads);
+    return;
+  }
+  const int64_t hp = h + 2 * ph, wpad = w + 2 * pw > span ? w + 2 * pw : span;
+  float* xp = (float*)std::calloc((size_t)(n * c * hp * wpad), sizeof(float));
+#pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
+  for (int64_t b = 0; b < n; ++b)
+    for (int64_t ci = 0; ci < c; ++ci)
+      for (int64_t iy = 0; iy < h; ++iy) {
+        const float* src = x + b * xsn + ci * xsc + iy * xsh;
+        float* dst = xp + ((b * c + ci) * hp + iy + ph) * wpad + pw;
+        for (int64_t ix = 0; ix < w; ++ix) {
+          const float v = src[ix * xsw];
+          dst[ix] = relu_in && !(v > 0.0f || v != v) ? 0.0f : v;  // max(0, v) keeping NaN
+        }
+      }
+  conv_direct(xp, n, hp, wpad, c, c * hp * wpad, hp * wpad, wpad, 1, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc,
+              ysh, ysw, k, kh, kw, sh, sw, 0, 0, ho, wo, relu, 0, threads);
+  std::free(xp);
 }
 """
 

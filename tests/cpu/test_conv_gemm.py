@@ -23,6 +23,7 @@ SHAPES = [
     (2, 5, 10, 12, 7, 5, 3, (1, 2), (2, 0)),       # rectangular filter, stride and padding
     (1, 130, 6, 7, 33, 3, 3, (1, 1), (1, 1)),      # K = 1170 > one K block of 1024; 33 columns: a partial panel
     (1, 4, 40, 40, 8, 3, 3, (1, 1), (0, 0)),       # 1444 output pixels: several row blocks
+    (1, 3, 14, 14, 16, 3, 3, (1, 1), (0, 0)),      # direct kernel without a padded copy (whole 6-pixel blocks)
 ]
 
 
