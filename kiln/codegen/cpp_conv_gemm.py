@@ -126,17 +126,17 @@ extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, 
 // The same convolution without packing, for few input channels (a network's first layer: 3 channels, where
 // packing the im2col rows cost more than the products).  Per row of outputs, blocks of KILN_PB pixels x one
 // NR-wide panel of output channels accumulate in registers; each filter tap is NV weight vectors (the packed
-// weight's row) and KILN_PB broadcasts of input values read straight from x, zero outside the image.
-static void conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xsn,
-                        int64_t xsc, int64_t xsh, int64_t xsw, const float* wp, const float* bias,
-                        const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
-                        int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
-                        int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
-                        int relu, int relu_in, int threads) {
+// weight's row) and KILN_PB broadcasts of input values read straight from x.  x is unpadded and every block's
+// window, KILN_PB whole pixels, lies in it (kiln_conv_direct pads a copy to make it so): no tests in the taps.
+static void conv_direct(const float* x, int64_t n, int64_t c, int64_t xsn, int64_t xsc, int64_t xsh, int64_t xsw,
+                        const float* wp, const float* bias, const float* r, int64_t rsn, int64_t rsc, int64_t rsh,
+                        int64_t rsw, float* y, int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k,
+                        int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ho, int64_t wo, int relu,
+                        int threads) {
   const int64_t kg = kh * kw * c, panels = (k + KILN_NR - 1) / KILN_NR;
-  // the input offset of every tap (dy, dx, ci), in the packed weight's row order: a block whose whole window
-  // lies in the image runs all its taps as one flat loop, without the short dx and ci loops (the stem has 3
-  // channels).  ResNet's 7x7/2 stem: 8% faster than the nested loops (unrolling the flat loop 3x: slower)
+  // the input offset of every tap (dy, dx, ci), in the packed weight's row order: the taps run as one flat loop,
+  // without the short dx and ci loops (the stem has 3 channels).  ResNet's 7x7/2 stem: 8% faster than the nested
+  // loops (unrolling the flat loop 3x: slower)
   int64_t* tap = (int64_t*)std::malloc(sizeof(int64_t) * (kg > 0 ? kg : 1));
   for (int64_t dy = 0, t = 0; dy < kh; ++dy)
     for (int64_t dx = 0; dx < kw; ++dx)
@@ -145,14 +145,10 @@ static void conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t b = 0; b < n; ++b)
     for (int64_t oy = 0; oy < ho; ++oy) {
-      const float* xb = x + b * xsn;
-      const int64_t iy0 = oy * sh - ph;
-      const bool rows_inside = iy0 >= 0 && iy0 + kh <= h;
       for (int64_t ox0 = 0; ox0 < wo; ox0 += KILN_PB) {
+        // (a last block of fewer pixels computes all KILN_PB, their windows in the padded image, and stores np)
         const int np = (int)(wo - ox0 < KILN_PB ? wo - ox0 : KILN_PB);
-        const int64_t ix0 = ox0 * sw - pw;
-        // (a last block of fewer pixels may compute all KILN_PB when their windows lie in the image: it stores np)
-        const bool inside = ix0 >= 0 && ix0 + (KILN_PB - 1) * sw + kw <= w;
+        const float* xo = x + b * xsn + oy * sh * xsh + ox0 * sw * xsw;
         for (int64_t q = 0; q < panels; ++q) {
           const float* bp = wp + q * kg * KILN_NR;
           const int64_t k0 = q * KILN_NR;
@@ -162,57 +158,16 @@ static void conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t
             const vec bv = bias && kn > 0 ? vloadn(bias + k0 + v * LANES, kn) : VZERO();
             for (int p = 0; p < KILN_PB; ++p) acc[p][v] = bv;
           }
-          if (inside && rows_inside && !relu_in) {
-            const float* xo = xb + iy0 * xsh + ix0 * xsw;
-            for (int64_t t = 0; t < kg; ++t) {
-              vec wv[NV];
-              for (int v = 0; v < NV; ++v) wv[v] = VLOAD(bp + t * KILN_NR + v * LANES);
-              const float* xt = xo + tap[t];
+          for (int64_t t = 0; t < kg; ++t) {
+            vec wv[NV];
+            for (int v = 0; v < NV; ++v) wv[v] = VLOAD(bp + t * KILN_NR + v * LANES);
+            const float* xt = xo + tap[t];
 #pragma GCC unroll 8
-              for (int p = 0; p < KILN_PB; ++p) {
-                const vec xs = VSET1(xt[p * pstride]);
+            for (int p = 0; p < KILN_PB; ++p) {
+              const vec xs = VSET1(xt[p * pstride]);
 #pragma GCC unroll 4
-                for (int v = 0; v < NV; ++v) acc[p][v] = VFMA(xs, wv[v], acc[p][v]);
-              }
+              for (int v = 0; v < NV; ++v) acc[p][v] = VFMA(xs, wv[v], acc[p][v]);
             }
-          } else
-          for (int64_t dy = 0; dy < kh; ++dy) {
-            const int64_t iy = oy * sh - ph + dy;
-            if (iy < 0 || iy >= h) continue;
-            const float* xr = xb + iy * xsh;
-            if (inside && !relu_in) {  // the block's window lies in the image: no tests in the tap loop
-              const float* wk = bp + dy * kw * c * KILN_NR;
-              for (int64_t dx = 0; dx < kw; ++dx) {
-                const float* xd = xr + (ix0 + dx) * xsw;
-                for (int64_t ci = 0; ci < c; ++ci, wk += KILN_NR) {
-                  vec wv[NV];
-                  for (int v = 0; v < NV; ++v) wv[v] = VLOAD(wk + v * LANES);
-                  const float* xc = xd + ci * xsc;
-#pragma GCC unroll 8
-                  for (int p = 0; p < KILN_PB; ++p) {
-                    const vec xs = VSET1(xc[p * sw * xsw]);
-#pragma GCC unroll 4
-                    for (int v = 0; v < NV; ++v) acc[p][v] = VFMA(xs, wv[v], acc[p][v]);
-                  }
-                }
-              }
-              continue;
-            }
-            for (int64_t dx = 0; dx < kw; ++dx)
-              for (int64_t ci = 0; ci < c; ++ci) {
-                const float* wk = bp + ((dy * kw + dx) * c + ci) * KILN_NR;
-                vec wv[NV];
-                for (int v = 0; v < NV; ++v) wv[v] = VLOAD(wk + v * LANES);
-                const float* xc = xr + ci * xsc;
-#pragma GCC unroll 8
-                for (int p = 0; p < KILN_PB; ++p) {
-                  const int64_t ix = ix0 + p * sw + dx;
-                  float xv = p < np && ix >= 0 && ix < w ? xc[ix * xsw] : 0.0f;
-                  if (relu_in) xv = xv > 0.0f || xv != xv ? xv : 0.0f;  // max(0, v) keeping NaN
-                  const vec xs = VSET1(xv);
-                  for (int v = 0; v < NV; ++v) acc[p][v] = VFMA(xs, wv[v], acc[p][v]);
-                }
-              }
           }
           for (int p = 0; p < np; ++p) {
             const int64_t ox = ox0 + p;
@@ -233,10 +188,10 @@ static void conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t
   std::free(tap);
 }
 
-// Padding, an input ReLU, or a last block reaching past the right edge send blocks down the per-tap tested path
-// (the stem: 13% of its blocks).  So the input is first copied into a zero-padded NCHW buffer wide enough for
-// every block's window, the ReLU applied as it is copied (a few channels: small), and every block runs the flat
-// tap loop: on Zen 3 the stem 6% faster, 8 channels at 56x56 14%.
+// Padding, an input ReLU, or a last block reaching past the right edge would need tests in the tap loop (the
+// stem: 13% of its blocks went down such a path, whose per-tap tests made them several times slower).  So the
+// input is then first copied into a zero-padded NCHW buffer wide enough for every block's window, the ReLU applied
+// as it is copied (a few channels: small): on Zen 3 the stem 6% faster, 8 channels at 56x56 14%.
 extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w, int64_t c, int64_t xsn,
                                  int64_t xsc, int64_t xsh, int64_t xsw, const float* wp, const float* bias,
                                  const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
@@ -245,8 +200,8 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
                                  int relu, int relu_in, int threads) {
   const int64_t span = ((wo + KILN_PB - 1) / KILN_PB * KILN_PB - 1) * sw + kw;  // columns the last block reads
   if (ph == 0 && pw == 0 && !relu_in && span <= w) {
-    conv_direct(x, n, h, w, c, xsn, xsc, xsh, xsw, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw, k, kh,
-                kw, sh, sw, ph, pw, ho, wo, relu, relu_in, threads);
+    conv_direct(x, n, c, xsn, xsc, xsh, xsw, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw, k, kh, kw, sh,
+                sw, ho, wo, relu, threads);
     return;
   }
   const int64_t hp = h + 2 * ph, wpad = w + 2 * pw > span ? w + 2 * pw : span;
@@ -262,8 +217,8 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
           dst[ix] = relu_in && !(v > 0.0f || v != v) ? 0.0f : v;  // max(0, v) keeping NaN
         }
       }
-  conv_direct(xp, n, hp, wpad, c, c * hp * wpad, hp * wpad, wpad, 1, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc,
-              ysh, ysw, k, kh, kw, sh, sw, 0, 0, ho, wo, relu, 0, threads);
+  conv_direct(xp, n, c, c * hp * wpad, hp * wpad, wpad, 1, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw,
+              k, kh, kw, sh, sw, ho, wo, relu, threads);
   std::free(xp);
 }
 """
