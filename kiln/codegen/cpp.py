@@ -264,6 +264,13 @@ class KernelWriter:
             self.lines.append(f"{indent}{ctype(a.dtype)} {a.name} = {_init(a.kind, a.dtype)};")
 
 
+def native_calls(segments: list[list[Any]]) -> list[Any]:
+    """The library calls among the segments' entries (the entries that are not kernel names), in order: the order
+    of the unit's function table ``kiln_native_fn``, both where the source is written and where the runtime sets
+    the addresses."""
+    return [e for entries in segments for e in entries if not isinstance(e, str)]
+
+
 def translation_unit(kernels: list[Kernel], segments: list[list[Any]], slot_of: dict[str, int],
                      dtype_of: dict[str, torch.dtype], outputs: set[str], position: dict | None = None) -> str:
     """The whole C++ source for one graph.  ``segments``: per segment, kernel names and native calls
@@ -273,7 +280,7 @@ def translation_unit(kernels: list[Kernel], segments: list[list[Any]], slot_of: 
     for k in kernels:
         parts.append(KernelWriter(k, slot_of, dtype_of, outputs, position).write())
     # library calls made between the kernels (runtime/native.py): their addresses are set at load time
-    natives = [e for entries in segments for e in entries if not isinstance(e, str)]
+    natives = native_calls(segments)
     parts.append(f"static void* kiln_native_fn[{max(len(natives), 1)}];\n"
                  'extern "C" void kiln_set_native(int i, void* f) { kiln_native_fn[i] = f; }')
     index = {id(e): i for i, e in enumerate(natives)}

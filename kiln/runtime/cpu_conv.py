@@ -24,6 +24,9 @@ from kiln.runtime.cpu_gemm import bind_gemm
 
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
+# the parameters every kiln convolution function starts with: x, n, h, w, c, x's 4 strides, weight, bias, residual,
+# the residual's 4 strides, y, y's 4 strides (``native_prefix`` builds the same list for native calls)
+CONV_PREFIX = [_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 4
 TILE_SIZES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3)
 L2_BLOCK = 768 * 1024  # bytes the transformed tiles of one block (V and M) may take
 
@@ -32,8 +35,7 @@ L2_BLOCK = 768 * 1024  # bytes the transformed tiles of one block (V and M) may 
 def library(m: int) -> ctypes.CDLL:
     from kiln.runtime.build import load_module
     lib = bind_gemm(load_module(winograd_source(m), name=f"kiln_winograd{m}").lib)
-    lib.kiln_winograd.argtypes = [_P, _I, _I, _I, _I, _I, _I, _I, _I, _P, _P, _P, _I, _I, _I, _I, _P, _I, _I, _I,
-                                  _I, _I, _I, _I, _I, _I, ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int]
+    lib.kiln_winograd.argtypes = CONV_PREFIX + [_I] * 5 + [ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int]
     lib.kiln_winograd.restype = None
     return lib
 
@@ -76,9 +78,14 @@ def tiles_per_block(m: int, c: int, k: int, threads: int, tiles: int) -> int:
     return max(8, min(tb, -(-per_thread // 8) * 8))
 
 
+def gatherable(strides: tuple[int, ...]) -> bool:
+    """Channels 1 float apart (vector loads), or few enough that lane offsets fit the gathers' int32?"""
+    return strides[1] == 1 or strides[1] * 16 < 2 ** 31
+
+
 def _gatherable(t: torch.Tensor) -> torch.Tensor:
-    """Channels 1 float apart (vector loads), or few enough that lane offsets fit the gathers' int32."""
-    if t.stride(1) == 1 or t.stride(1) * 16 < 2 ** 31:
+    """``t``, or a channels-last copy when its channels are too far apart for the gathers (``gatherable``)."""
+    if gatherable(t.stride()):
         return t
     return t.contiguous(memory_format=torch.channels_last)
 
@@ -159,10 +166,6 @@ def native_prefix(args: dict, strides_of: Callable, out_strides: tuple[int, ...]
     xs = strides_of(x) if native.fp32_tensor(x, 4) else None
     rs = strides_of(res) if native.fp32_tensor(res, 4) else None
     n = x.shape[0] if xs is not None else 0
-
-    def gatherable(strides: tuple[int, ...]) -> bool:
-        return strides[1] == 1 or strides[1] * 16 < 2 ** 31
-
     if xs is None or not gatherable(xs) or not native.fp32_tensor(packed, 1) or not native.dense(bias, strides_of) \
             or (res is not None and (rs is None or not gatherable(rs) or tuple(res.shape) != (n, k, ho, wo))) \
             or len(out_strides) != 4 or ho <= 0 or wo <= 0 or n * k * ho * wo == 0:
@@ -200,11 +203,9 @@ def _native_winograd(args: dict, strides_of: Callable, out_strides: tuple[int, .
 def gemm_library() -> ctypes.CDLL:
     from kiln.runtime.build import load_module
     lib = bind_gemm(load_module(conv_gemm_source(), name="kiln_conv_gemm").lib)
-    lib.kiln_conv_gemm.argtypes = ([_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 13
-                                   + [ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int])
+    lib.kiln_conv_gemm.argtypes = CONV_PREFIX + [_I] * 9 + [ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int]
     lib.kiln_conv_gemm.restype = None
-    lib.kiln_conv_direct.argtypes = ([_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 13
-                                     + [ctypes.c_int, ctypes.c_int, ctypes.c_int])
+    lib.kiln_conv_direct.argtypes = CONV_PREFIX + [_I] * 9 + [ctypes.c_int] * 3
     lib.kiln_conv_direct.restype = None
     return lib
 

@@ -17,18 +17,17 @@ import torch
 from kiln.codegen.cpp_conv_dw import conv_dw_source
 from kiln.frontend.extern import Baked
 from kiln.runtime import native
-from kiln.runtime.cpu_conv import _check_input, _gatherable, _output, native_prefix, output_hw, result_like
+from kiln.runtime.cpu_conv import (CONV_PREFIX, _check_input, _gatherable, _output, native_prefix, output_hw,
+                                   result_like)
 
 _I = ctypes.c_int64
-_P = ctypes.c_void_p
 
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
     from kiln.runtime.build import load_module
     lib = load_module(conv_dw_source(), name="kiln_conv_dw").lib
-    lib.kiln_conv_dw.argtypes = ([_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 12
-                                 + [ctypes.c_int, ctypes.c_int, ctypes.c_int])
+    lib.kiln_conv_dw.argtypes = CONV_PREFIX + [_I] * 8 + [ctypes.c_int] * 3
     lib.kiln_conv_dw.restype = None
     return lib
 

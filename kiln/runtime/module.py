@@ -14,7 +14,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from kiln.codegen.cpp import translation_unit
+from kiln.codegen.cpp import native_calls, translation_unit
 from kiln.frontend.extern import Baked, argument_builder, short_name
 from kiln.ir.graph import Graph, Node
 from kiln.ir.interp import view_function
@@ -180,6 +180,7 @@ class CompiledGraph:
         node_of = {name: n for n, name in plan.buffer_of.items()}
         self.slot_of = {name: k for k, name in enumerate(plan.buffer_of.values())}
         self._baked: list[torch.Tensor] = []  # tensors baked into native calls: pointer-table slots after the buffers
+        self.escaping = _escaping(graph)
         self.native = self._native_calls(plan)
         report.externs = [short_name(s.node.attr("target")) for s in plan.steps if isinstance(s, ExternStep)]
         report.native_externs = [short_name(n.attr("target")) for n in self.native]
@@ -202,7 +203,7 @@ class CompiledGraph:
         (``output_slots``), one with a layout of the library's into the arena."""
         if not self.ARENA or not config.get().native_calls:
             return {}
-        escaping = _escaping(self.graph)
+        escaping = self.escaping
         oneDNN_weights = {c.inputs[1] for c in plan.cl_convs}
         baked_slot: dict[int, int] = {}
 
@@ -276,7 +277,7 @@ class CompiledGraph:
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = None
             self._segment_fns.append(fn)
-        natives = [e for entries in segments for e in entries if not isinstance(e, str)]
+        natives = native_calls(segments)
         self.lib.kiln_set_native.argtypes = [ctypes.c_int, ctypes.c_void_p]
         for i, call in enumerate(natives):
             self.lib.kiln_set_native(i, call.function)
@@ -290,7 +291,7 @@ class CompiledGraph:
         tensors the library allocated for this call; dropping each after its last reader lets the allocator
         reuse the memory within the call, so peak memory follows the live set rather than the sum of all
         results (ResNet-18 batch 16 on the GPU: 77 MiB -> below eager's 61 MiB of transient memory)."""
-        keep = _escaping(self.graph)  # (views of outputs keep their bases)
+        keep = self.escaping  # (views of outputs keep their bases)
         by_name = {k.name: k for k in plan.kernels}
         last: dict[Node, int] = {}
         for step, (kind, item) in enumerate(self.program):
@@ -302,7 +303,7 @@ class CompiledGraph:
                         last[node_of[b]] = step
             if kind in ("extern", "fused", "segment"):
                 if kind == "segment":
-                    inputs = [i for e in segments[item] if not isinstance(e, str) for i in e.node.inputs]
+                    inputs = [i for e in native_calls(segments[item:item + 1]) for i in e.node.inputs]
                 else:
                     inputs = item.inputs if kind == "extern" else item.node_inputs
                 for i in inputs:
@@ -335,20 +336,15 @@ class CompiledGraph:
         segments: list[list[Any]] = []
         program: list[tuple[str, Any]] = []
         for s in plan.steps:
-            if isinstance(s, Kernel):
-                # with an arena, a run of kernels is one call into the library; without one, each kernel is
-                # its own step, so buffers are allocated right before their first writer and freed right
-                # after their last reader
+            if isinstance(s, Kernel) or (isinstance(s, ExternStep) and s.node in self.native):
+                # with an arena, a run of kernels (and of native calls: only with an arena) is one call into the
+                # library; without one, each kernel is its own step, so buffers are allocated right before their
+                # first writer and freed right after their last reader
+                entry = s.name if isinstance(s, Kernel) else self.native[s.node]
                 if self.ARENA and program and program[-1][0] == "segment":
-                    segments[-1].append(s.name)
+                    segments[-1].append(entry)
                 else:
-                    segments.append([s.name])
-                    program.append(("segment", len(segments) - 1))
-            elif isinstance(s, ExternStep) and s.node in self.native:  # called from the segment's C++
-                if program and program[-1][0] == "segment":
-                    segments[-1].append(self.native[s.node])
-                else:
-                    segments.append([self.native[s.node]])
+                    segments.append([entry])
                     program.append(("segment", len(segments) - 1))
             elif isinstance(s, ExternStep):
                 program.append(("extern", s.node))
@@ -362,7 +358,7 @@ class CompiledGraph:
 
     def _plan_memory(self, plan: Plan, node_of: dict[str, Node], report: CompileReport) -> None:
         graph_outputs = set(self.graph.outputs)
-        escaping = _escaping(self.graph)
+        escaping = self.escaping
         step_index: dict[str, int] = {}
         last_use: dict[str, int] = {}
         for k, s in enumerate(plan.steps):
