@@ -50,7 +50,7 @@ aten = torch.ops.aten
 # v5: the depthwise kernel and the pack-free direct kernel (few input channels) are candidates; v6: kiln's kernels
 # timed as graphs call them (from C++, runtime/native.py); v7: the direct kernel's flat tap loop; v8: Winograd writes
 # V packed for the GEMM; v9: the direct kernel copies a padded input
-_choices = decisions.ShapeChoices("conv_choices-v9")
+_choices = decisions.ShapeChoices("conv_choices-v10")
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"

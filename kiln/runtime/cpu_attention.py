@@ -17,7 +17,7 @@ from kiln.runtime import decisions, native
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
 # v2: kiln's kernel timed as graphs call it (from C++)
-_choices = decisions.ShapeChoices("attention_choices-v2")
+_choices = decisions.ShapeChoices("attention_choices-v3")
 
 
 @functools.lru_cache(maxsize=None)

@@ -32,7 +32,7 @@ from kiln.runtime import decisions
 from kiln.tune.ranking import fit_log_linear
 
 # 2: timed with cold weights; 3: the micro-kernel prefetches its C tile (K blocks' C re-reads got cheaper)
-KIND, SAMPLE_KIND = "cpu_gemm3", "cpu_gemm3_sample"
+KIND, SAMPLE_KIND = "cpu_gemm4", "cpu_gemm4_sample"
 KINDS = (KIND, SAMPLE_KIND)
 MEASURED = 8        # candidates measured per problem
 ROUNDS = 7          # alternating rounds (decisions.drift_corrected)

@@ -93,7 +93,7 @@ def test_prune_retired_kinds_keeps_what_kiln_reads(tmp_path, capsys):
     db = _db(tmp_path, hardware=None, versions=None)
     db.put("cpu_gemm2:f32:64x64x64:t1", "cpu_gemm2", {"kc": 64}, 0.001, 0.0, structure="cpu_gemm2")
     db.put("cpu_gemm2:f32:64x64x64:t1:6/64/66", "cpu_gemm2_sample", {"kc": 64}, 0.001, 0.0)
-    db.put("cpu_gemm3:f32:64x64x64:t1", cpu_gemm.KIND, {"kc": 64}, 0.001, 0.0, structure=cpu_gemm.KIND)
+    db.put(f"{cpu_gemm.KIND}:f32:64x64x64:t1", cpu_gemm.KIND, {"kc": 64}, 0.001, 0.0, structure=cpu_gemm.KIND)
     db.put("k|loops", cpu_pointwise.SAMPLE_KIND, {"loops": ""}, 0.001, 0.0)
     db.put("cpp:pointwise:abc", "pointwise", {"loops": ""}, 0.001, 0.0)
     db.close()
