@@ -6,7 +6,12 @@ the machine's drift between them).
 The learned correction for a problem is fitted only to the *other* problems' samples (leave one problem out), as
 it would be on a machine that tuned those before; the analytic model alone is reported beside it.
 
-    python -m benchmarks.cpu_gemm_cost_model [--shapes 64x1024x4096,256x768x2304] [--threads 1]
+    python -m benchmarks.cpu_gemm_cost_model [--shapes 64x1024x4096,256x768x2304] [--threads 1] [--rounds 21]
+
+``--rounds`` (default: the tuner's) sets how many alternating rounds each problem's measurement takes.  Many
+of a problem's schedules lie within 2-3% of each other, about the spread of a 7-round median on a noisy machine,
+so with the tuner's rounds the "measured" order of near-ties is partly noise; more rounds measure the model
+against a steadier order (max-autotune itself needs only the best few to be found, which the top-8 figure says).
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default=SHAPES)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--rounds", type=int, default=tg.ROUNDS)
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     machine = tg.Machine.here()
@@ -33,7 +39,7 @@ def main() -> None:
     for text in args.shapes.split(","):
         m, k, n = (int(v) for v in text.split("x"))
         space = tg.candidates(m, k, n, machine)
-        times = tg._time_all(space, m, k, n)
+        times = tg._time_all(space, m, k, n, args.rounds)
         problems.append(((m, k, n), space, times))
         print(f"measured {m}x{k}x{n}: {len(space)} schedules, best {min(times) * 1e3:.3f} ms", flush=True)
     rows = {"analytic": [], "corrected": []}

@@ -158,17 +158,17 @@ def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
     return out
 
 
-def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int) -> list[float]:
-    """Seconds per schedule on random data over alternating rounds, corrected for the machine's drift between
-    rounds (``decisions.drift_corrected``), each call on another copy of the weight so that B comes from memory,
-    as in a model (``decisions.cold_copies``)."""
+def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int, rounds: int = ROUNDS) -> list[float]:
+    """Seconds per schedule on random data over ``rounds`` alternating rounds, corrected for the machine's drift
+    between rounds (``decisions.drift_corrected``), each call on another copy of the weight so that B comes from
+    memory, as in a model (``decisions.cold_copies``)."""
     from kiln.runtime import cpu_gemm
     gen = torch.Generator().manual_seed(0)
     x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
     packs = [cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)) for _ in range(decisions.cold_copies(4 * n * k))]
     calls = [decisions.cycling([lambda s=s, p=p: cpu_gemm.linear_packed_impl(x, p, bias, n, s) for p in packs])
              for s in schedules]
-    return decisions.drift_corrected(decisions.round_times(calls, ROUNDS))
+    return decisions.drift_corrected(decisions.round_times(calls, rounds))
 
 
 def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> GemmSchedule | None:
