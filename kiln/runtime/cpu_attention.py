@@ -14,8 +14,6 @@ import torch
 from kiln.codegen.cpp_attention import attention_source
 from kiln.runtime import decisions, native
 
-_I = ctypes.c_int64
-_P = ctypes.c_void_p
 # v2: kiln's kernel timed as graphs call it (from C++)
 _choices = decisions.ShapeChoices("attention_choices-v3")
 
@@ -23,10 +21,8 @@ _choices = decisions.ShapeChoices("attention_choices-v3")
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
     from kiln.runtime.build import load_module
-    lib = load_module(attention_source(), name="kiln_attention").lib
-    lib.kiln_attention.argtypes = [_P, _P, _P, _P] + [_I] * 19 + [ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    lib.kiln_attention.restype = None
-    return lib
+    # (kiln_attention's C parameters are listed once, by the op's binder ``_native``)
+    return load_module(attention_source(), name="kiln_attention").lib
 
 
 def available() -> bool:
@@ -53,10 +49,8 @@ def attention_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: flo
         return out
     if s == 0:
         return out.fill_(float("nan"))  # softmax over no keys: 0/0, as torch
-    library().kiln_attention(q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), b, h, t, s, d,
-                             *q.stride()[:3], *k.stride(), *v.stride(), *out.stride()[:3], float(scale),
-                             int(causal), torch.get_num_threads())
-    return out
+    return native.call(torch.ops.kiln.attention.default, dict(q=q, k=k, v=v, scale=float(scale), causal=causal),
+                       out)
 
 
 @torch.library.custom_op("kiln::attention", mutates_args=(), device_types="cpu")

@@ -22,11 +22,6 @@ from kiln.codegen.cpp_winograd import winograd_matrices, winograd_source
 from kiln.runtime import native
 from kiln.runtime.cpu_gemm import bind_gemm
 
-_I = ctypes.c_int64
-_P = ctypes.c_void_p
-# the parameters every kiln convolution function starts with: x, n, h, w, c, x's 4 strides, weight, bias, residual,
-# the residual's 4 strides, y, y's 4 strides (``native_prefix`` builds the same list for native calls)
-CONV_PREFIX = [_P] + [_I] * 8 + [_P, _P, _P] + [_I] * 4 + [_P] + [_I] * 4
 TILE_SIZES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3)
 L2_BLOCK = 768 * 1024  # bytes the transformed tiles of one block (V and M) may take
 
@@ -34,10 +29,8 @@ L2_BLOCK = 768 * 1024  # bytes the transformed tiles of one block (V and M) may 
 @functools.lru_cache(maxsize=None)
 def library(m: int) -> ctypes.CDLL:
     from kiln.runtime.build import load_module
-    lib = bind_gemm(load_module(winograd_source(m), name=f"kiln_winograd{m}").lib)
-    lib.kiln_winograd.argtypes = CONV_PREFIX + [_I] * 5 + [ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int]
-    lib.kiln_winograd.restype = None
-    return lib
+    # (kiln_winograd's C parameters are listed once, by the op's binder ``_native_winograd``)
+    return bind_gemm(load_module(winograd_source(m), name=f"kiln_winograd{m}").lib)
 
 
 def available(m: int = 2) -> bool:
@@ -90,6 +83,10 @@ def _gatherable(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
+def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.contiguous() if t is not None else None
+
+
 def _check_input(op: str, x: torch.Tensor) -> None:
     if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
         raise ValueError(f"kiln::{op} expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} {list(x.shape)} "
@@ -97,9 +94,9 @@ def _check_input(op: str, x: torch.Tensor) -> None:
 
 
 def _output(op: str, x: torch.Tensor, residual: torch.Tensor | None, k: int, ho: int, wo: int, filter_size: str,
-            padding: list[int], channels_last: bool) -> tuple[torch.Tensor, torch.Tensor | None, tuple[int, ...]]:
-    """The checks kiln's convolution ops share, then ``(y, residual, residual strides)`` in layouts the kernels
-    read: y channels-last (or NCHW for a graph output)."""
+            padding: list[int], channels_last: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The checks kiln's convolution ops share, then ``(y, residual)`` in layouts the kernels read: y
+    channels-last (or NCHW for a graph output)."""
     n = x.shape[0]
     if ho <= 0 or wo <= 0:
         raise ValueError(f"kiln::{op}: input {list(x.shape)} with padding {padding} is smaller than the "
@@ -109,8 +106,7 @@ def _output(op: str, x: torch.Tensor, residual: torch.Tensor | None, k: int, ho:
                          f"float32 {[n, k, ho, wo]}")
     layout = torch.channels_last if channels_last else torch.contiguous_format
     y = _gatherable(torch.empty((n, k, ho, wo), dtype=torch.float32, memory_format=layout))
-    res = _gatherable(residual) if residual is not None else None
-    return y, res, res.stride() if res is not None else (0, 0, 0, 0)
+    return y, _gatherable(residual) if residual is not None else None
 
 
 def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
@@ -119,23 +115,17 @@ def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     _check_input("conv_winograd", x)
     if tile not in TILE_SIZES:
         raise ValueError(f"kiln::conv_winograd: tile must be one of {TILE_SIZES}, got {tile}")
-    n, c, h, w = x.shape
+    h, w = x.shape[2:]
     ph, pw = padding
     ho, wo = h + 2 * ph - 2, w + 2 * pw - 2
     k = out_channels
-    y, res, rs = _output("conv_winograd", x, residual, k, ho, wo, "3x3", padding, channels_last)
+    y, res = _output("conv_winograd", x, residual, k, ho, wo, "3x3", padding, channels_last)
     if y.numel() == 0:
         return y
-    x = _gatherable(x)
-    threads = torch.get_num_threads()
-    tiles = n * -(-ho // tile) * -(-wo // tile)
-    tb = tiles_per_block(tile, c, k, threads, tiles)
-    kc = schedule_for(tb, c).kc if c > 0 else 1
-    library(tile).kiln_winograd(
-        x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-        res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), k, ph, pw, ho, wo,
-        int(relu), int(relu_input), tb, kc, threads)
-    return y
+    return native.call(torch.ops.kiln.conv_winograd.default,
+                       dict(x=_gatherable(x), packed=packed, bias=_dense(bias), residual=res, out_channels=k,
+                            tile=tile, padding=padding, relu=relu, channels_last=channels_last,
+                            relu_input=relu_input), y)
 
 
 @torch.library.custom_op("kiln::conv_winograd", mutates_args=(), device_types="cpu")
@@ -159,9 +149,9 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual
 
 def native_prefix(args: dict, strides_of: Callable, out_strides: tuple[int, ...], k: int, ho: int,
                   wo: int) -> list[tuple[str, Any]] | None:
-    """The arguments kiln's convolution functions share, ``x, n, h, w, c, x strides, weight, bias, residual,
-    residual strides, y, y strides``, for a native call (runtime/native.py); None where the op's Python
-    implementation would have checked, copied or refused something."""
+    """The parameters every kiln convolution function starts with, ``x, n, h, w, c, x strides, weight, bias,
+    residual, residual strides, y, y strides``, for a native call (runtime/native.py, which the ops' Python
+    implementations also call through); None where the arguments need a check, copy or refusal first."""
     x, packed, bias, res = args["x"], args["packed"], args["bias"], args["residual"]
     xs = strides_of(x) if native.fp32_tensor(x, 4) else None
     rs = strides_of(res) if native.fp32_tensor(res, 4) else None
@@ -202,12 +192,8 @@ def _native_winograd(args: dict, strides_of: Callable, out_strides: tuple[int, .
 @functools.lru_cache(maxsize=None)
 def gemm_library() -> ctypes.CDLL:
     from kiln.runtime.build import load_module
-    lib = bind_gemm(load_module(conv_gemm_source(), name="kiln_conv_gemm").lib)
-    lib.kiln_conv_gemm.argtypes = CONV_PREFIX + [_I] * 9 + [ctypes.c_int, ctypes.c_int, _I, _I, ctypes.c_int]
-    lib.kiln_conv_gemm.restype = None
-    lib.kiln_conv_direct.argtypes = CONV_PREFIX + [_I] * 9 + [ctypes.c_int] * 3
-    lib.kiln_conv_direct.restype = None
-    return lib
+    # (kiln_conv_gemm's and kiln_conv_direct's C parameters are listed once, by the binder ``_native_conv_gemm``)
+    return bind_gemm(load_module(conv_gemm_source(), name="kiln_conv_gemm").lib)
 
 
 def gemm_available() -> bool:
@@ -245,28 +231,18 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
                    out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
                    channels_last: bool, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
     _check_input("conv_gemm", x)
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    h, w = x.shape[2:]
+    kh, kw = kernel
     ho, wo = output_hw(h, w, kernel, stride, padding)
     k = out_channels
-    y, res, rs = _output("conv_gemm", x, residual, k, ho, wo, f"{kh}x{kw}", padding, channels_last)
+    y, res = _output("conv_gemm", x, residual, k, ho, wo, f"{kh}x{kw}", padding, channels_last)
     if y.numel() == 0:
         return y
-    threads = torch.get_num_threads()
-    kg = kh * kw * c
-    if direct:  # the same packed weight, no im2col packing (few input channels: kiln_conv_direct)
-        gemm_library().kiln_conv_direct(
-            x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-            res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), k, kh, kw, sh, sw, ph, pw,
-            ho, wo, int(relu), int(relu_input), threads)
-        return y
-    mb = rows_per_block(kg, k, n * ho * wo)
-    kc = schedule_for(mb, kg).kc
-    gemm_library().kiln_conv_gemm(
-        x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-        res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), k, kh, kw, sh, sw, ph, pw,
-        ho, wo, int(relu), int(relu_input), mb, kc, threads)
-    return y
+    # direct: the same packed weight, no im2col packing (few input channels: kiln_conv_direct)
+    return native.call(torch.ops.kiln.conv_gemm.default,
+                       dict(x=_gatherable(x), packed=packed, bias=_dense(bias), residual=res, out_channels=k,
+                            kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
+                            relu_input=relu_input, direct=direct), y)
 
 
 @torch.library.custom_op("kiln::conv_gemm", mutates_args=(), device_types="cpu")

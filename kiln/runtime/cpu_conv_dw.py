@@ -17,19 +17,16 @@ import torch
 from kiln.codegen.cpp_conv_dw import conv_dw_source
 from kiln.frontend.extern import Baked
 from kiln.runtime import native
-from kiln.runtime.cpu_conv import (CONV_PREFIX, _check_input, _gatherable, _output, native_prefix, output_hw,
+from kiln.runtime.cpu_conv import (_check_input, _dense, _gatherable, _output, native_prefix, output_hw,
                                    result_like)
 
-_I = ctypes.c_int64
 
 
 @functools.lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
     from kiln.runtime.build import load_module
-    lib = load_module(conv_dw_source(), name="kiln_conv_dw").lib
-    lib.kiln_conv_dw.argtypes = CONV_PREFIX + [_I] * 8 + [ctypes.c_int] * 3
-    lib.kiln_conv_dw.restype = None
-    return lib
+    # (kiln_conv_dw's C parameters are listed once, by the op's binder ``_native``)
+    return load_module(conv_dw_source(), name="kiln_conv_dw").lib
 
 
 def available() -> bool:
@@ -53,22 +50,20 @@ def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
                  out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
                  channels_last: bool, relu_input: bool = False) -> torch.Tensor:
     _check_input("conv_dw", x)
-    n, c, h, w = x.shape
-    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    _, c, h, w = x.shape
+    kh, kw = kernel
     if c != out_channels or packed.numel() != kh * kw * c:
         raise ValueError(f"kiln::conv_dw: a depthwise convolution of {out_channels} channels with a {kh}x{kw} "
                          f"filter takes {out_channels} input channels and {kh * kw * out_channels} packed weights, "
                          f"got {c} and {packed.numel()}")
     ho, wo = output_hw(h, w, kernel, stride, padding)
-    y, res, rs = _output("conv_dw", x, residual, c, ho, wo, f"{kh}x{kw}", padding, channels_last)
+    y, res = _output("conv_dw", x, residual, c, ho, wo, f"{kh}x{kw}", padding, channels_last)
     if y.numel() == 0:
         return y
-    x = _gatherable(x)
-    library().kiln_conv_dw(
-        x.data_ptr(), n, h, w, c, *x.stride(), packed.data_ptr(), bias.data_ptr() if bias is not None else None,
-        res.data_ptr() if res is not None else None, *rs, y.data_ptr(), *y.stride(), kh, kw, sh, sw, ph, pw, ho, wo,
-        int(relu), int(relu_input), torch.get_num_threads())
-    return y
+    return native.call(torch.ops.kiln.conv_dw.default,
+                       dict(x=_gatherable(x), packed=packed, bias=_dense(bias), residual=res, out_channels=c,
+                            kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
+                            relu_input=relu_input), y)
 
 
 @torch.library.custom_op("kiln::conv_dw", mutates_args=(), device_types="cpu")

@@ -74,10 +74,12 @@ def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
         out = out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
         return out.copy_(torch.nn.functional.gelu(out)) if gelu else out
     s = schedule or schedule_for(m, k)
-    library(GemmSchedule(mr=s.mr)).kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(),
-                                             bias.data_ptr() if bias is not None else None, out.data_ptr(),
-                                             out.stride(0), m, n, k, s.kc, s.mc, int(gelu), torch.get_num_threads())
-    return out
+    return native.call(torch.ops.kiln.linear_packed.default,
+                       dict(x=x, packed=packed, bias=_dense(bias), n=n, mr=s.mr, kc=s.kc, mc=s.mc, gelu=gelu), out)
+
+
+def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
+    return t.contiguous() if t is not None else None
 
 
 @torch.library.custom_op("kiln::linear_packed", mutates_args=(), device_types="cpu")

@@ -18,12 +18,15 @@ translation unit calls it inside a segment, between the kernels, like one of the
 
 A native call writes into the arena like a ``.out`` variant.  Each op's binder (``BINDERS``) turns the node's
 arguments into the C call, or returns None (an argument it cannot address statically, a layout the Python
-implementation would have copied): then the step stays a Python extern, as before.
+implementation would have copied): then the step stays a Python extern, as before.  The ops' Python
+implementations call their C function through the same binder (``call``, after their checks and copies), and the
+measured choices through ``direct_call``: each function's parameter list is written once, in its binder.
 """
 from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 from typing import Any, Callable
 
 import torch
@@ -158,12 +161,50 @@ def direct_call(op: Any, args: dict[str, Any], out: torch.Tensor) -> Callable[[]
     """The op's native call on real tensors (``args`` as ``op_args`` gives them), writing and returning ``out``:
     what a compiled graph runs, without the Python in between.  The measured choices time kiln's candidates this
     way, so that a library called through Python is not compared with a kiln call that pays the same Python."""
+    prepared = _prepare(op, args, out)
+    if prepared is None:
+        return None
+    fn, values = prepared
+
+    def call() -> torch.Tensor:
+        fn(*values)
+        return out
+    call.args = args  # type: ignore[attr-defined]  # keeps alive what ``values`` points into
+    return call
+
+
+def call(op: Any, args: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
+    """Run the op's library function once on real tensors through its binder, writing and returning ``out``.
+
+    Each op's Python implementation checks its inputs, copies what the library cannot read and allocates the
+    result, then calls this: the C function's argument list is written in one place, the binder, for the
+    generated code, the measured choices and the Python path alike."""
+    prepared = _prepare(op, args, out)
+    if prepared is None:
+        shapes = {name: (str(v.dtype), list(v.shape), list(v.stride())) for name, v in args.items()
+                  if isinstance(v, torch.Tensor)}
+        raise ValueError(f"kiln: {op} cannot take these tensors (dtype, shape, strides): {shapes}; "
+                         f"out {out.dtype} {list(out.shape)} {list(out.stride())}")
+    fn, values = prepared
+    fn(*values)
+    return out
+
+
+_CTYPES = {I64: ctypes.c_int64, I32: ctypes.c_int, F32: ctypes.c_float}
+
+
+@functools.lru_cache(maxsize=None)
+def _cfunc(function: int, types: tuple[Any, ...]) -> Any:
+    return ctypes.CFUNCTYPE(None, *types)(function)
+
+
+def _prepare(op: Any, args: dict[str, Any], out: torch.Tensor) -> tuple[Any, list[Any]] | None:
+    """The op's C function and its argument values for real tensors, or None where its binder refuses."""
     _ensure_binders()
     bound = BINDERS[op](args, lambda t: tuple(t.stride()), tuple(out.stride()))
     if bound is None:
         return None
     function, _, params = bound
-    ctypes_of = {I64: ctypes.c_int64, I32: ctypes.c_int, F32: ctypes.c_float}
     types, values = [], []
     for ctype, v in params:
         if v is THREADS:
@@ -174,19 +215,22 @@ def direct_call(op: Any, args: dict[str, Any], out: torch.Tensor) -> Callable[[]
             types.append(ctypes.c_void_p)
             values.append(None if t is None else t.data_ptr())
         else:
-            types.append(ctypes_of[ctype])
+            types.append(_CTYPES[ctype])
             values.append(v)
-    fn = ctypes.CFUNCTYPE(None, *types)(function)
+    return _cfunc(function, tuple(types)), values
 
-    def call() -> torch.Tensor:
-        fn(*values)
-        return out
-    call.args = args  # type: ignore[attr-defined]  # keeps alive what ``values`` points into
-    return call
+
+_BINDER_MODULES = ("cpu_gemm", "cpu_conv", "cpu_conv_dw", "cpu_attention")
 
 
 def _ensure_binders() -> None:
-    # the binders live beside each op's Python implementation; importing registers them
-    import importlib
-    for name in ("cpu_gemm", "cpu_conv", "cpu_conv_dw", "cpu_attention"):
-        importlib.import_module(f"kiln.runtime.{name}")
+    # the binders live beside each op's Python implementation; importing registers them (once: the ops' Python
+    # implementations come through here on every call)
+    if len(_BINDER_MODULES_LOADED) < len(_BINDER_MODULES):
+        import importlib
+        for name in _BINDER_MODULES:
+            importlib.import_module(f"kiln.runtime.{name}")
+            _BINDER_MODULES_LOADED.add(name)
+
+
+_BINDER_MODULES_LOADED: set[str] = set()

@@ -124,3 +124,22 @@ def test_switched_off_every_call_goes_through_python():
     report = reports_since(position)[-1]
     assert report.externs == ["linear_packed"] * 2 and not report.native_externs, report.native_externs
     assert "kiln_native_fn[0]" not in report.source
+
+
+def test_python_path_calls_through_the_binder():
+    """The ops' Python implementations call their C function through the same binder as the generated code, so
+    the argument list lives in one place: a non-contiguous bias is made contiguous first (it used to be read as
+    if it were), and an argument the library cannot take is a clear error, not a wrong pointer."""
+    gen = torch.Generator().manual_seed(3)
+    x, w = torch.randn(5, 24, generator=gen), torch.randn(40, 24, generator=gen)
+    bias = torch.randn(80, generator=gen)[::2]
+    packed = cpu_gemm.pack_weight(w)
+    out = torch.ops.kiln.linear_packed(x, packed, bias, 40)
+    torch.testing.assert_close(out, torch.nn.functional.linear(x, w, bias), rtol=1.3e-5, atol=1.5e-5)
+    with pytest.raises(ValueError, match="linear_packed.*bias"):
+        torch.ops.kiln.linear_packed(x, packed, bias.double(), 40)
+    xc = torch.randn(1, 8, 10, 10, generator=gen)
+    wc = torch.randn(16, 8, 3, 3, generator=gen)
+    bc = torch.randn(32, generator=gen)[::2]
+    y = torch.ops.kiln.conv_gemm(xc, cpu_conv.pack_conv_weight(wc), bc, None, 16, [3, 3], [2, 2], [1, 1], False)
+    torch.testing.assert_close(y, torch.nn.functional.conv2d(xc, wc, bc, 2, 1), rtol=1e-4, atol=1e-4)
