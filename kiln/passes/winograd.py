@@ -66,15 +66,11 @@ def tiles() -> tuple[int, ...]:
     return sizes
 
 
-# each kiln convolution op's arguments, in order (runtime/cpu_conv.py)
-ARG_NAMES = {
-    "conv_winograd": ("x", "packed", "bias", "residual", "out_channels", "tile", "padding", "relu",
-                      "channels_last", "relu_input"),
-    "conv_gemm": ("x", "packed", "bias", "residual", "out_channels", "kernel", "stride", "padding", "relu",
-                  "channels_last", "relu_input", "direct"),
-    "conv_dw": ("x", "packed", "bias", "residual", "out_channels", "kernel", "stride", "padding", "relu",
-                "channels_last", "relu_input"),
-}
+def _arg_names(op: object) -> tuple[str, ...]:
+    """A kiln convolution op's arguments, in order, from its schema (runtime/cpu_conv.py)."""
+    return tuple(a.name for a in op._schema.arguments)  # type: ignore[attr-defined]
+
+
 _LABELS = {"conv_winograd": "Winograd", "conv_gemm": "implicit-GEMM", "conv_dw": "depthwise"}
 
 
@@ -100,7 +96,7 @@ def is_kiln_conv(n: Node) -> bool:
 
 def _args(conv: Node) -> dict[str, object]:
     """A kiln convolution's arguments by name (its input nodes substituted back in)."""
-    return dict(zip(ARG_NAMES[_op_name(conv)], extern_args(conv)[0]))
+    return native.named_args(conv)
 
 
 def writes_channels_last(n: Node) -> bool:
@@ -230,7 +226,7 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
             log.hit(f"convolution -> kiln Winograd F({tile}x{tile}, 3x3)")
         values = dict(common, tile=tile, packed=Baked(cpu_conv.transform_weight(weight, tile),
                                                       f"winograd{tile}{list(w.shape)}"))
-        op, names = torch.ops.kiln.conv_winograd.default, ARG_NAMES["conv_winograd"]
+        op = torch.ops.kiln.conv_winograd.default
     elif choice in (GEMM, DIRECT, DEPTHWISE):  # any filter and stride, a weight packed their own way
         name, pack, what = {GEMM: ("conv_gemm", cpu_conv.pack_conv_weight, "implicit GEMM"),
                             DIRECT: ("conv_gemm", cpu_conv.pack_conv_weight, "direct (few channels)"),
@@ -239,16 +235,16 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
             log.hit(f"convolution -> kiln {what}")
         values = dict(common, kernel=list(w.shape[2:]), stride=list(stride), direct=choice == DIRECT,
                       packed=Baked(pack(weight), f"{name}{list(w.shape)}"))
-        op, names = getattr(torch.ops.kiln, name).default, ARG_NAMES[name]
+        op = getattr(torch.ops.kiln, name).default
     else:
         return None
-    return build_extern(b, op, [values[name] for name in names], {}, node.shape, node.dtype)
+    return build_extern(b, op, [values[name] for name in _arg_names(op)], {}, node.shape, node.dtype)
 
 
 def _rebuilt(conv: Node, b: GraphBuilder, **changes: object) -> Node:
     """``conv`` (a kiln convolution) with some of its arguments replaced."""
     values = {**_args(conv), **changes}
-    return build_extern(b, conv.attr("target"), [values[name] for name in ARG_NAMES[_op_name(conv)]], {},
+    return build_extern(b, conv.attr("target"), [values[name] for name in _arg_names(conv.attr("target"))], {},
                         conv.shape, conv.dtype)
 
 
