@@ -8,8 +8,9 @@ GFLOP/s and the median over rounds of its time relative to the first variant's.
     python -m benchmarks.cpu_gemm_variants [--shapes 64x1024x4096,256x768x2304] [--rounds 15]
 
 Variants: ``as shipped`` (the first row tile of each column panel prefetches the next panel of B; each micro-tile
-prefetches its rows of C before its k loop), ``no-B-prefetch`` (``KILN_B_PREFETCH 0``) and ``no-C-prefetch``
-(``KILN_C_PREFETCH 0``).  ``--kc``/``--mc`` replace the rule's K block depth and A block rows.
+prefetches its rows of C before its k loop), ``no-B-prefetch`` (``KILN_B_PREFETCH 0``), ``no-C-prefetch``
+(``KILN_C_PREFETCH 0``) and ``k-loop-not-unrolled`` (``KILN_K_UNROLL 1``; shipped: 4).  ``--kc``/``--mc``
+replace the rule's K block depth and A block rows.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ import time
 import torch
 
 VARIANTS = {"as shipped": "", "no-B-prefetch": "#define KILN_B_PREFETCH 0\n",
-            "no-C-prefetch": "#define KILN_C_PREFETCH 0\n"}
+            "no-C-prefetch": "#define KILN_C_PREFETCH 0\n", "k-loop-not-unrolled": "#define KILN_K_UNROLL 1\n"}
 SHAPES = "64x1024x4096,64x4096x1024,256x768x2304,256x3072x768,256x768x8192,1024x1024x1024,2048x2048x2048"
 
 

@@ -3,6 +3,7 @@
     import kiln
     fast = kiln.compile(model)              # or torch.compile(model, backend="kiln")
     kiln.explain(model, example_input)      # what kiln did, and why
+    kiln.profile(model, example_input)      # time per kernel, against the machine's limit
 """
 from __future__ import annotations
 
@@ -59,3 +60,18 @@ def explain(model_or_fn: Callable, *example_inputs: Any, **options: Any) -> str:
     """Compile ``model_or_fn`` on ``example_inputs`` and return (and print) kiln's report."""
     from kiln.explaining import explain as _explain
     return _explain(model_or_fn, *example_inputs, **options)
+
+
+def profile(model_or_fn: Callable, *example_inputs: Any, calls: int = 10, warmup: int = 2, **options: Any) -> Any:
+    """Compile ``model_or_fn`` with kiln (``options`` as for ``compile``, e.g. ``mode="max-autotune"``), run it
+    ``warmup`` times, then ``calls`` times with each step of its compiled graphs timed; print and return the
+    ``Profile``: per step its time, share, GFLOP/s, GB/s and the machine's limit for it."""
+    from kiln.explaining import profile as _profile
+    return _profile(model_or_fn, *example_inputs, calls=calls, warmup=warmup, **options)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "Profile":  # ``with kiln.Profile() as p:`` around calls of kiln-compiled code (imports torch)
+        from kiln.runtime.profiling import Profile
+        return Profile
+    raise AttributeError(f"module 'kiln' has no attribute {name!r}")

@@ -77,3 +77,24 @@ def explain(model_or_fn: Callable, *example_inputs: Any, **options: Any) -> str:
     text = "\n\n".join(format_report(r) for r in reports_since(position)) or "kiln: nothing was compiled"
     print(text)
     return text
+
+
+def profile(model_or_fn: Callable, *example_inputs: Any, calls: int = 10, warmup: int = 2, **options: Any) -> Any:
+    import torch
+
+    import kiln
+    from kiln.runtime.profiling import Profile
+
+    if calls < 1 or warmup < 1:
+        raise ValueError(f"kiln.profile: calls and warmup must be at least 1 (the first call compiles), "
+                         f"got calls={calls}, warmup={warmup}")
+    torch._dynamo.reset()
+    compiled = kiln.compile(model_or_fn, **options)
+    with torch.inference_mode():
+        for _ in range(warmup):
+            compiled(*example_inputs)
+        with Profile() as prof:
+            for _ in range(calls):
+                compiled(*example_inputs)
+    print(prof)
+    return prof

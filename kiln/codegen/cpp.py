@@ -3,8 +3,9 @@
 Layout of the unit: the vector-math prelude, small helpers, one ``static void kernel_N_name(void** b)`` per
 kernel (named after the ops it fuses, with a comment listing the graph nodes it covers), and one
 ``extern "C" void kiln_segment_K(void** b)`` per run of kernels between two extern calls that go through Python
-(kiln's own library ops are called from the segments: ``runtime/native.py``).  ``b`` is the runtime's table of
-buffer pointers.
+(kiln's own library ops are called from the segments: ``runtime/native.py``), each with a twin
+``kiln_segment_K_timed(void** b, double* t)`` that notes the time after every entry (``kiln.profile``).  ``b`` is
+the runtime's table of buffer pointers.
 
 Loops: outer (row) loops run in parallel with OpenMP; the innermost loop of a pointwise kernel and every
 per-row elementwise loop carry ``#pragma omp simd``; reductions accumulate into ``VW`` independent lanes so
@@ -285,8 +286,12 @@ def translation_unit(kernels: list[Kernel], segments: list[list[Any]], slot_of: 
                  'extern "C" void kiln_set_native(int i, void* f) { kiln_native_fn[i] = f; }')
     index = {id(e): i for i, e in enumerate(natives)}
     for i, entries in enumerate(segments):
-        calls = "\n".join(f"  {e}(b);" if isinstance(e, str) else e.statement(index[id(e)]) for e in entries)
-        parts.append(f'extern "C" void kiln_segment_{i}(void** b) {{\n{calls}\n}}')
+        calls = [f"  {e}(b);" if isinstance(e, str) else e.statement(index[id(e)]) for e in entries]
+        parts.append(f'extern "C" void kiln_segment_{i}(void** b) {{\n' + "\n".join(calls) + "\n}")
+        # its twin for kiln.profile (runtime/profiling.py): the time after each entry, t[0] the start
+        timed = [f"{c}\n  t[{k + 1}] = omp_get_wtime();" for k, c in enumerate(calls)]
+        parts.append(f'extern "C" void kiln_segment_{i}_timed(void** b, double* t) {{\n  t[0] = omp_get_wtime();\n'
+                     + "\n".join(timed) + "\n}")
     parts.append('extern "C" void kiln_set_threads(int n) { omp_set_num_threads(n); }')
     return "\n\n".join(parts) + "\n"
 

@@ -85,6 +85,11 @@ typedef __m256 vec;
 #ifndef KILN_C_PREFETCH
 #define KILN_C_PREFETCH 1  // 0: no prefetch of the C tile (benchmarks/cpu_gemm_variants.py)
 #endif
+#ifndef KILN_K_UNROLL
+#define KILN_K_UNROLL 4  // the micro-kernel's k loop unroll factor (benchmarks/cpu_gemm_variants.py)
+#endif
+#define KILN_PRAGMA_TEXT(x) #x
+#define KILN_UNROLL(n) _Pragma(KILN_PRAGMA_TEXT(GCC unroll n))
 
 extern "C" int kiln_gemm_mr() { return KILN_MR; }
 extern "C" int kiln_gemm_nr() { return KILN_NR; }
@@ -130,9 +135,9 @@ static inline void micro_t(const float* __restrict ap, const float* __restrict b
         __builtin_prefetch(c + i * ldc + l, 1, 3);
         __builtin_prefetch(c + i * ldc + l + 15, 1, 3);  // (C rows need not start on a cache line)
       }
-  // unrolled 4x: on Zen 3 (one core) the suite's GEMMs ran 5-12% faster than with the one-k loop, whose
-  // five loop-control ops per 12 FMAs competed with the loads for dispatch slots (unroll 8: no better)
-#pragma GCC unroll 4
+  // unrolled KILN_K_UNROLL (4) times: on Zen 3 (one core) the suite's GEMMs ran 5-12% faster than with one k step
+  // per iteration, whose five loop-control ops per 12 FMAs competed with the loads for dispatch slots (8: no better)
+  KILN_UNROLL(KILN_K_UNROLL)
   for (int64_t kk = 0; kk < kc; ++kk) {
     // one line of the B micro-panel the caller runs next, per k step, while this one computes
     if (PREFETCH)  // (a template argument: a run-time test here cost the loop 15%)

@@ -22,6 +22,7 @@ Text form (``kiln.explain``)::
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, Iterator, Union
 
 import torch
@@ -147,6 +148,16 @@ class Kernel:
                 reads |= {y.buf for x in index_exprs(st.index) for y in subexprs(x) if isinstance(y, KLoad)}
         writes = {st.buf for p in self.phases for st in phase_stores(p)}
         return reads - set(self.scratch), writes - set(self.scratch)
+
+    def arithmetic_ops(self) -> float:
+        """Arithmetic operations the kernel performs in all (an estimate for kiln.profile's FLOPs): each op node
+        once per element of its phase - per row and reduction step in row loops, per row in row phases."""
+        rows = float(math.prod(self.outer))
+        total = 0.0
+        for p in self.phases:
+            ops = sum(1 for e in phase_exprs(p) for x in subexprs(e) if isinstance(x, KOp))
+            total += ops * rows * (max(self.rsize, 1) if isinstance(p, (ReduceLoop, FullLoop)) else 1)
+        return total
 
     def has_divmod(self) -> bool:
         """Does any index (load, store or index value) still contain a floor division or modulo?"""

@@ -27,7 +27,7 @@ from kiln import config
 from kiln.passes.layout import choose_layouts, library_layouts
 from kiln.passes.pipeline import holds_copies
 from kiln.report import CompileReport
-from kiln.runtime import cpu_gemm, inplace, memory, native
+from kiln.runtime import cpu_gemm, inplace, memory, native, profiling
 
 
 _C_TYPES = {torch.float32: "float"}  # element types native calls take views of
@@ -174,6 +174,7 @@ class CompiledGraph:
 
     def __init__(self, graph: Graph, report: CompileReport):
         self.graph = graph
+        self.name = report.name
         plan = self._fuse_steps(make_plan(graph), report)
         self.plan = plan
         report.kernels = plan.kernels
@@ -272,11 +273,16 @@ class CompiledGraph:
         report.from_cache = module.from_cache
         self.lib = module.lib
         self._segment_fns = []
+        self._timed_segment_fns = []  # their twins for kiln.profile (runtime/profiling.py)
         for i in range(len(segments)):
             fn = getattr(self.lib, f"kiln_segment_{i}")
             fn.argtypes = [ctypes.c_void_p]
             fn.restype = None
             self._segment_fns.append(fn)
+            timed = getattr(self.lib, f"kiln_segment_{i}_timed")
+            timed.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+            timed.restype = None
+            self._timed_segment_fns.append(timed)
         natives = native_calls(segments)
         self.lib.kiln_set_native.argtypes = [ctypes.c_int, ctypes.c_void_p]
         for i, call in enumerate(natives):
@@ -500,6 +506,12 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------ run
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        if profiling.active is not None:  # kiln.profile: each step timed
+            return profiling.active.run(self, inputs)
+        return self.interpret(inputs)
+
+    def interpret(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run the program: segments, externs and fused steps in order, on this call's inputs."""
         self._before_run()
         env: dict[Node, torch.Tensor] = dict(self.static)
         ptrs = self.ptrs
@@ -538,6 +550,19 @@ class CompiledGraph:
         for original, copy in write_back:
             original.copy_(copy)
         return [self._output(o, env) for o in self.graph.outputs]
+
+    # ------------------------------------------------------------------ profiling
+    def peaks(self) -> Any:
+        """The machine's limits this graph's steps are judged against (runtime/peaks.py)."""
+        from kiln.runtime import peaks
+        return peaks.cpu(torch.get_num_threads())
+
+    def step_costs(self) -> dict[Any, list[tuple[int, str, str, float, float]]]:
+        """Per program step (``("segment", i)``, ``("extern", node)``, ``("fused", id(step))``): its entries as
+        (index, name, kind, FLOPs, bytes), numbered in program order (kiln.profile)."""
+        if getattr(self, "_step_costs", None) is None:
+            self._step_costs = _step_costs(self)
+        return self._step_costs
 
     def _output_buffer(self, k: int, n: Node) -> torch.Tensor:
         """A tensor for output ``k``: a previous output that the caller has dropped, else a new one.
@@ -642,6 +667,42 @@ class CompiledGraph:
         if n is base:
             return env[n].contiguous()
         return self._view_fn(n)(self._view_of_contiguous(n.inputs[0], base, env))
+
+
+def _step_costs(m: CompiledGraph) -> dict[Any, list[tuple[int, str, str, float, float]]]:
+    node_of = {name: n for n, name in m.plan.buffer_of.items()}
+    kernels = {k.name: k for k in m.plan.kernels}
+
+    def size(n: Node) -> float:
+        return profiling.tensor_bytes(n.shape, n.dtype)
+
+    def library(n: Node, kind: str, label: str = "") -> tuple[str, str, float, float]:
+        args = native.named_args(n) if hasattr(n.attr("target"), "_schema") else {}
+        values = [v for v in args.values() if isinstance(v, (Node, torch.Tensor))]
+        nbytes = size(n) + sum(size(v) if isinstance(v, Node) else v.numel() * v.element_size() for v in values)
+        name = short_name(n.attr("target"))
+        return (f"{label} ({name})" if label else name, kind,
+                profiling.library_flops(name, args, tuple(n.shape)), nbytes)
+
+    def kernel(k: Kernel) -> tuple[str, str, float, float]:
+        reads, writes = k.buffers()
+        nbytes = sum(size(node_of[b]) for b in reads | writes if b in node_of)
+        return k.name, "kernel", k.arithmetic_ops(), nbytes
+
+    out: dict[Any, list[tuple[int, str, str, float, float]]] = {}
+    index = 0
+    for kind, item in m.program:
+        if kind == "segment":
+            entries = [kernel(kernels[e]) if isinstance(e, str) else library(e.node, "native", e.label)
+                       for e in m._segments[item]]
+            key: Any = ("segment", item)
+        elif kind == "extern":
+            entries, key = [library(item, "extern")], ("extern", item)
+        else:
+            entries, key = [library(item.node, "matmul", "template")], ("fused", id(item))
+        out[key] = [(index + i, *e) for i, e in enumerate(entries)]
+        index += len(entries)
+    return out
 
 
 def build_module(graph: Graph, report: CompileReport) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:

@@ -27,6 +27,7 @@ from kiln.ir.ops import Op
 from kiln.report import CompileReport
 from kiln.codegen.triton_matmul import template_source
 from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
+from kiln.runtime import profiling
 from kiln.runtime.module import CompiledGraph, Plan, _storage_uses
 from kiln.runtime.wrapper import build_wrapper
 
@@ -89,9 +90,20 @@ class TritonGraph(CompiledGraph):
             torch.backends.cudnn.benchmark = before
 
     def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        if profiling.active is not None:  # kiln.profile: the interpreted program, each step timed
+            return profiling.active.run(self, inputs)
         if self.WRAPPER and self._wrapped is not None:
             return self._wrapped(inputs)
-        return super().__call__(inputs)  # the interpreted program
+        return self.interpret(inputs)
+
+    def peaks(self) -> Any:
+        """The device's matmul rate in the graph's floating dtype, and its copy bandwidth (runtime/peaks.py)."""
+        from kiln.runtime import peaks
+        if self.device.type != "cuda":  # (Triton's interpreter on CPU tensors)
+            return super().peaks()
+        floats = [n.dtype for n in self.graph.nodes if n.dtype.is_floating_point]
+        dtype = max(set(floats), key=floats.count) if floats else torch.float32
+        return peaks.gpu(self.device, dtype)
 
     def _segment_calls(self, index: int) -> list[tuple[Callable, list[Node], bool, Any]]:
         """The generated wrapper's kernels of segment ``index``: (callable, argument nodes, takes one tuple,
@@ -280,7 +292,7 @@ class GraphReplay:
                 raise ValueError(f"kiln: input {k} expected {dtype} of shape {list(shape)} on cuda, "
                                  f"got {x.dtype} of shape {list(x.shape)} on {x.device}")
         self.calls += 1
-        if self.calls <= self.WARMUP_CALLS:
+        if self.calls <= self.WARMUP_CALLS or profiling.active is not None:  # (kiln.profile: step by step)
             return self.module(inputs)
         key = tuple(x.data_ptr() for x in inputs)
         entry = self.graphs.get(key)

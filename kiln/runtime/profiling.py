@@ -1,0 +1,188 @@
+"""Time per step of compiled graphs, against the machine's limit: ``kiln.profile``.
+
+    prof = kiln.profile(model, x)        # compiles, warms up, then times calls step by step; prints the table
+    with kiln.Profile() as prof:         # or around any calls of kiln-compiled code
+        fast(x)
+    print(prof)
+
+While a ``Profile`` is active, every compiled graph that runs times each step of its program and adds the
+times to it.  On the CPU each segment (a run of generated kernels and native library calls in one C function)
+has a twin that reads ``omp_get_wtime()`` after each entry (``codegen/cpp.py``), so the kernels and library
+calls inside a segment are timed one by one without leaving C++ - the torch profiler sees none of them.
+Python externs are timed around the call.  On the GPU the interpreted program runs instead of the generated
+wrapper, synchronizing before and after each step: a step's time is what it costs on its own.
+
+A step's work: FLOPs (a matrix product 2mnk, a convolution 2 x outputs x C/groups x kh x kw, attention
+4 x b h t s d, halved when causal; a generated kernel its arithmetic ops per element x elements) and bytes
+(each buffer it reads or writes, once: a lower bound).  Its limit is the roofline bound
+``max(FLOPs / peak, bytes / bandwidth)`` with the peaks measured on this machine (``runtime/peaks.py``), and
+"of limit" is that bound over the measured time: 100% is as fast as the hardware allows.  (FLOPs are the direct
+algorithm's: Winograd, which multiplies less, can show more than 100%.)
+"""
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import math
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from kiln.runtime import peaks
+
+active: "Profile | None" = None
+
+
+@dataclasses.dataclass
+class Step:
+    graph: str
+    index: int            # position in the graph's program
+    name: str
+    kind: str             # "kernel", "native" (a library call from C++), "extern" (from Python), "matmul"
+    flops: float
+    nbytes: float
+    seconds: list[float] = dataclasses.field(default_factory=list)
+
+    @property
+    def median_s(self) -> float:
+        return statistics.median(self.seconds) if self.seconds else 0.0
+
+
+class Profile:
+    """Per-step times of the compiled graphs that run while it is active (``with profile:``)."""
+
+    def __init__(self) -> None:
+        self.steps: dict[tuple[int, int], Step] = {}
+        self.calls: dict[int, list[float]] = {}   # graph -> wall time of each call
+        self.names: dict[int, str] = {}
+        self.peaks: peaks.Peaks | None = None
+        self._previous: Profile | None = None
+
+    def __enter__(self) -> "Profile":
+        global active
+        self._previous, active = active, self
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global active
+        active = self._previous
+
+    # ------------------------------------------------------------------ recording
+    def run(self, graph: Any, inputs: Any) -> list[torch.Tensor]:
+        """One call of ``graph`` (a ``CompiledGraph``) with each program step timed."""
+        costs = graph.step_costs()
+        key = id(graph)
+        self.names.setdefault(key, graph.name)
+        if self.peaks is None:
+            self.peaks = graph.peaks()
+        sync = _synchronizer(graph.device)
+        run_segment, run_extern, run_fused = graph._run_segment, graph._run_extern, graph._run_fused
+        timed_twins = getattr(graph, "_timed_segment_fns", None)
+
+        def note(step_key: Any, seconds: list[float]) -> None:
+            for (index, name, kind, flops, nbytes), s in zip(costs[step_key], seconds):
+                step = self.steps.get((key, index))
+                if step is None:
+                    step = self.steps[(key, index)] = Step(graph.name, index, name, kind, flops, nbytes)
+                step.seconds.append(s)
+
+        def segment(index: int, env: dict) -> None:
+            entries = costs[("segment", index)]
+            if timed_twins is not None:
+                stamps = (ctypes.c_double * (len(entries) + 1))()
+                timed_twins[index](graph.ptrs_addr, stamps)
+                note(("segment", index), [b - a for a, b in zip(stamps, stamps[1:])])
+                return
+            note(("segment", index), [_timed(lambda: run_segment(index, env), sync)])
+
+        graph._run_segment = segment
+        graph._run_extern = lambda n, env: note(("extern", n), [_timed(lambda: run_extern(n, env), sync)])
+        graph._run_fused = lambda s, env: note(("fused", id(s)), [_timed(lambda: run_fused(s, env), sync)])
+        try:
+            sync()
+            start = time.perf_counter()
+            out = graph.interpret(inputs)
+            sync()
+            self.calls.setdefault(key, []).append(time.perf_counter() - start)
+            return out
+        finally:
+            del graph._run_segment, graph._run_extern, graph._run_fused
+
+    # ------------------------------------------------------------------ report
+    def format(self) -> str:
+        if not self.steps:
+            return "kiln profile: no compiled graph ran while profiling"
+        lines = ["kiln profile: per step, median over calls; limit = max(FLOPs / peak, bytes / bandwidth)"]
+        if self.peaks is not None:
+            lines.append(f"  peaks: {self.peaks.what}")
+        for key, name in self.names.items():
+            steps = sorted((s for (k, _), s in self.steps.items() if k == key), key=lambda s: s.index)
+            wall = statistics.median(self.calls[key])
+            total = sum(s.median_s for s in steps)
+            lines.append(f"\ngraph {name}: {len(self.calls[key])} call(s), {wall * 1e3:.3f} ms per call "
+                         f"({total * 1e3:.3f} ms in its steps)")
+            lines.append(f"  {'#':>3}  {'step':44s} {'kind':7s} {'ms':>8s} {'share':>6s} {'GFLOP/s':>8s} "
+                         f"{'GB/s':>7s} {'limit ms':>9s} {'of limit':>8s}")
+            for s in steps:
+                t = s.median_s
+                limit = self.peaks.limit_s(s.flops, s.nbytes) if self.peaks else 0.0
+                lines.append(f"  {s.index:>3}  {s.name[:44]:44s} {s.kind:7s} {t * 1e3:8.3f} "
+                             f"{t / total if total else 0:6.1%} {_rate(s.flops, t, 1e9):>8s} "
+                             f"{_rate(s.nbytes, t, 1e9):>7s} {limit * 1e3:9.3f} "
+                             f"{limit / t if t > 0 else 0:8.0%}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+
+def _rate(amount: float, seconds: float, unit: float) -> str:
+    return f"{amount / seconds / unit:.1f}" if amount and seconds > 0 else "-"
+
+
+def _synchronizer(device: torch.device) -> Callable[[], None]:
+    if device.type == "cuda":
+        return lambda: torch.cuda.synchronize(device)
+    return lambda: None
+
+
+def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+# ---------------------------------------------------------------------- work per step
+def tensor_bytes(shape: Any, dtype: torch.dtype) -> float:
+    return float(math.prod(shape)) * torch.empty((), dtype=dtype).element_size()
+
+
+def library_flops(name: str, args: dict[str, Any], out_shape: tuple[int, ...]) -> float:
+    """FLOPs of a library call (``name``: ``frontend.extern.short_name`` of its op) from its arguments by schema
+    name (tensors or graph nodes; only shapes are read); 0 for ops that only move or compare data."""
+    shape = {k: tuple(v.shape) for k, v in args.items() if hasattr(v, "shape")}
+    out = float(math.prod(out_shape))
+    if name in ("linear_packed", "onednn_linear", "linear", "mm", "bmm") and shape:
+        first = shape.get("x") or shape.get("input") or shape.get("self") or next(iter(shape.values()))
+        return 2.0 * out * first[-1]
+    if name in ("addmm", "baddbmm") and ("mat1" in shape or "batch1" in shape):
+        return 2.0 * out * (shape.get("mat1") or shape["batch1"])[-1]
+    if name in ("conv_winograd", "conv_gemm"):
+        kh, kw = args.get("kernel") or (3, 3)
+        return 2.0 * out * shape["x"][1] * kh * kw
+    if name == "conv_dw":
+        kh, kw = args["kernel"]
+        return 2.0 * out * kh * kw
+    weight = shape.get("weight") or shape.get("W") or ()  # (aten's and oneDNN's schema names)
+    if name in ("convolution", "onednn_convolution") and len(weight) == 4:
+        _, c_per_group, kh, kw = weight
+        return 2.0 * out * c_per_group * kh * kw
+    if "attention" in name and ("query" in shape or "q" in shape):
+        b, h, t, d = shape.get("q") or shape["query"]
+        s = (shape.get("k") or shape["key"])[2]
+        return 4.0 * b * h * t * s * d * (0.5 if args.get("causal") or args.get("is_causal") else 1.0)
+    return 0.0
