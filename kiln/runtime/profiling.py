@@ -10,7 +10,8 @@ times to it.  On the CPU each segment (a run of generated kernels and native lib
 has a twin that reads ``omp_get_wtime()`` after each entry (``codegen/cpp.py``), so the kernels and library
 calls inside a segment are timed one by one without leaving C++ - the torch profiler sees none of them.
 Python externs are timed around the call.  On the GPU the interpreted program runs instead of the generated
-wrapper, synchronizing before and after each step: a step's time is what it costs on its own.
+wrapper (or the CUDA graph), with CUDA events recorded around each step: a step's GPU time, which includes any
+wait for its launch when the host is the bottleneck.
 
 A step's work: FLOPs (a matrix product 2mnk, a convolution 2 x outputs x C/groups x kh x kw, attention
 4 x b h t s d, halved when causal; a generated kernel its arithmetic ops per element x elements) and bytes
@@ -77,9 +78,10 @@ class Profile:
         self.names.setdefault(key, graph.name)
         if self.peaks is None:
             self.peaks = graph.peaks()
-        sync = _synchronizer(graph.device)
+        cuda = graph.device.type == "cuda"
         run_segment, run_extern, run_fused = graph._run_segment, graph._run_extern, graph._run_fused
         timed_twins = getattr(graph, "_timed_segment_fns", None)
+        pending: list[tuple[Any, Any, Any]] = []  # (step key, start event, end event) on the GPU
 
         def note(step_key: Any, seconds: list[float]) -> None:
             for (index, name, kind, flops, nbytes), s in zip(costs[step_key], seconds):
@@ -88,6 +90,18 @@ class Profile:
                     step = self.steps[(key, index)] = Step(graph.name, index, name, kind, flops, nbytes)
                 step.seconds.append(s)
 
+        def timed(step_key: Any, fn: Callable[[], Any]) -> None:
+            if cuda:  # events on the stream: the GPU's time for the step, with no synchronization between steps
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                pending.append((step_key, start, end))
+                return
+            begin = time.perf_counter()
+            fn()
+            note(step_key, [time.perf_counter() - begin])
+
         def segment(index: int, env: dict) -> None:
             entries = costs[("segment", index)]
             if timed_twins is not None:
@@ -95,17 +109,20 @@ class Profile:
                 timed_twins[index](graph.ptrs_addr, stamps)
                 note(("segment", index), [b - a for a, b in zip(stamps, stamps[1:])])
                 return
-            note(("segment", index), [_timed(lambda: run_segment(index, env), sync)])
+            timed(("segment", index), lambda: run_segment(index, env))
 
         graph._run_segment = segment
-        graph._run_extern = lambda n, env: note(("extern", n), [_timed(lambda: run_extern(n, env), sync)])
-        graph._run_fused = lambda s, env: note(("fused", id(s)), [_timed(lambda: run_fused(s, env), sync)])
+        graph._run_extern = lambda n, env: timed(("extern", n), lambda: run_extern(n, env))
+        graph._run_fused = lambda s, env: timed(("fused", id(s)), lambda: run_fused(s, env))
+        sync = (lambda: torch.cuda.synchronize(graph.device)) if cuda else (lambda: None)
         try:
             sync()
             start = time.perf_counter()
             out = graph.interpret(inputs)
             sync()
             self.calls.setdefault(key, []).append(time.perf_counter() - start)
+            for step_key, begin, end in pending:
+                note(step_key, [begin.elapsed_time(end) / 1e3])
             return out
         finally:
             del graph._run_segment, graph._run_extern, graph._run_fused
@@ -140,20 +157,6 @@ class Profile:
 
 def _rate(amount: float, seconds: float, unit: float) -> str:
     return f"{amount / seconds / unit:.1f}" if amount and seconds > 0 else "-"
-
-
-def _synchronizer(device: torch.device) -> Callable[[], None]:
-    if device.type == "cuda":
-        return lambda: torch.cuda.synchronize(device)
-    return lambda: None
-
-
-def _timed(fn: Callable[[], Any], sync: Callable[[], None]) -> float:
-    sync()
-    start = time.perf_counter()
-    fn()
-    sync()
-    return time.perf_counter() - start
 
 
 # ---------------------------------------------------------------------- work per step
