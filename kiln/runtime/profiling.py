@@ -10,8 +10,9 @@ times to it.  On the CPU each segment (a run of generated kernels and native lib
 has a twin that reads ``omp_get_wtime()`` after each entry (``codegen/cpp.py``), so the kernels and library
 calls inside a segment are timed one by one without leaving C++ - the torch profiler sees none of them.
 Python externs are timed around the call.  On the GPU the interpreted program runs instead of the generated
-wrapper (or the CUDA graph), with CUDA events recorded around each step: a step's GPU time, which includes any
-wait for its launch when the host is the bottleneck.
+wrapper (or the CUDA graph), with CUDA events recorded around each step, behind a GPU sleep long enough for the
+host to queue the whole call: a step's time is the GPU's, as when a CUDA graph replays the steps back to back,
+and a call's time is the GPU's span from its first step to its last.
 
 A step's work: FLOPs (a matrix product 2mnk, a convolution 2 x outputs x C/groups x kh x kw, attention
 4 x b h t s d, halved when causal; a generated kernel its arithmetic ops per element x elements) and bytes
@@ -34,6 +35,7 @@ import torch
 from kiln.runtime import peaks
 
 active: "Profile | None" = None
+_SLEEP_CYCLES_PER_S = 2.0e9  # GPU clock for torch.cuda._sleep (about the H200's; more only lengthens the lead)
 
 
 @dataclasses.dataclass
@@ -60,6 +62,7 @@ class Profile:
         self.names: dict[int, str] = {}
         self.peaks: peaks.Peaks | None = None
         self._previous: Profile | None = None
+        self._host_s: dict[int, float] = {}  # GPU: the host's time for the last call of each graph
 
     def __enter__(self) -> "Profile":
         global active
@@ -114,15 +117,25 @@ class Profile:
         graph._run_segment = segment
         graph._run_extern = lambda n, env: timed(("extern", n), lambda: run_extern(n, env))
         graph._run_fused = lambda s, env: timed(("fused", id(s)), lambda: run_fused(s, env))
-        sync = (lambda: torch.cuda.synchronize(graph.device)) if cuda else (lambda: None)
         try:
-            sync()
+            if not cuda:
+                start = time.perf_counter()
+                out = graph.interpret(inputs)
+                self.calls.setdefault(key, []).append(time.perf_counter() - start)
+                return out
+            # The interpreted program launches slower than the GPU runs small kernels, and an event pair would
+            # then time the wait for the launch.  So the GPU first sleeps while the host queues the whole call
+            # (twice the host's last time for it): the events time the steps back to back, as a replay runs them.
+            torch.cuda.synchronize(graph.device)
+            torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * max(0.005, 2 * self._host_s.get(key, 0.05))))
             start = time.perf_counter()
             out = graph.interpret(inputs)
-            sync()
-            self.calls.setdefault(key, []).append(time.perf_counter() - start)
+            self._host_s[key] = time.perf_counter() - start
+            torch.cuda.synchronize(graph.device)
             for step_key, begin, end in pending:
                 note(step_key, [begin.elapsed_time(end) / 1e3])
+            if pending:
+                self.calls.setdefault(key, []).append(pending[0][1].elapsed_time(pending[-1][2]) / 1e3)
             return out
         finally:
             del graph._run_segment, graph._run_extern, graph._run_fused
