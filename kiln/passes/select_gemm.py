@@ -26,8 +26,8 @@ from kiln.tune import cpu_gemm as tune_gemm
 aten = torch.ops.aten
 # v4: timed with cold weights (decisions.cold_copies); v5: kiln's micro-kernel prefetches its C tile; v6: kiln's
 # GEMM timed as graphs call it (from C++, runtime/native.py), and a gelu after the product timed with it; v7: kiln
-# is the baseline
-_choices = decisions.ShapeChoices("gemm_choices-v8")
+# is the baseline; v8: the micro-kernel's k loop unrolled; v9: a win is confirmed by a second measurement
+_choices = decisions.ShapeChoices("gemm_choices-v9")
 # below this the call overhead decides, not the library.  (Was 1 << 22; ResNet's 1x512x1000 classifier then ran
 # in MKL through Python at 0.42-0.51 ms, where kiln's GEMM called from C++ measured 0.26-0.34 ms on Zen 3.)
 MIN_FLOPS = 1 << 19

@@ -49,8 +49,9 @@ aten = torch.ops.aten
 # v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run;
 # v5: the depthwise kernel and the pack-free direct kernel (few input channels) are candidates; v6: kiln's kernels
 # timed as graphs call them (from C++, runtime/native.py); v7: the direct kernel's flat tap loop; v8: Winograd writes
-# V packed for the GEMM; v9: the direct kernel copies a padded input
-_choices = decisions.ShapeChoices("conv_choices-v10")
+# V packed for the GEMM; v9: the direct kernel copies a padded input; v10: the GEMM micro-kernel's k loop unrolled;
+# v11: a win is confirmed by a second measurement (decisions.fastest)
+_choices = decisions.ShapeChoices("conv_choices-v11")
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"

@@ -178,15 +178,35 @@ def fastest(calls: dict[str, Any], baseline: str, rounds: int = 9, margin: float
     (``margin``) faster.  Compared by the median over alternating rounds of each one's time relative to the
     baseline's in the same round: on a machine whose speed drifts over seconds (a shared VM), a best-of-N time
     picks whichever candidate met the one fast moment, while a per-round ratio compares them under the same
-    conditions.  The median times and ratios are noted for the report, under ``what``."""
+    conditions.  The median times and ratios are noted for the report, under ``what``.
+
+    A candidate that beats the baseline must do so again in a second measurement of the finalists (it, the
+    runner-up and the baseline), which then decides: on the Zen 3 box one measurement had picked Winograd for
+    ResNet's 512-channel 3x3 + ReLU, which measured 1.11x oneDNN's time (and 1.27x the implicit GEMM's) when
+    timed again, alone and in the model."""
+    names = list(calls)
+    ratio, median = _ratios(calls, baseline, rounds)
+    ranked = sorted(names, key=ratio.get)
+    chosen = ranked[0] if ratio[ranked[0]] < margin else baseline
+    lines = [f"measured {what or 'candidates'}: " + ", ".join(
+        f"{name} {median[name] * 1e3:.3f} ms (x{ratio[name]:.2f})" for name in names)]
+    if chosen != baseline:
+        finalists = list(dict.fromkeys([ranked[0], ranked[1], baseline]))
+        ratio, median = _ratios({name: calls[name] for name in finalists}, baseline, rounds)
+        winner = min(finalists, key=ratio.get)
+        chosen = winner if ratio[winner] < margin else baseline
+        lines.append("again: " + ", ".join(f"{name} {median[name] * 1e3:.3f} ms (x{ratio[name]:.2f})"
+                                          for name in finalists))
+    note_measured("; ".join(lines) + f" -> {chosen}")
+    return chosen
+
+
+def _ratios(calls: dict[str, Any], baseline: str, rounds: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Per candidate: the median over rounds of its time over the baseline's, and its median time."""
     import statistics
     names = list(calls)
     per_round = round_times(list(calls.values()), rounds)
     b = names.index(baseline)
     ratio = {name: statistics.median(row[i] / row[b] for row in per_round) for i, name in enumerate(names)}
-    winner = min(ratio, key=ratio.get)
-    chosen = winner if ratio[winner] < margin else baseline
     median = {name: statistics.median(row[i] for row in per_round) for i, name in enumerate(names)}
-    note_measured(f"measured {what or 'candidates'}: " + ", ".join(
-        f"{name} {median[name] * 1e3:.3f} ms (x{ratio[name]:.2f})" for name in names) + f" -> {chosen}")
-    return chosen
+    return ratio, median
