@@ -561,7 +561,7 @@ class CompiledGraph:
         """Per program step (``("segment", i)``, ``("extern", node)``, ``("fused", id(step))``): its entries as
         (index, name, kind, FLOPs, bytes), numbered in program order (kiln.profile)."""
         if getattr(self, "_step_costs", None) is None:
-            self._step_costs = _step_costs(self)
+            self._step_costs = profiling.step_costs(self)
         return self._step_costs
 
     def _output_buffer(self, k: int, n: Node) -> torch.Tensor:
@@ -667,42 +667,6 @@ class CompiledGraph:
         if n is base:
             return env[n].contiguous()
         return self._view_fn(n)(self._view_of_contiguous(n.inputs[0], base, env))
-
-
-def _step_costs(m: CompiledGraph) -> dict[Any, list[tuple[int, str, str, float, float]]]:
-    node_of = {name: n for n, name in m.plan.buffer_of.items()}
-    kernels = {k.name: k for k in m.plan.kernels}
-
-    def size(n: Node) -> float:
-        return profiling.tensor_bytes(n.shape, n.dtype)
-
-    def library(n: Node, kind: str, label: str = "") -> tuple[str, str, float, float]:
-        args = native.named_args(n) if hasattr(n.attr("target"), "_schema") else {}
-        values = [v for v in args.values() if isinstance(v, (Node, torch.Tensor))]
-        nbytes = size(n) + sum(size(v) if isinstance(v, Node) else v.numel() * v.element_size() for v in values)
-        name = short_name(n.attr("target"))
-        return (f"{label} ({name})" if label else name, kind,
-                profiling.library_flops(name, args, tuple(n.shape)), nbytes)
-
-    def kernel(k: Kernel) -> tuple[str, str, float, float]:
-        reads, writes = k.buffers()
-        nbytes = sum(size(node_of[b]) for b in reads | writes if b in node_of)
-        return k.name, "kernel", k.arithmetic_ops(), nbytes
-
-    out: dict[Any, list[tuple[int, str, str, float, float]]] = {}
-    index = 0
-    for kind, item in m.program:
-        if kind == "segment":
-            entries = [kernel(kernels[e]) if isinstance(e, str) else library(e.node, "native", e.label)
-                       for e in m._segments[item]]
-            key: Any = ("segment", item)
-        elif kind == "extern":
-            entries, key = [library(item, "extern")], ("extern", item)
-        else:
-            entries, key = [library(item.node, "matmul", "template")], ("fused", id(item))
-        out[key] = [(index + i, *e) for i, e in enumerate(entries)]
-        index += len(entries)
-    return out
 
 
 def build_module(graph: Graph, report: CompileReport) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:

@@ -202,3 +202,43 @@ def library_flops(name: str, args: dict[str, Any], out_shape: tuple[int, ...]) -
         s = (shape.get("k") or shape["key"])[2]
         return 4.0 * b * h * t * s * d * (0.5 if args.get("causal") or args.get("is_causal") else 1.0)
     return 0.0
+
+
+def step_costs(m: Any) -> dict[Any, list[tuple[int, str, str, float, float]]]:
+    """Per program step of compiled graph ``m`` (``runtime/module.py``): its entries' names, kinds and work."""
+    from kiln.frontend.extern import short_name
+    from kiln.ir.graph import Node
+    from kiln.runtime import native
+    node_of = {name: n for n, name in m.plan.buffer_of.items()}
+    kernels = {k.name: k for k in m.plan.kernels}
+
+    def size(n: Node) -> float:
+        return tensor_bytes(n.shape, n.dtype)
+
+    def library(n: Node, kind: str, label: str = "") -> tuple[str, str, float, float]:
+        args = native.named_args(n) if hasattr(n.attr("target"), "_schema") else {}
+        values = [v for v in args.values() if isinstance(v, (Node, torch.Tensor))]
+        nbytes = size(n) + sum(size(v) if isinstance(v, Node) else v.numel() * v.element_size() for v in values)
+        name = short_name(n.attr("target"))
+        return (f"{label} ({name})" if label else name, kind,
+                library_flops(name, args, tuple(n.shape)), nbytes)
+
+    def kernel(k: Any) -> tuple[str, str, float, float]:
+        reads, writes = k.buffers()
+        nbytes = sum(size(node_of[b]) for b in reads | writes if b in node_of)
+        return k.name, "kernel", k.arithmetic_ops(), nbytes
+
+    out: dict[Any, list[tuple[int, str, str, float, float]]] = {}
+    index = 0
+    for kind, item in m.program:
+        if kind == "segment":
+            entries = [kernel(kernels[e]) if isinstance(e, str) else library(e.node, "native", e.label)
+                       for e in m._segments[item]]
+            key: Any = ("segment", item)
+        elif kind == "extern":
+            entries, key = [library(item, "extern")], ("extern", item)
+        else:
+            entries, key = [library(item.node, "matmul", "template")], ("fused", id(item))
+        out[key] = [(index + i, *e) for i, e in enumerate(entries)]
+        index += len(entries)
+    return out
