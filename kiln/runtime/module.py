@@ -538,7 +538,9 @@ class CompiledGraph:
         for step, (kind, item) in enumerate(self.program):
             if alloc_before is not None:
                 for a in alloc_before[step]:
-                    env[a.node] = self._allocate(a, env)
+                    t = env[a.node] = self._allocate(a, env)
+                    if a.node in self.plan.buffer_of:  # (the generated C++ reads its buffers from the table)
+                        ptrs[self.slot_of[self.plan.buffer_of[a.node]]] = t.data_ptr()
             if kind == "segment":
                 self._run_segment(item, env)
             elif kind == "fused":

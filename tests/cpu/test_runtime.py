@@ -78,3 +78,18 @@ def test_in_place_update_of_a_non_contiguous_input_reaches_the_caller():
         out = kiln.compile(f, fallback=False)(x)
     torch.testing.assert_close(out, expected)
     torch.testing.assert_close(x, expected_x)
+
+
+def test_without_an_arena_buffers_are_allocated_per_step(monkeypatch):
+    """``CompiledGraph.ARENA = False`` (what the GPU subclass runs: each buffer allocated before its first writer
+    and freed after its last reader) on the CPU: the generated C++ finds each buffer in its pointer table (it used
+    to read unset entries and crash)."""
+    monkeypatch.setattr(CompiledGraph, "ARENA", False)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4),
+                                torch.nn.Softmax(-1)).eval()
+    torch._dynamo.reset()
+    fn = kiln.compile(model, fallback=False)
+    with torch.inference_mode():
+        for _ in range(2):
+            x = torch.randn(3, 8)
+            torch.testing.assert_close(fn(x), model(x), rtol=1.3e-5, atol=1.5e-5)
