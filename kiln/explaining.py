@@ -3,6 +3,7 @@ package when first imported): the graph IR after capture and after the passes, e
 why, the extern calls, the memory plan and the generated C++."""
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 from kiln.ir.graph import format_graph
@@ -58,9 +59,15 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
     return "\n".join(out)
 
 
+_TIMED_TWIN = re.compile(r'extern "C" void kiln_segment_\d+_timed\(.*?\n\}\n*', re.DOTALL)
+
+
 def _strip_prelude(src: str) -> str:
+    """The generated source without the shared prelude, and without the segments' timed twins (kiln.profile's
+    copies of each segment, which only note the time between the same calls)."""
     marker = src.find("// kernel_")
-    return src[marker:] if marker >= 0 else src
+    src = src[marker:] if marker >= 0 else src
+    return _TIMED_TWIN.sub("", src)
 
 
 def explain(model_or_fn: Callable, *example_inputs: Any, **options: Any) -> str:
