@@ -83,10 +83,6 @@ def _gatherable(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous(memory_format=torch.channels_last)
 
 
-def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t.contiguous() if t is not None else None
-
-
 def _check_input(op: str, x: torch.Tensor) -> None:
     if x.dtype != torch.float32 or x.dim() != 4 or x.device.type != "cpu":
         raise ValueError(f"kiln::{op} expects a 4-D fp32 CPU input [N, C, H, W], got {x.dtype} {list(x.shape)} "
@@ -123,7 +119,7 @@ def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     if y.numel() == 0:
         return y
     return native.call(torch.ops.kiln.conv_winograd.default,
-                       dict(x=_gatherable(x), packed=packed, bias=_dense(bias), residual=res, out_channels=k,
+                       dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=k,
                             tile=tile, padding=padding, relu=relu, channels_last=channels_last,
                             relu_input=relu_input), y)
 
@@ -240,7 +236,7 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
         return y
     # direct: the same packed weight, no im2col packing (few input channels: kiln_conv_direct)
     return native.call(torch.ops.kiln.conv_gemm.default,
-                       dict(x=_gatherable(x), packed=packed, bias=_dense(bias), residual=res, out_channels=k,
+                       dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=k,
                             kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
                             relu_input=relu_input, direct=direct), y)
 

@@ -17,7 +17,7 @@ import torch
 from kiln.codegen.cpp_conv_dw import conv_dw_source
 from kiln.frontend.extern import Baked
 from kiln.runtime import native
-from kiln.runtime.cpu_conv import (_check_input, _dense, _gatherable, _output, native_prefix, output_hw,
+from kiln.runtime.cpu_conv import (_check_input, _gatherable, _output, native_prefix, output_hw,
                                    result_like)
 
 
@@ -61,7 +61,7 @@ def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
     if y.numel() == 0:
         return y
     return native.call(torch.ops.kiln.conv_dw.default,
-                       dict(x=_gatherable(x), packed=packed, bias=_dense(bias), residual=res, out_channels=c,
+                       dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=c,
                             kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
                             relu_input=relu_input), y)
 

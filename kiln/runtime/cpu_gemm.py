@@ -75,11 +75,8 @@ def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
         return out.copy_(torch.nn.functional.gelu(out)) if gelu else out
     s = schedule or schedule_for(m, k)
     return native.call(torch.ops.kiln.linear_packed.default,
-                       dict(x=x, packed=packed, bias=_dense(bias), n=n, mr=s.mr, kc=s.kc, mc=s.mc, gelu=gelu), out)
-
-
-def _dense(t: torch.Tensor | None) -> torch.Tensor | None:
-    return t.contiguous() if t is not None else None
+                       dict(x=x, packed=packed, bias=native.contiguous(bias), n=n, mr=s.mr, kc=s.kc, mc=s.mc,
+                            gelu=gelu), out)
 
 
 @torch.library.custom_op("kiln::linear_packed", mutates_args=(), device_types="cpu")

@@ -188,17 +188,19 @@ def fastest(calls: dict[str, Any], baseline: str, rounds: int = 9, margin: float
     ratio, median = _ratios(calls, baseline, rounds)
     ranked = sorted(names, key=ratio.get)
     chosen = ranked[0] if ratio[ranked[0]] < margin else baseline
-    lines = [f"measured {what or 'candidates'}: " + ", ".join(
-        f"{name} {median[name] * 1e3:.3f} ms (x{ratio[name]:.2f})" for name in names)]
+    lines = [f"measured {what or 'candidates'}: " + _cells(names, ratio, median)]
     if chosen != baseline:
         finalists = list(dict.fromkeys([ranked[0], ranked[1], baseline]))
         ratio, median = _ratios({name: calls[name] for name in finalists}, baseline, rounds)
         winner = min(finalists, key=ratio.get)
         chosen = winner if ratio[winner] < margin else baseline
-        lines.append("again: " + ", ".join(f"{name} {median[name] * 1e3:.3f} ms (x{ratio[name]:.2f})"
-                                          for name in finalists))
+        lines.append("again: " + _cells(finalists, ratio, median))
     note_measured("; ".join(lines) + f" -> {chosen}")
     return chosen
+
+
+def _cells(names: list[str], ratio: dict[str, float], median: dict[str, float]) -> str:
+    return ", ".join(f"{name} {median[name] * 1e3:.3f} ms (x{ratio[name]:.2f})" for name in names)
 
 
 def _ratios(calls: dict[str, Any], baseline: str, rounds: int) -> tuple[dict[str, float], dict[str, float]]:

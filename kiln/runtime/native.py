@@ -190,6 +190,11 @@ def call(op: Any, args: dict[str, Any], out: torch.Tensor) -> torch.Tensor:
     return out
 
 
+def contiguous(t: torch.Tensor | None) -> torch.Tensor | None:
+    """``t`` (or None) as the libraries read a vector operand such as a bias: contiguous."""
+    return t.contiguous() if t is not None else None
+
+
 _CTYPES = {I64: ctypes.c_int64, I32: ctypes.c_int, F32: ctypes.c_float}
 
 
@@ -220,17 +225,10 @@ def _prepare(op: Any, args: dict[str, Any], out: torch.Tensor) -> tuple[Any, lis
     return _cfunc(function, tuple(types)), values
 
 
-_BINDER_MODULES = ("cpu_gemm", "cpu_conv", "cpu_conv_dw", "cpu_attention")
-
-
+@functools.lru_cache(maxsize=None)
 def _ensure_binders() -> None:
     # the binders live beside each op's Python implementation; importing registers them (once: the ops' Python
     # implementations come through here on every call)
-    if len(_BINDER_MODULES_LOADED) < len(_BINDER_MODULES):
-        import importlib
-        for name in _BINDER_MODULES:
-            importlib.import_module(f"kiln.runtime.{name}")
-            _BINDER_MODULES_LOADED.add(name)
-
-
-_BINDER_MODULES_LOADED: set[str] = set()
+    import importlib
+    for name in ("cpu_gemm", "cpu_conv", "cpu_conv_dw", "cpu_attention"):
+        importlib.import_module(f"kiln.runtime.{name}")

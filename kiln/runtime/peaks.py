@@ -55,13 +55,8 @@ def fma_probes(iters: int = 20_000_000, repeats: int = 5) -> list[tuple[str, flo
             continue
         fn = getattr(lib, name)
         fn.argtypes, fn.restype = [ctypes.c_int64], ctypes.c_double
-        fn(1000)
-        best = float("inf")
-        for _ in range(repeats):
-            start = time.perf_counter()
-            fn(iters)
-            best = min(best, time.perf_counter() - start)
-        out.append((name, 2 * lanes * chains * iters / best / 1e9))
+        seconds = _best_seconds(lambda: fn(iters), torch.device("cpu"), repeats)
+        out.append((name, 2 * lanes * chains * iters / seconds / 1e9))
     return out
 
 
@@ -101,6 +96,7 @@ def _copy_bandwidth(device: torch.device, nbytes: int) -> float:
 
 
 def _best_seconds(fn, device: torch.device, repeats: int = 5) -> float:
+    """The best of ``repeats`` timed calls of ``fn``, after one untimed call."""
     fn()
     best = float("inf")
     for _ in range(repeats):
