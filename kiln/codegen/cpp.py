@@ -246,6 +246,8 @@ class KernelWriter:
             self._scalar_acc_init(a, indent)
         self.lines.append(f"{indent}for (int64_t r = 0; r < {self.k.rsize}; ++r) {{")
         body = row.child(self.lines, indent + "  ")
+        for s in phase.stores:  # row-scratch writes first, as in _acc_body
+            self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {body.expr(s.value)};")
         for a in phase.accs:
             v = body.expr(a.value)
             if a.kind in (Op.ARGMAX, Op.ARGMIN):

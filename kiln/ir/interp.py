@@ -157,3 +157,22 @@ def view_function(n: Node) -> Callable[[torch.Tensor], torch.Tensor]:
         shape = n.shape
         return lambda t: t.expand(shape)
     return lambda t: eval_node(n, [t])
+
+
+def view_layout(shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype,
+                chain: Sequence[Node]) -> tuple[tuple[int, ...], int] | None:
+    """(strides, storage offset in elements) of the view chain ``chain`` (outermost last) applied to a value of
+    ``shape`` laid out with ``strides``, or None where some step of it is not a view of that layout.
+
+    [Note: reshape is not always a view] ``reshape`` of a permuted or expanded value copies (a transposed
+    ``[17, 2, 256]`` input merged to ``[34, 256]`` for a linear layer), so its strides describe the copy, not
+    the held buffer: code that addresses the buffer through them reads the wrong elements.  The chain runs on a
+    meta tensor, and a step whose result leaves the base's storage ends the view."""
+    meta = torch.empty_strided(tuple(shape), tuple(strides), dtype=dtype, device="meta")
+    storage = meta.untyped_storage()._cdata
+    t = meta
+    for n in chain:
+        t = view_function(n)(t)
+        if t.untyped_storage()._cdata != storage:
+            return None
+    return tuple(t.stride()), t.storage_offset()

@@ -37,6 +37,22 @@ def _loads(e: KExpr) -> set[str]:
     return {x.buf for x in subexprs(e) if isinstance(x, KLoad)}
 
 
+def _store_kvars(stores: list[Store]) -> set[str]:
+    return {v for st in stores for v in _kvars(st.value)}
+
+
+def _claim_scratch(expr: KExpr, unplaced: list[Store]) -> list[Store]:
+    """Remove from ``unplaced`` (and return, in their order) the scratch stores that ``expr`` reads, directly or
+    through another such store's value."""
+    wanted = _loads(expr)
+    for st in reversed(unplaced):  # a store's value reads only scratches stored before it
+        if st.buf in wanted:
+            wanted |= _loads(st.value)
+    claimed = [st for st in unplaced if st.buf in wanted]
+    unplaced[:] = [st for st in unplaced if st.buf not in wanted]
+    return claimed
+
+
 class KernelBuilder:
     def __init__(self, group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node],
                  flat: bool = False, strides_of: dict[Node, tuple[int, ...]] | None = None,
@@ -236,7 +252,11 @@ class KernelBuilder:
                 expr = self.value(m.inputs[0], self.full_index)
                 name = f"acc{counter}"
                 counter += 1
-                need = max((defined_at[v] for v in _kvars(expr)), default=-1)
+                # a row scratch first defined for the final loop (by a stored member built earlier) is written
+                # in this pass instead: the final loop runs after every pass, so reading it here would read
+                # the previous row's values (or garbage)
+                self.pending[:0] = _claim_scratch(expr, scratch_stores)
+                need = max((defined_at[v] for v in _kvars(expr) | _store_kvars(self.pending)), default=-1)
                 # join the first pass over the row that runs after everything this reduction reads
                 target = next((k for k in range(need + 1, len(phases)) if isinstance(phases[k], ReduceLoop)), None)
                 if target is not None and not self._reads_scratch_of_later(expr, phases, target):

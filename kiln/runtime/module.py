@@ -17,7 +17,7 @@ import torch
 from kiln.codegen.cpp import native_calls, translation_unit
 from kiln.frontend.extern import Baked, argument_builder, short_name
 from kiln.ir.graph import Graph, Node
-from kiln.ir.interp import view_function
+from kiln.ir.interp import view_function, view_layout
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op, contiguous_strides
 from kiln.passes.fuse import ExternStep, Group, partition
@@ -218,10 +218,7 @@ class CompiledGraph:
             while v is not base:
                 chain.append(v)
                 v = v.inputs[0]
-            t = torch.empty_strided(base.shape, strides, dtype=base.dtype, device="meta")
-            for n in reversed(chain):
-                t = view_function(n)(t)
-            return tuple(t.stride()), t.storage_offset()
+            return view_layout(base.shape, strides, base.dtype, chain[::-1])  # None: a step copies
 
         def strides_of(v: Node) -> tuple[int, ...] | None:
             found = layout(v)

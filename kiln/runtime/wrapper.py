@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from kiln.ir.graph import Node
+from kiln.ir.interp import view_layout
 from kiln.ir.ops import VIEW, Op, contiguous_strides
 
 if TYPE_CHECKING:
@@ -109,19 +110,15 @@ class _Writer:
             for fn in fns:
                 value = fn(value)
             return self.constant(n, value)
-        meta = torch.empty_strided(base.shape, self.strides[src], dtype=base.dtype, device="meta")
-        view = meta
-        for fn in fns:
-            view = fn(view)
-            if view.untyped_storage()._cdata != meta.untyped_storage()._cdata:
-                break
-        else:
-            target = self.bind(n, view.stride())
-            if src in self.aligned and view.storage_offset() * view.element_size() % 16 == 0:
+        found = view_layout(base.shape, self.strides[src], base.dtype, chain)
+        if found is not None:
+            strides, offset = found
+            target = self.bind(n, strides)
+            if src in self.aligned and offset * n.dtype.itemsize % 16 == 0:
                 self.aligned.add(target)
-            offset = f" + {view.storage_offset()}" if view.storage_offset() else ""
-            self.emit(f"{target} = {src}.as_strided({tuple(view.shape)!r}, {view.stride()!r}, "
-                      f"{src}.storage_offset(){offset})  # {' '.join(v.op.value for v in chain)}")
+            shift = f" + {offset}" if offset else ""
+            self.emit(f"{target} = {src}.as_strided({tuple(n.shape)!r}, {strides!r}, "
+                      f"{src}.storage_offset(){shift})  # {' '.join(v.op.value for v in chain)}")
             return target
         for v, fn in zip(chain, fns):
             target = self.bind(v)

@@ -1,0 +1,122 @@
+"""Every library and native call of kiln, fed every layout it can receive: transposed, sliced with a step,
+at a storage offset, expanded (stride 0), size-1 dims, channels-last, and reshapes of such views (which copy).
+
+[Note: the class of bug] A library call reads its operand through strides.  Where the operand is a *reshape of a
+view that reshape cannot express* (``x.transpose(0, 1)`` merged to 2-D for a linear layer), the reshape copies, and
+the copy's strides say nothing about the buffer the view started from; kiln's native calls once addressed the
+held buffer through them (``nn.Linear`` on a transposed input: max abs error 3.3, NaN on an expanded one).  Each
+test puts all layouts into one graph (one compile) and runs it with every library choice, native calls on and off.
+"""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.passes import attention, select_gemm, winograd
+from kiln.runtime import cpu_attention, cpu_conv, cpu_gemm
+
+
+def _compare(fn, *inputs, **options):
+    with torch.inference_mode():
+        expected = fn(*inputs)
+        got = kiln.compile(fn, fallback=False, **options)(*inputs)
+    for i, (a, e) in enumerate(zip(got, expected)):
+        torch.testing.assert_close(a, e, rtol=1.3e-5, atol=2e-5, msg=lambda m, i=i: f"output {i}: {m}")
+
+
+def _linear_layouts(lin):
+    """A linear layer on eight layouts of its [.., 24] input."""
+    def fn(a, b, c, d):
+        return (lin(a.transpose(0, 1)),                 # [7, 3, 24] of a [3, 7, 24]: reshape copies
+                lin(b.expand(4, 5, 24)),                # stride-0 batch
+                lin(c[:, ::2]),                         # every other feature: inner stride 2
+                lin(c[1:, 3:27]),                       # storage offset, row stride 48
+                lin(d.permute(2, 0, 1)),                # inner dim strided
+                lin(a[:1]),                             # size-1 leading dim
+                lin(a.transpose(0, 1)[:, 1:]),          # transposed and sliced
+                lin(a.reshape(21, 24)),                 # plain reshape (a view)
+                )
+    return fn
+
+
+@pytest.mark.parametrize("native_calls", [True, False])
+@pytest.mark.parametrize("library", ["kiln", "onednn", "aten"])
+def test_linear_on_every_layout(monkeypatch, library, native_calls):
+    if library == "kiln" and not cpu_gemm.available():
+        pytest.skip("kiln's GEMM does not build here")
+    if library == "onednn" and not select_gemm.onednn_available():
+        pytest.skip("no oneDNN")
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: library)
+    monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40)
+    inputs = (torch.randn(3, 7, 24), torch.randn(1, 5, 24), torch.randn(6, 48), torch.randn(5, 6, 24).permute(1, 2, 0))
+    _compare(_linear_layouts(lin), *inputs, native_calls=native_calls)
+
+
+def test_linear_on_transposed_input_regression():
+    """../shared/regressions/linear_transposed_input.py, with kiln's default choices."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(256, 768)
+    _compare(lambda x: (lin(x.transpose(0, 1)),), torch.randn(2, 17, 256))
+
+
+def _conv_layouts(conv):
+    def fn(x, y):
+        return (conv(x),                                              # contiguous
+                conv(x.contiguous(memory_format=torch.channels_last)),  # channels-last
+                conv(y[:, 3:9, 1:-1, 2:]),                            # sliced C, H and W (offset, row stride)
+                conv(y.transpose(2, 3)[:, 6:, :9, :11]),              # transposed H/W
+                conv(x[:1].expand(2, -1, -1, -1)),                    # stride-0 batch
+                conv(y[:, ::2]),                                      # every other channel
+                )
+    return fn
+
+
+@pytest.mark.parametrize("native_calls", [True, False])
+@pytest.mark.parametrize("algorithm", ["onednn", "winograd2", "gemm", "direct"])
+def test_convolution_on_every_layout(monkeypatch, algorithm, native_calls):
+    if algorithm != "onednn" and not (cpu_conv.gemm_available() and cpu_gemm.available()):
+        pytest.skip("kiln's convolutions do not build here")
+    monkeypatch.setattr(winograd, "choose", lambda *a, **k: algorithm)
+    monkeypatch.setattr(winograd, "MIN_FLOPS", 0)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 8, 3, padding=1)
+    _compare(_conv_layouts(conv), torch.randn(2, 6, 9, 11), torch.randn(2, 12, 13, 12), native_calls=native_calls)
+
+
+def test_depthwise_convolution_on_every_layout(monkeypatch):
+    monkeypatch.setattr(winograd, "choose", lambda *a, **k: "dw")
+    monkeypatch.setattr(winograd, "MIN_FLOPS", 0)
+    torch.manual_seed(0)
+    conv = torch.nn.Conv2d(6, 6, 3, padding=1, groups=6)
+    _compare(_conv_layouts(conv), torch.randn(2, 6, 9, 11), torch.randn(2, 12, 13, 12))
+
+
+def _attention_layouts(q, k, v, mask):
+    """Hand-written and SDPA attention on head-split views, as transformers' models make them."""
+    b, t, hd = q.shape
+    heads = 4
+
+    def split(x):  # [B, T, H*D] -> [B, H, T, D] (a transposed view)
+        return x.view(b, t, heads, hd // heads).transpose(1, 2)
+    qs, ks, vs = split(q), split(k), split(v)
+    causal = torch.ones(t, t, dtype=torch.bool).tril()
+    scores = (qs @ ks.transpose(-1, -2)) * (hd // heads) ** -0.5
+    hand = torch.softmax(scores.masked_fill(~causal, float("-inf")), -1) @ vs
+    kv1 = ks[:, :1].expand(b, heads, t, hd // heads)   # grouped-query style: one head expanded
+    return (hand,
+            F.scaled_dot_product_attention(qs, ks, vs, is_causal=True),
+            F.scaled_dot_product_attention(qs, kv1, vs, attn_mask=mask),
+            F.scaled_dot_product_attention(qs[:, :, 1:], ks[:, :, 1:], vs[:, :, 1:]))
+
+
+@pytest.mark.parametrize("kiln_attention", [True, False])
+def test_attention_on_every_layout(monkeypatch, kiln_attention):
+    if kiln_attention and not cpu_attention.available():
+        pytest.skip("kiln's attention does not build here")
+    monkeypatch.setattr(attention.cpu_attention, "choose", lambda *a, **k: kiln_attention)
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(2, 10, 32) for _ in range(3))
+    mask = torch.randn(2, 1, 10, 10)
+    _compare(_attention_layouts, q, k, v, mask)
