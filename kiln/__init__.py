@@ -4,14 +4,15 @@
     fast = kiln.compile(model)              # or torch.compile(model, backend="kiln")
     kiln.explain(model, example_input)      # what kiln did, and why
     kiln.profile(model, example_input)      # time per kernel, against the machine's limit
+    kiln.bisect(model, example_input)       # why a compiled result differs from eager: the guilty pass/kernel
 """
 from __future__ import annotations
 
 from typing import Any, Callable
 
-__version__ = "0.1.0"
+from kiln.config import TARGETS  # noqa: F401  (kiln.TARGETS: the accepted ``target`` values)
 
-TARGETS = ("auto", "cpu", "cuda", "triton")
+__version__ = "0.1.0"
 
 
 def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto", dynamic: bool = False,
@@ -19,23 +20,27 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
     """Compile a model or function with kiln; returns a callable with the same behaviour.
 
     ``mode``: "default", "reduce-overhead" or "max-autotune" (as in torch.compile).
-    ``target``: "auto" (the inputs' device: C++ on CPU, Triton on CUDA), "cpu", "cuda", or "triton" (Triton code
-    also for CPU tensors, run by Triton's interpreter when ``TRITON_INTERPRET=1``).
-    ``options``: kiln settings (see ``kiln.config.Config``), e.g. ``check=True``.
+    ``target``: "auto" (the inputs' device: C++ on CPU, Triton on CUDA), "cpu", "cuda" (needs a GPU), or
+    "triton" (Triton code also for CPU tensors, run by Triton's interpreter when ``TRITON_INTERPRET=1``).
+    ``options``: kiln settings (see ``kiln.config.Config``), e.g. ``check=True``; names, types and values are
+    checked here, before the first call.
+    A call that the model cannot take (a shape or dtype its ops reject) raises the model's own error, as eager
+    does, not TorchDynamo's tracing report (see frontend/user_errors.py).
     """
     import torch
 
     from kiln import config
+    from kiln.compiler import check_target
     from kiln.frontend.dynamo import check_mode, kiln_backend
+    from kiln.frontend.user_errors import guard
 
     if not callable(model_or_fn):
         raise TypeError(f"kiln.compile expects an nn.Module or a function, got {type(model_or_fn).__name__}")
     mode = check_mode(mode)
-    if target not in TARGETS:
-        raise ValueError(f"kiln.compile: unknown target {target!r}; accepted targets are {list(TARGETS)}")
+    check_target(target)  # an unknown target, or "cuda" without a GPU: said now, not at the first call
     if target != "auto":
-        options = {**options, "target": "triton" if target == "cuda" else target}
-    config.get().with_options(**options)  # validate option names now, not at the first call
+        options = {**options, "target": target}
+    config.get().with_options(**options)  # validate option names and values now, not at the first call
 
     def backend(gm: Any, example_inputs: Any) -> Callable:
         return kiln_backend(gm, example_inputs, mode=mode, options=options)
@@ -45,7 +50,11 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
         with config.scope(**options):
             compile_pool.warm()  # Triton compile workers start while TorchDynamo traces
 
-    return torch.compile(model_or_fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    compiled = torch.compile(model_or_fn, backend=backend, dynamic=dynamic, fullgraph=fullgraph)
+    if isinstance(compiled, torch.nn.Module):  # (an OptimizedModule: its ``forward`` is the compiled call)
+        compiled.forward = guard(compiled.forward, model_or_fn)
+        return compiled
+    return guard(compiled, model_or_fn)
 
 
 def _on_gpu(model_or_fn: Callable) -> bool:
@@ -68,6 +77,15 @@ def profile(model_or_fn: Callable, *example_inputs: Any, calls: int = 10, warmup
     ``Profile``: per step its time, share, GFLOP/s, GB/s and the machine's limit for it."""
     from kiln.explaining import profile as _profile
     return _profile(model_or_fn, *example_inputs, calls=calls, warmup=warmup, **options)
+
+
+def bisect(model_or_fn: Callable, *example_inputs: Any, rtol: float = 1e-4, atol: float = 1e-4,
+           out_dir: str = ".", **options: Any) -> Any:
+    """Why does kiln's result differ from eager?  Compiles ``model_or_fn`` on ``example_inputs`` again and again
+    (KILN_CHECK's step checker, each pass off, each library choice off) and returns (and prints) a
+    ``BisectResult``: the guilty kernel, native call, pass or choice, and a reproducer written to ``out_dir``."""
+    from kiln.testing.bisect import bisect as _bisect
+    return _bisect(model_or_fn, *example_inputs, rtol=rtol, atol=atol, out_dir=out_dir, options=options)
 
 
 def __getattr__(name: str) -> Any:

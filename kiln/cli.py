@@ -2,6 +2,7 @@
 
     kiln db list|show|export|import|prune         the tuning database
     kiln tune PACKAGE.MODULE:FACTORY [--budget S]  tune a model: FACTORY() returns (model, example_inputs)
+    kiln bisect PACKAGE.MODULE:FACTORY [--out DIR]  why kiln's result differs from eager (kiln.bisect)
 """
 from __future__ import annotations
 
@@ -79,6 +80,21 @@ def _tune_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _factory(spec: str) -> tuple:
+    """``module:function`` -> function() -> (model, example_inputs)."""
+    import importlib
+    module_name, _, attr = spec.partition(":")
+    model, inputs = getattr(importlib.import_module(module_name), attr or "main")()
+    return model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+
+
+def _bisect_command(args: argparse.Namespace) -> int:
+    from kiln.testing.bisect import bisect
+    model, inputs = _factory(args.factory)
+    result = bisect(model, *inputs, rtol=args.rtol, atol=args.atol, out_dir=args.out)
+    return 1 if result.differs else 0
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler for PyTorch")
     sub = p.add_subparsers(dest="command", required=True)
@@ -101,6 +117,11 @@ def parser() -> argparse.ArgumentParser:
     tune = sub.add_parser("tune", help="tune a model's kernels (max-autotune) with a progress bar")
     tune.add_argument("factory", help="module:function returning (model, example_inputs)")
     tune.add_argument("--budget", type=float, default=300.0, help="seconds of measurement (default 300)")
+    bis = sub.add_parser("bisect", help="narrow a difference from eager to a pass, choice or kernel")
+    bis.add_argument("factory", help="module:function returning (model, example_inputs)")
+    bis.add_argument("--out", default=".", help="folder for the reproducer (default: here)")
+    bis.add_argument("--rtol", type=float, default=1e-4)
+    bis.add_argument("--atol", type=float, default=1e-4)
     return p
 
 
@@ -110,6 +131,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _db_command(args)
     if args.command == "tune":
         return _tune_command(args)
+    if args.command == "bisect":
+        return _bisect_command(args)
     return 2
 
 

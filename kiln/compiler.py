@@ -1,10 +1,12 @@
 """Compile one captured ATen graph: lower -> passes -> kernels -> C++ -> runtime module.
 
 Everything that can go wrong after capture is caught here: with ``fallback`` on (the default) the graph
-runs eagerly and the report says why; with it off the error propagates.
+runs eagerly and the report says why; with it off the error propagates.  A target that cannot run here (no GPU
+for "cuda", CUDA tensors for "cpu") is the caller's configuration, not a compile failure: it is raised either way.
 """
 from __future__ import annotations
 
+import importlib.util
 import time
 import warnings
 from typing import Any, Callable, Sequence
@@ -17,16 +19,20 @@ from kiln.report import CompileReport, record
 
 
 def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], *,
-                       cfg: config_mod.Config, mode: str = "default", name: str = "graph") -> Callable:
+                       cfg: config_mod.Config, mode: str = "default", name: str = "graph",
+                       arg_names: Sequence[str | None] = ()) -> Callable:
+    """Compile ``fx_gm`` (AOTAutograd's forward graph); ``frozen`` maps placeholder positions to the weights they
+    are frozen to, ``arg_names`` names placeholders after the user's arguments for errors (None: unknown)."""
     report = CompileReport(name=name, mode=mode)
     record(report)
     start = time.perf_counter()
+    check_target(cfg.target, _device_of(fx_gm, frozen))
     try:
         # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
         from torch.utils._python_dispatch import _disable_current_modes
         with _disable_current_modes(), torch.no_grad(), \
                 config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
-            fn = _compile(fx_gm, frozen, cfg, report)
+            fn = _compile(fx_gm, frozen, cfg, report, arg_names)
     except Exception as exc:  # never break the user's model
         if not cfg.fallback:
             raise
@@ -47,34 +53,73 @@ def _eager(fx_gm: torch.fx.GraphModule) -> Callable:
     return run
 
 
-TARGET_NAMES = ("auto", "cpu", "triton")
+def _devices(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> list[torch.device]:
+    """The devices of the graph's tensors, each once: the inputs' first, then the frozen weights'."""
+    placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
+    inputs = [n.meta.get("val") for k, n in enumerate(placeholders) if k not in frozen]
+    found = [t.device for t in inputs if isinstance(t, torch.Tensor)] + [t.device for t in frozen.values()]
+    return list(dict.fromkeys(found))
 
 
 def _device_of(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> torch.device:
-    """The device of the graph's tensors (inputs first, then frozen weights); CPU when it has none."""
-    for n in fx_gm.graph.nodes:
-        val = n.meta.get("val") if n.op == "placeholder" else None
-        if isinstance(val, torch.Tensor):
-            return val.device
-    for t in frozen.values():
-        return t.device
-    return torch.device("cpu")
+    """The device kiln generates code for: its inputs', else its frozen weights'; CPU when it has no tensors."""
+    return next(iter(_devices(fx_gm, frozen)), torch.device("cpu"))
+
+
+def _check_devices(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> None:
+    """kiln generates code for CPU and CUDA tensors; a graph with others (a meta tensor, which eager may accept
+    beside CPU weights) fails compilation, so that ``fallback`` runs it eagerly."""
+    other = [d for d in _devices(fx_gm, frozen) if d.type not in ("cpu", "cuda")]
+    if other:
+        raise ValueError(f"kiln: the graph has {other[0].type} tensors; kiln generates code for CPU and CUDA tensors")
 
 
 def _use_triton(target: str, device: torch.device) -> bool:
-    if target not in TARGET_NAMES:
-        raise ValueError(f"kiln: unknown target {target!r}; accepted targets are {list(TARGET_NAMES)}")
-    return target == "triton" or (target == "auto" and device.type == "cuda")
+    return target in ("cuda", "triton") or (target == "auto" and device.type == "cuda")
+
+
+def check_target(target: str, device: torch.device | None = None) -> None:
+    """Raise a clear error where ``target`` cannot run on this machine, or (when known) on ``device``'s tensors.
+
+    kiln.compile calls it before any input is seen (``device`` None); the compiler again for each graph."""
+    if target not in config_mod.TARGETS:
+        raise ValueError(f"kiln: unknown target {target!r}; accepted targets are {list(config_mod.TARGETS)}")
+    if target == "cuda" and not torch.cuda.is_available():
+        why = "this PyTorch build has no CUDA support (torch.version.cuda is None)" if torch.version.cuda is None \
+            else "PyTorch finds no CUDA device (torch.cuda.is_available() is False)"
+        raise RuntimeError(f"kiln: target 'cuda' needs an NVIDIA GPU, but {why}; use target='auto' or 'cpu' to "
+                           f"generate C++ for the CPU")
+    if target in ("cuda", "triton") and importlib.util.find_spec("triton") is None:
+        raise RuntimeError(f"kiln: target {target!r} generates Triton kernels, but Triton is not installed "
+                           f"(pip install triton, or kiln's [gpu] extra)")
+    if device is None or target == "auto":
+        return
+    if target == "cpu" and device.type != "cpu":
+        raise ValueError(f"kiln: target 'cpu' generates C++ for CPU tensors, but the inputs are on {device}; use "
+                         f"target='auto' or 'cuda'")
+    if target == "cuda" and device.type != "cuda":
+        raise ValueError(f"kiln: target 'cuda' generates Triton kernels for CUDA tensors, but the inputs are on "
+                         f"{device}; move the model and its inputs to the GPU, or use target='auto'")
+    if target == "triton" and device.type != "cuda" and not _triton_interprets():
+        raise RuntimeError(f"kiln: target 'triton' runs Triton kernels on {device} tensors only in Triton's "
+                           f"interpreter, which needs TRITON_INTERPRET=1 in the environment before Triton is "
+                           f"imported; use target='auto' or 'cpu' for C++ on the CPU")
+
+
+def _triton_interprets() -> bool:
+    from kiln.runtime.triton_math import INTERPRET  # (how kiln's Triton runtime decides it, at its import)
+    return INTERPRET
 
 
 def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
-             report: CompileReport) -> Callable:
+             report: CompileReport, arg_names: Sequence[str | None] = ()) -> Callable:
     from kiln.frontend.lower import lower_fx
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.passes.pipeline import run_pipeline
     from kiln.runtime.choose import build_best
     from kiln.runtime.module import build_module
 
+    _check_devices(fx_gm, frozen)
     device = _device_of(fx_gm, frozen)
     triton = _use_triton(cfg.target, device)
     start = time.perf_counter()
@@ -89,12 +134,19 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         report.target = "triton"
         module = build_triton_module(graph, report, device, report.mode)
     else:
-        if device.type != "cpu":
-            raise ValueError(f"kiln: target {cfg.target!r} generates C++ for CPU tensors, but the inputs are on "
-                             f"{device}; use target='auto' or 'cuda'")
         module = build_best(graph, report, build_module)
-    input_positions = [n.attr("index") for n in graph.inputs]
+    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names)
+
+
+def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[str | None]) -> Callable:
+    """The graph's call on AOTAutograd's arguments: the module's inputs picked by position; an input the module
+    was not compiled for is reported under the user's argument name."""
+    from kiln.runtime.errors import InputMismatch
 
     def run(args: Sequence[Any]) -> list[torch.Tensor]:
-        return module([args[i] for i in input_positions])
+        try:
+            return module([args[i] for i in input_positions])
+        except InputMismatch as exc:  # (a try costs nothing until it catches)
+            position = input_positions[exc.k]
+            raise exc.named(arg_names[position] if position < len(arg_names) else None) from None
     return run

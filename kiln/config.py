@@ -2,22 +2,81 @@
 
 No other module reads ``os.environ``; they read ``kiln.config.get()`` instead.  ``scope(**overrides)``
 changes knobs for a ``with`` block (tests use it), and ``kiln.compile(..., **options)`` passes its options
-through :func:`Config.with_options`, which rejects unknown names with the list of accepted ones.
+through :func:`Config.with_options`, which rejects unknown names with the list of accepted ones and values of
+the wrong type or outside a knob's accepted values, naming the option, what it takes and what came.  Environment
+values (``KILN_*``) are parsed and checked the same way.
 """
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import os
+import re
+import typing
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
+
+# Code generators (``Config.target``, kiln.compile's ``target``): "cuda" is Triton on CUDA tensors (it needs a GPU),
+# "triton" is Triton on the inputs' device (CPU tensors: Triton's interpreter, how CI tests the GPU generator).
+TARGETS = ("auto", "cpu", "cuda", "triton")
+_CHOICES = {"target": TARGETS}
+_NON_NEGATIVE = ("max_folded_numel", "compile_workers", "tune_budget_s")
+_ENV_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
+              "off": False, "": False}
+
+# What each field type accepts, and how errors describe it.  bool is an int subclass in Python, so ints and
+# floats refuse it explicitly: ``compile_workers=True`` is a mistake, not 1.
+_KINDS: dict[Any, tuple[Callable[[Any], bool], str]] = {
+    bool: (lambda v: isinstance(v, bool), "a bool (True or False)"),
+    int: (lambda v: isinstance(v, int) and not isinstance(v, bool), "an int"),
+    float: (lambda v: isinstance(v, (int, float)) and not isinstance(v, bool), "a number (int or float)"),
+    str: (lambda v: isinstance(v, str), "a str"),
+    tuple[str, ...]: (lambda v: isinstance(v, (tuple, list)) and all(isinstance(x, str) for x in v),
+                      "a tuple of str"),
+}
 
 
-def _env_bool(name: str, default: bool) -> bool:
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() not in ("0", "false", "no", "off", "")
+def _parse_env(env: str, typ: Any, text: str) -> Any:
+    """Environment variable ``env``'s ``text`` as a value of ``typ``, or a ValueError naming the variable."""
+    if typ is bool:
+        word = text.strip().lower()
+        if word not in _ENV_BOOLS:
+            raise ValueError(f"kiln: environment variable {env} expects a bool (1/0, true/false, yes/no or on/off), "
+                             f"got {text!r}")
+        return _ENV_BOOLS[word]
+    if typ in (int, float):
+        try:
+            return typ(text)
+        except ValueError:
+            raise ValueError(f"kiln: environment variable {env} expects {_KINDS[typ][1]}, got {text!r}") from None
+    return text
+
+
+@functools.cache
+def _field_types() -> dict[str, Any]:
+    return typing.get_type_hints(Config)
+
+
+def _checked(name: str, value: Any, label: str) -> Any:
+    """``value`` for field ``name``, normalised (an int for a float field becomes a float, a list of flags a
+    tuple); TypeError for a value of the wrong type, ValueError for one outside the field's accepted values, each
+    naming ``label`` ("option 'check'", "environment variable KILN_CHECK")."""
+    typ = _field_types()[name]
+    accepts, kind = _KINDS.get(typ, (lambda v: True, ""))  # (a field of a type without a rule: not checked)
+    if not accepts(value):
+        raise TypeError(f"kiln: {label} expects {kind}, got {value!r} ({type(value).__name__})")
+    value = float(value) if typ is float else tuple(value) if typ == tuple[str, ...] else value
+    if name in _CHOICES and value not in _CHOICES[name]:
+        raise ValueError(f"kiln: {label} expects one of {list(_CHOICES[name])}, got {value!r}")
+    if name in _NON_NEGATIVE and value < 0:
+        raise ValueError(f"kiln: {label} expects a value >= 0, got {value!r}")
+    if name == "winograd_tiles" and not all(re.fullmatch(r"[0-9]+", t.strip()) for t in value.split(",")
+                                            if t.strip()):
+        # (which sizes kiln's kernels have is the Winograd pass's business, passes/winograd.py: tiles())
+        raise ValueError(f"kiln: {label} expects comma-separated tile sizes such as '2' or '2,4' ('' turns "
+                         f"Winograd off), got {value!r}")
+    return value
 
 
 def _default_cache_dir() -> str:
@@ -81,11 +140,15 @@ class Config:
     winograd_tiles: str = "2"
     # Fall back to eager (with a warning) when code generation or compilation fails, instead of raising.
     fallback: bool = True
-    # Code generator: "auto" (C++ for CPU tensors, Triton for CUDA tensors), "cpu" (C++), or "triton" (also on
-    # CPU tensors when TRITON_INTERPRET=1: how the GPU generator is tested without a GPU).
+    # Code generator: "auto" (C++ for CPU tensors, Triton for CUDA tensors), "cpu" (C++), "cuda" (Triton, CUDA
+    # tensors only) or "triton" (also on CPU tensors when TRITON_INTERPRET=1: how the GPU generator is tested
+    # without a GPU).
     target: str = "auto"
     # max-autotune: seconds of measurement per compiled graph (schedules found are kept in the tuning database)
     tune_budget_s: float = 300.0
+    # Passes of passes/pipeline.py to skip, comma-separated names ("select_gemm,winograd"): how ``kiln bisect``
+    # finds a guilty pass.  Every pass may be skipped (each keeps the graph's meaning; later ones cope).
+    disabled_passes: str = ""
 
     _ENV = {
         "check": ("KILN_CHECK", bool),
@@ -106,6 +169,7 @@ class Config:
         "compile_workers": ("KILN_COMPILE_WORKERS", int),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
+        "disabled_passes": ("KILN_DISABLED_PASSES", str),
     }
 
     @classmethod
@@ -113,7 +177,7 @@ class Config:
         values: dict[str, Any] = {}
         for field, (env, typ) in cls._ENV.items():
             if env in os.environ:
-                values[field] = _env_bool(env, False) if typ is bool else typ(os.environ[env])
+                values[field] = _checked(field, _parse_env(env, typ, os.environ[env]), f"environment variable {env}")
         return cls(**values)
 
     @classmethod
@@ -124,7 +188,7 @@ class Config:
         unknown = sorted(set(options) - set(self.option_names()))
         if unknown:
             raise ValueError(f"kiln: unknown option(s) {unknown}; accepted options are {self.option_names()}")
-        return dataclasses.replace(self, **options)
+        return dataclasses.replace(self, **{k: _checked(k, v, f"option {k!r}") for k, v in options.items()})
 
 
 _current: Config | None = None

@@ -26,7 +26,7 @@ from kiln.ir.tiling import plan_tiles
 from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.loops import LoopNest
-from kiln.ir.ops import Op, numel
+from kiln.ir.ops import HALF, Op, compute_dtype, numel
 
 MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 
@@ -34,6 +34,18 @@ MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 def lanes(dtype: torch.dtype) -> int:
     """Vector lanes of a 512-bit register for ``dtype`` (the schedule's vector width)."""
     return max(1, 64 // max(torch.empty((), dtype=dtype).element_size(), 1))
+
+
+def acc_type(dtype: torch.dtype) -> str:
+    """The C++ type a reduction accumulates a ``dtype`` result in (float for half precision, as ATen does)."""
+    return ctype(compute_dtype(dtype))
+
+
+def _round_half_accs(phase: ReduceLoop, lines: list[str], indent: str) -> None:
+    """A half-precision reduction's value is its float accumulator rounded once, as ATen's result is."""
+    for a in phase.accs:
+        if a.dtype in HALF:
+            lines.append(f"{indent}{a.name} = float({ctype(a.dtype)}({a.name}));")
 
 
 def _init(kind: Op, dtype: torch.dtype) -> str:
@@ -168,13 +180,14 @@ class KernelWriter:
             self._scalar_reduce(phase, row, indent)
             return
         for a in phase.accs:
-            self.lines.append(f"{indent}{ctype(a.dtype)} {a.name};")
+            self.lines.append(f"{indent}{acc_type(a.dtype)} {a.name};")
         if self._split_reduction(phase):
             self._parallel_reduce(phase, row, indent)
-            return
-        self.lines.append(f"{indent}{{")
-        self._lane_reduce(phase, row, indent + "  ", "0", str(self.k.rsize), "")
-        self.lines.append(f"{indent}}}")
+        else:
+            self.lines.append(f"{indent}{{")
+            self._lane_reduce(phase, row, indent + "  ", "0", str(self.k.rsize), "")
+            self.lines.append(f"{indent}}}")
+        _round_half_accs(phase, self.lines, indent)
 
     def _split_reduction(self, phase: ReduceLoop) -> bool:
         """One row only (a full reduction), long enough to share among threads, nothing else in the kernel.
@@ -189,7 +202,7 @@ class KernelWriter:
     def _parallel_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
         rs = self.k.rsize
         for a in phase.accs:
-            self.lines.append(f"{indent}{ctype(a.dtype)} {a.name}_part[{MAX_THREADS}];")
+            self.lines.append(f"{indent}{acc_type(a.dtype)} {a.name}_part[{MAX_THREADS}];")
         self.lines.append(f"{indent}int kiln_nt = omp_get_max_threads() < {MAX_THREADS} ? omp_get_max_threads() : "
                           f"{MAX_THREADS};")
         self.lines.append(f"{indent}#pragma omp parallel num_threads(kiln_nt)")
@@ -209,9 +222,9 @@ class KernelWriter:
 
     def _lane_reduce(self, phase: ReduceLoop, row: ExprPrinter, inner: str, lo: str, hi: str, suffix: str) -> None:
         """Reduce r in [lo, hi) into ``VW`` lanes, then into ``<acc><suffix>``."""
-        vw = self._lanes or min(lanes(a.value.dtype) for a in phase.accs)  # 0: one vector register
+        vw = self._lanes or min(lanes(compute_dtype(a.value.dtype)) for a in phase.accs)  # 0: one vector register
         for a in phase.accs:
-            self.lines.append(f"{inner}{ctype(a.dtype)} {a.name}_l[{vw}];")
+            self.lines.append(f"{inner}{acc_type(a.dtype)} {a.name}_l[{vw}];")
             self.lines.append(f"{inner}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] = {_init(a.kind, a.dtype)};")
         self.lines.append(f"{inner}int64_t r0 = {lo};")
         self.lines.append(f"{inner}for (; r0 + {vw} <= {hi}; r0 += {vw}) {{")
@@ -226,7 +239,7 @@ class KernelWriter:
         self.lines.append(f"{inner}}}")
         for a in phase.accs:
             name = a.name + suffix
-            decl = f"{ctype(a.dtype)} " if suffix else ""
+            decl = f"{acc_type(a.dtype)} " if suffix else ""
             self.lines.append(f"{inner}{decl}{name} = {a.name}_l[0];")
             self.lines.append(f"{inner}for (int l = 1; l < {vw}; ++l) "
                               f"{name} = {_combine(a.kind, name, a.name + '_l[l]', a.dtype)};")
@@ -237,8 +250,8 @@ class KernelWriter:
             self.lines.append(f"{indent}{s.buf}[{body.index(s.index)}] = {body.expr(s.value)};")
         for a in phase.accs:
             v = body.expr(a.value)
-            if a.dtype != a.value.dtype:
-                v = f"static_cast<{ctype(a.dtype)}>({v})"
+            if compute_dtype(a.dtype) != compute_dtype(a.value.dtype):
+                v = f"static_cast<{acc_type(a.dtype)}>({v})"
             self.lines.append(f"{indent}{a.name}_l{lane} = {_combine(a.kind, a.name + '_l' + lane, v, a.dtype)};")
 
     def _scalar_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
@@ -257,14 +270,15 @@ class KernelWriter:
             else:
                 self.lines.append(f"{indent}  {a.name} = {_combine(a.kind, a.name, v, a.dtype)};")
         self.lines.append(f"{indent}}}")
+        _round_half_accs(phase, self.lines, indent)
 
     def _scalar_acc_init(self, a: Acc, indent: str) -> None:
         if a.kind in (Op.ARGMAX, Op.ARGMIN):
             vt = a.value.dtype
-            self.lines.append(f"{indent}{ctype(vt)} {a.name}_v = {_init(a.kind, vt)};")
+            self.lines.append(f"{indent}{acc_type(vt)} {a.name}_v = {_init(a.kind, vt)};")
             self.lines.append(f"{indent}int64_t {a.name} = 0;")
         else:
-            self.lines.append(f"{indent}{ctype(a.dtype)} {a.name} = {_init(a.kind, a.dtype)};")
+            self.lines.append(f"{indent}{acc_type(a.dtype)} {a.name} = {_init(a.kind, a.dtype)};")
 
 
 def native_calls(segments: list[list[Any]]) -> list[Any]:
@@ -294,6 +308,10 @@ def translation_unit(kernels: list[Kernel], segments: list[list[Any]], slot_of: 
         timed = [f"{c}\n  t[{k + 1}] = omp_get_wtime();" for k, c in enumerate(calls)]
         parts.append(f'extern "C" void kiln_segment_{i}_timed(void** b, double* t) {{\n  t[0] = omp_get_wtime();\n'
                      + "\n".join(timed) + "\n}")
+        # one entry at a time, for KILN_CHECK's step checker (runtime/checking.py)
+        cases = [f"  case {k}:{c[1:]} break;" for k, c in enumerate(calls)]
+        parts.append(f'extern "C" void kiln_segment_{i}_entry(void** b, int k) {{\n  switch (k) {{\n'
+                     + "\n".join(cases) + "\n  }\n}")
     parts.append('extern "C" void kiln_set_threads(int n) { omp_set_num_threads(n); }')
     return "\n\n".join(parts) + "\n"
 

@@ -14,11 +14,12 @@ import torch
 
 from kiln.ir.index import Dyn, Lin, render
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
-from kiln.ir.ops import Op
+from kiln.ir.ops import HALF, Op, compute_dtype
 
 CPP_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
+    torch.bfloat16: "kiln_bf16", torch.float16: "_Float16",
 }
 
 # float32 functions come from the vectorizable prelude (k_*); double uses libm.
@@ -45,6 +46,19 @@ template <class T> static inline T kiln_remi(T a, T b) {
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T kiln_floordivi(T a, T b) {
   T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
+// bfloat16 in memory: converted to float on every read, rounded to nearest even on every write, as ATen does
+// around each op; NaN stays a (quiet) NaN.  (float16 is the compiler's _Float16, converted the same way.)
+struct kiln_bf16 {
+  uint16_t bits;
+  kiln_bf16() = default;
+  template <class U> kiln_bf16(U v) : bits(round(static_cast<float>(v))) {}
+  operator float() const { uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
+  static uint16_t round(float f) {
+    uint32_t u; std::memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
+    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+  }
+};
 """
 
 
@@ -56,7 +70,7 @@ def literal(value: Any, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
         return "true" if value else "false"
     if dtype.is_floating_point:
-        suffix = "f" if dtype == torch.float32 else ""
+        suffix = "f" if compute_dtype(dtype) == torch.float32 else ""
         v = float(value)
         if math.isnan(v):
             return f"{ctype(dtype)}(__builtin_nan(\"\"))"
@@ -70,7 +84,11 @@ def literal(value: Any, dtype: torch.dtype) -> str:
 
 
 def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype) -> str:
-    """C++ for one operator applied to already-printed operands."""
+    """C++ for one operator applied to already-printed operands (half-precision ones already read as float: the
+    operator computes in float, and the result is rounded where it is bound or stored)."""
+    if op is Op.CAST and dtype in HALF:  # the rounding is the point of the cast, also where it is inlined
+        return f"float({ctype(dtype)}({args[0]}))"
+    dtype, arg_dtype = compute_dtype(dtype), compute_dtype(arg_dtype)
     t = ctype(dtype)
     fp = arg_dtype.is_floating_point
     a = args[0]
@@ -151,6 +169,11 @@ class ExprPrinter:
         return self.expr(d.expr, inline)
 
     def expr(self, e: KExpr, inline: bool = False) -> str:
+        """``e`` as an operand; a half-precision value (held rounded, in its storage type) is read as float."""
+        text = self._expr(e, inline)
+        return f"float({text})" if e.dtype in HALF else text
+
+    def _expr(self, e: KExpr, inline: bool = False) -> str:
         if e in self.names:
             return self.names[e]
         if isinstance(e, KConst):

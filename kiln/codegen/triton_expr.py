@@ -18,18 +18,13 @@ import torch
 
 from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, Var
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
-from kiln.ir.ops import Op
+from kiln.ir.ops import HALF, Op, compute_dtype  # noqa: F401  (re-exported for triton.py)
 
 TL_TYPES = {
     torch.float32: "tl.float32", torch.float64: "tl.float64", torch.bfloat16: "tl.bfloat16",
     torch.float16: "tl.float16", torch.int64: "tl.int64", torch.int32: "tl.int32", torch.int16: "tl.int16",
     torch.int8: "tl.int8", torch.uint8: "tl.uint8", torch.bool: "tl.int1",
 }
-HALF = (torch.bfloat16, torch.float16)
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    return torch.float32 if dtype in HALF else dtype
 
 
 def tl_type(dtype: torch.dtype) -> str:

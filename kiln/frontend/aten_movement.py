@@ -8,7 +8,7 @@ import torch
 from kiln.frontend.aten import out_dtype, out_shape, register
 from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim
 from kiln.ir.graph import Node
-from kiln.ir.ops import Op, broadcast_shapes, numel
+from kiln.ir.ops import Op, broadcast_shapes, contiguous_strides, numel
 
 aten = torch.ops.aten
 
@@ -250,11 +250,55 @@ def _diagonal_scatter(L: Lowerer, n: Any, x: Node, src: Node, offset: int = 0, d
     return L.permute(out, inverse)
 
 
+@register(aten.as_strided, aten.as_strided_copy)
+def _as_strided(L: Lowerer, n: Any, x: Node, size: Sequence[int], stride: Sequence[int],
+                storage_offset: int | None = None) -> Node:
+    """``as_strided`` of a contiguous value (decompositions emit it to restride a result: adaptive pooling's
+    mean): element ``i`` is ``flat(x)[offset + sum_k i_k * stride_k]``.  A layout that is a permutation of a
+    contiguous one is a reshape and a permute (a view); any other is a TAKE at the computed flat index.  A value
+    laid out otherwise in eager (its storage is not its logical order) stays with ATen.
+
+        as_strided(%x: [2, 32, 1, 1], size=[2, 32, 1, 1], stride=[32, 1, 32, 32])  ->  %x
+        as_strided(%x: [6], size=[2, 3], stride=[1, 2])  ->  permute(reshape(%x, [3, 2]), [1, 0])"""
+    xv = meta_val(n.args[0])
+    size, stride = [int(s) for s in size], [int(s) for s in stride]
+    offset = int(storage_offset or 0)
+    if (not isinstance(xv, torch.Tensor) or not xv.is_contiguous() or xv.storage_offset() != 0
+            or numel(size) == 0 or min(stride, default=0) < 0
+            or offset + sum((s - 1) * st for s, st in zip(size, stride)) >= max(x.numel, 1)):
+        raise Unsupported("as_strided of a non-contiguous value, or reaching past it")
+    dims = sorted((k for k in range(len(size)) if size[k] != 1), key=lambda k: -stride[k])
+    inner = tuple(size[k] for k in dims)
+    if offset == 0 and numel(size) == x.numel and tuple(stride[k] for k in dims) == contiguous_strides(inner):
+        y = L.reshape(x, inner)  # the dims in memory order, then back in the requested order
+        y = L.permute(y, [dims.index(k) for k in sorted(dims)])
+        return L.reshape(y, tuple(size))
+    index: Node | None = None
+    for k in dims:
+        axis = tuple(size[k] if j == k else 1 for j in range(len(size)))
+        term = L.expand(L.reshape(_iota(L, size[k], 0, stride[k]), axis), tuple(size))
+        index = term if index is None else L.b.add(Op.ADD, (index, term))
+    if index is None:
+        index = L.full(offset, tuple(size), torch.int64)
+    elif offset:
+        index = L.b.add(Op.ADD, (index, L.full(offset, tuple(size), torch.int64)))
+    return L.b.add(Op.TAKE, (L.reshape(x, (x.numel,)), index), dim=0)
+
+
 # ------------------------------------------------------------------------------------------- indexing
+
+def _int_index(L: Lowerer, index: Node, op: str) -> Node:
+    """``index`` as int64.  Eager takes int32 and int64 indices only; any other (float indices where a model wants
+    token ids, which TorchDynamo's fake tensors let through on some torch versions) stays with ATen, an extern
+    that raises eager's own error, instead of being cast and read."""
+    if index.dtype not in (torch.int32, torch.int64):
+        raise Unsupported(f"{op} with {index.dtype} indices")
+    return L.cast(index, torch.int64)
+
 
 @register(aten.embedding)
 def _embedding(L: Lowerer, n: Any, weight: Node, indices: Node, *args: Any) -> Node:
-    return L.b.add(Op.TAKE, (weight, L.cast(indices, torch.int64)), dim=0)
+    return L.b.add(Op.TAKE, (weight, _int_index(L, indices, "embedding")), dim=0)
 
 
 @register(aten.index_select)
@@ -262,7 +306,7 @@ def _index_select(L: Lowerer, n: Any, x: Node, dim: int, index: Node) -> Node:
     d = norm_dim(dim, len(x.shape))
     if not x.shape:
         x = L.reshape(x, (1,))
-    idx = L.reshape(L.cast(index, torch.int64), (index.numel,))
+    idx = L.reshape(_int_index(L, index, "index_select"), (index.numel,))
     return L.reshape(L.b.add(Op.TAKE, (x, idx), dim=d), out_shape(n))
 
 
@@ -270,7 +314,7 @@ def _index_select(L: Lowerer, n: Any, x: Node, dim: int, index: Node) -> Node:
 def _gather(L: Lowerer, n: Any, x: Node, dim: int, index: Node, sparse_grad: bool = False) -> Node:
     if len(x.shape) != len(index.shape) or not x.shape:
         raise Unsupported("gather of 0-d tensors")
-    return L.b.add(Op.GATHER, (x, L.cast(index, torch.int64)), dim=norm_dim(dim, len(x.shape)))
+    return L.b.add(Op.GATHER, (x, _int_index(L, index, "gather")), dim=norm_dim(dim, len(x.shape)))
 
 
 @register(aten.index)

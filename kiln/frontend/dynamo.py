@@ -6,6 +6,7 @@ parameters and buffers are frozen into the graph as constants so that folding pa
 """
 from __future__ import annotations
 
+import re
 import warnings
 from typing import Any, Callable, Sequence
 
@@ -25,6 +26,17 @@ def _is_static(fx_node: torch.fx.Node, value: Any) -> bool:
     tensor_dict = fx_node.meta.get("tensor_dict", {})
     return bool(tensor_dict.get("_dynamo_static_input_type")) or \
         getattr(value, "_dynamo_static_input_type", None) is not None
+
+
+def _argument_name(fx_node: torch.fx.Node) -> str | None:
+    """The user's name for a graph input, from TorchDynamo's source: ``L['x']`` -> ``x``, ``L['batch']['ids']``
+    -> ``batch['ids']`` (forward's or the function's parameters); None where TorchDynamo recorded no source."""
+    source = getattr(fx_node.meta.get("grapharg"), "source", None)
+    if source is None:
+        return None
+    name = source.name() if callable(source.name) else source.name  # (a method in older torch)
+    local = re.fullmatch(r"L\['([^']+)'\](.*)", name)
+    return local.group(1) + local.group(2) if local else name
 
 
 def _needs_grad(example_inputs: Sequence[Any]) -> bool:
@@ -65,15 +77,18 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
         [t for _, t in gm.named_buffers(remove_duplicate=False)]
     frozen_values = module_params + list(example_inputs)
     frozen_mask = [True] * len(module_params) + static
+    names = [None] * len(module_params) + [_argument_name(p) for p in placeholders]
 
     def fw_compiler(fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable:
         from kiln.compiler import compile_aten_graph
         fx_placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
         frozen: dict[int, torch.Tensor] = {}
-        if len(fx_placeholders) == len(frozen_values):
+        arg_names: list[str | None] = []
+        if len(fx_placeholders) == len(frozen_values):  # (AOTAutograd's inputs: the parameters, then Dynamo's)
             frozen = {i: v for i, (v, m) in enumerate(zip(frozen_values, frozen_mask))
                       if m and isinstance(v, torch.Tensor)}
-        return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm))
+            arg_names = names
+        return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm), arg_names=arg_names)
 
     return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
                                  decompositions=decomposition_table(), keep_inference_input_mutations=True)

@@ -19,16 +19,26 @@ class InputRef:
 class Baked:
     """A value baked into an extern call that is not a graph value (a weight prepacked for the library).
 
-    Identity-hashed and printed by its label, so graphs holding it stay hashable and readable."""
+    Identity-hashed and printed by its label, so graphs holding it stay hashable and readable.  ``source``: the
+    value it was made from in the op's ATen form (a linear layer's ``[N, K]`` weight for packed panels), kept
+    under ``KILN_CHECK`` so the step checker can compute the call's reference with ATen (runtime/references.py)."""
 
-    __slots__ = ("value", "label")
+    __slots__ = ("value", "label", "source")
 
-    def __init__(self, value: Any, label: str):
+    def __init__(self, value: Any, label: str, source: Any = None):
         self.value = value
         self.label = label
+        self.source = source
 
     def __repr__(self) -> str:
         return self.label
+
+
+def checked_source(weight_node: Any) -> Any:
+    """A constant node's tensor, to keep as a ``Baked``'s source while ``KILN_CHECK`` is on (else None: a folded
+    weight's source would be held beside its packed form for nothing)."""
+    from kiln import config
+    return weight_node.attr("value").tensor if config.get().check else None
 
 
 def substitute(template: Any, values: Sequence[Any]) -> Any:

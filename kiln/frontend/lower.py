@@ -17,7 +17,7 @@ from kiln.frontend import aten_pool  # noqa: F401  (registers the pooling loweri
 from kiln.frontend.aten import LOWERINGS
 from kiln.frontend.lowering_base import KERNEL_DTYPES, Lowerer, Unsupported
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
-from kiln.ir.ops import Op
+from kiln.ir.ops import ELEMENTWISE, HALF, REDUCTION, Op
 
 
 class LoweringError(RuntimeError):
@@ -37,6 +37,45 @@ def _kernel_dtypes_only(fx_node: torch.fx.Node, args: Sequence[Any], kwargs: dic
     vals = _tensors_in(fx_node.meta.get("val"))
     vals += _tensors_in(list(args)) + _tensors_in(list(kwargs.values()))
     return all(v.dtype in dtypes for v in vals)
+
+
+def _rounds_inside(nodes: list[Node]) -> bool:
+    """Does a lowering compute in half precision in more than one step?
+
+    [Note: composite ops in half precision] ATen computes a composite op on bf16/fp16 (gelu, layer_norm, softmax,
+    a variance) in fp32 and rounds its result once; lowered to primitives in the input's type, every primitive
+    would round (kiln's kernels hold half-precision values rounded, like ATen between ops), a few ulps off
+    eager.  Such a lowering's nodes are rebuilt in fp32 (``_in_fp32``), its results cast back."""
+    return sum(n.dtype in HALF and (n.op in ELEMENTWISE or n.op in REDUCTION) for n in nodes) > 1
+
+
+def _in_fp32(L: Lowerer, mark: int, result: Any) -> Any:
+    """The nodes a lowering added (from ``mark`` on) rebuilt to compute in fp32: half-precision values become
+    fp32 ones, half-precision inputs from outside are cast up once, and the results are cast back down."""
+    added = L.b.nodes[mark:]
+    del L.b.nodes[mark:]
+    new: dict[Node, Node] = {}
+    outside: dict[Node, Node] = {}
+
+    def source(i: Node) -> Node:
+        if i in new:
+            return new[i]
+        if i.dtype in HALF:
+            if i not in outside:
+                outside[i] = L.b.add(Op.CAST, [i], dtype=torch.float32)
+            return outside[i]
+        return i
+    for n in added:
+        dtype = torch.float32 if n.dtype in HALF else n.dtype
+        new[n] = L.b.add_node(Node(n.op, tuple(source(i) for i in n.inputs), n.attrs, n.shape, dtype))
+
+    def down(v: Any) -> Any:
+        if isinstance(v, Node) and v in new:
+            return L.b.add(Op.CAST, [new[v]], dtype=v.dtype) if v.dtype in HALF else new[v]
+        if isinstance(v, (list, tuple)):
+            return type(v)(down(x) for x in v)
+        return v
+    return down(result)
 
 
 def _has_symbols(v: Any) -> bool:
@@ -65,7 +104,10 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     position = 0
     for fx_node in gm.graph.nodes:
         if _has_symbols(fx_node.meta.get("val")):
-            raise LoweringError(f"dynamic shape in {fx_node.format_node()}")
+            raise LoweringError(f"kiln compiles static shapes only, and this graph has symbolic sizes (traced with "
+                                f"dynamic shapes: torch.compile(dynamic=True), or a call at a new size or new int "
+                                f"argument under dynamic=None; kiln.compile uses dynamic=False): "
+                                f"{fx_node.format_node()}")
         if fx_node.op == "placeholder":
             val = fx_node.meta.get("val")
             if position in frozen:
@@ -106,7 +148,10 @@ def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any
     if lowering is not None and _kernel_dtypes_only(fx_node, args, kwargs, L.kernel_dtypes):
         mark = len(L.b.nodes)
         try:
-            return lowering(L, fx_node, *args, **kwargs)
+            result = lowering(L, fx_node, *args, **kwargs)
+            if _rounds_inside(L.b.nodes[mark:]):
+                result = _in_fp32(L, mark, result)
+            return result
         except Unsupported:
             del L.b.nodes[mark:]  # drop half-built nodes; they are unreferenced
     if not isinstance(target, torch._ops.OpOverload):

@@ -16,11 +16,11 @@ from kiln.frontend.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.ops import Op, broadcast_shapes, numel, reduced_shape
 
-# dtypes the generated kernels compute in; anything else runs as an EXTERN ATen call
+# dtypes the generated kernels load and store; anything else runs as an EXTERN ATen call.  Half precision is
+# computed in fp32 by both code generators (codegen/cpp_expr.py, codegen/triton_expr.py).
 KERNEL_DTYPES = frozenset({torch.float32, torch.float64, torch.int64, torch.int32, torch.int16, torch.int8,
-                           torch.uint8, torch.bool})
-# Triton computes half-precision values in fp32 registers (codegen/triton_expr.py), so it takes these too.
-TRITON_KERNEL_DTYPES = KERNEL_DTYPES | {torch.bfloat16, torch.float16}
+                           torch.uint8, torch.bool, torch.bfloat16, torch.float16})
+TRITON_KERNEL_DTYPES = KERNEL_DTYPES
 
 
 class Unsupported(Exception):
@@ -141,18 +141,35 @@ class Lowerer:
     def extern(self, fx_node: torch.fx.Node, args: Sequence[Any], kwargs: dict[str, Any]) -> Any:
         """Keep the ATen call as it is: one EXTERN node per tensor output."""
         val = meta_val(fx_node)
-        self.externs.append(str(fx_node.target))
+        target = owning_variant(fx_node.target)
+        self.externs.append(str(target))
         if isinstance(val, torch.Tensor):
-            return build_extern(self.b, fx_node.target, args, kwargs, val.shape, val.dtype)
+            return build_extern(self.b, target, args, kwargs, val.shape, val.dtype)
         if isinstance(val, (list, tuple)):
             outs = []
             for k, v in enumerate(val):
                 if isinstance(v, torch.Tensor):
-                    outs.append(build_extern(self.b, fx_node.target, args, kwargs, v.shape, v.dtype, k))
+                    outs.append(build_extern(self.b, target, args, kwargs, v.shape, v.dtype, k))
                 else:
                     outs.append(v)
             return tuple(outs)
         raise Unsupported(f"{fx_node.target} returns {type(val).__name__}, not tensors")
+
+
+def owning_variant(target: Any) -> Any:
+    """The op an extern calls for ``target``: a view op's ``*_copy`` twin (``aten.view.dtype`` ->
+    ``aten.view_copy.dtype``), any other op itself.
+
+    [Note: externs own their results] A view op's result aliases its input, and the input may live in kiln's
+    arena or be an output buffer that is recycled or overwritten by the next call: returned to the caller, or
+    read after the arena reused that memory, the view shows another value (a bit-cast ``y.view(torch.int32)``
+    of a computed ``y`` returned stale data).  In a functional graph the copy has the same value, and its memory
+    belongs to the extern's result like any library call's."""
+    schema = getattr(target, "_schema", None)
+    if schema is None or not any(r.alias_info is not None and not r.alias_info.is_write for r in schema.returns):
+        return target
+    packet = getattr(getattr(torch.ops, target.namespace), target.overloadpacket.__name__ + "_copy", None)
+    return getattr(packet, target._overloadname, target) if packet is not None else target
 
 
 def result_dtype(*args: Any) -> torch.dtype:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import enum
 
+import torch
+
 
 class Op(enum.Enum):
     # sources
@@ -151,3 +153,12 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(acc)
         acc *= max(s, 1)
     return tuple(reversed(strides))
+
+
+# Half-precision element types: kernels load and store them, and compute in fp32 (C++ and Triton alike).
+HALF = (torch.bfloat16, torch.float16)
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The type a kernel computes a value of ``dtype`` in: fp32 for half precision, else the type itself."""
+    return torch.float32 if dtype in HALF else dtype

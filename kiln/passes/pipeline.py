@@ -85,7 +85,14 @@ def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool 
     from kiln.passes.check import Checker
     checker = Checker(graph) if check else None
     decisions.take_measured()  # (measurements made outside a compile are nobody's report)
+    disabled = {name.strip() for name in config.get().disabled_passes.split(",") if name.strip()}
+    unknown = disabled - {name for name, _ in PIPELINE}
+    if unknown:
+        raise ValueError(f"kiln: disabled_passes names unknown passes {sorted(unknown)}; the passes are "
+                         f"{[name for name, _ in PIPELINE]}")
     for name, fn in PIPELINE:
+        if name in disabled:
+            continue
         log = RewriteLog()
         start = time.perf_counter()
         before = len(graph.nodes)

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.frontend.extern import Baked, build_extern, extern_args
+from kiln.frontend.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
@@ -66,7 +66,7 @@ def prepack_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if log:
             log.hit("convolution -> oneDNN with prepacked weight")
         return build_extern(b, torch.ops.mkldnn._convolution_pointwise.default,
-                            [x, Baked(packed, f"prepacked{list(w.shape)}"), bias, list(padding), list(stride),
+                            [x, Baked(packed, f"prepacked{list(w.shape)}", checked_source(w)), bias, list(padding), list(stride),
                              list(dilation), int(groups), "none", [], ""], {}, node.shape, node.dtype)
 
     return rewrite(graph, rule)

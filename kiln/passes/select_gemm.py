@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.frontend.extern import Baked, build_extern, extern_args
+from kiln.frontend.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
@@ -127,7 +127,8 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
                 log.hit("kiln GEMM schedule from tuning")
             extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []
             return build_extern(b, torch.ops.kiln.linear_packed.default,
-                                [x, Baked(packed, f"packed{list(w.shape)}"), bias, n, *extra], {}, node.shape,
+                                [x, Baked(packed, f"packed{list(w.shape)}", checked_source(w)), bias, n, *extra],
+                                {}, node.shape,
                                 node.dtype)
         if choice != "onednn":
             return None

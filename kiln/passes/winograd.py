@@ -37,7 +37,7 @@ import torch
 
 from kiln import config
 from kiln.codegen.cpp_conv_gemm import DIRECT_MAX_CHANNELS
-from kiln.frontend.extern import Baked, build_extern, extern_args
+from kiln.frontend.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes import prepack_conv
@@ -226,7 +226,7 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
         if log:
             log.hit(f"convolution -> kiln Winograd F({tile}x{tile}, 3x3)")
         values = dict(common, tile=tile, packed=Baked(cpu_conv.transform_weight(weight, tile),
-                                                      f"winograd{tile}{list(w.shape)}"))
+                                                      f"winograd{tile}{list(w.shape)}", checked_source(w)))
         op = torch.ops.kiln.conv_winograd.default
     elif choice in (GEMM, DIRECT, DEPTHWISE):  # any filter and stride, a weight packed their own way
         name, pack, what = {GEMM: ("conv_gemm", cpu_conv.pack_conv_weight, "implicit GEMM"),
@@ -235,7 +235,7 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
         if log:
             log.hit(f"convolution -> kiln {what}")
         values = dict(common, kernel=list(w.shape[2:]), stride=list(stride), direct=choice == DIRECT,
-                      packed=Baked(pack(weight), f"{name}{list(w.shape)}"))
+                      packed=Baked(pack(weight), f"{name}{list(w.shape)}", checked_source(w)))
         op = getattr(torch.ops.kiln, name).default
     else:
         return None

@@ -27,7 +27,8 @@ from kiln import config
 from kiln.passes.layout import choose_layouts, library_layouts
 from kiln.passes.pipeline import holds_copies
 from kiln.report import CompileReport
-from kiln.runtime import cpu_gemm, inplace, memory, native, profiling
+from kiln.runtime.errors import InputMismatch
+from kiln.runtime import checking, cpu_gemm, inplace, memory, native, profiling
 
 
 _C_TYPES = {torch.float32: "float"}  # element types native calls take views of
@@ -182,6 +183,7 @@ class CompiledGraph:
         self.slot_of = {name: k for k, name in enumerate(plan.buffer_of.values())}
         self._baked: list[torch.Tensor] = []  # tensors baked into native calls: pointer-table slots after the buffers
         self.escaping = _escaping(graph)
+        self.check_steps = config.get().check  # KILN_CHECK: every step compared with the reference as it runs
         self.native = self._native_calls(plan)
         report.externs = [short_name(s.node.attr("target")) for s in plan.steps if isinstance(s, ExternStep)]
         report.native_externs = [short_name(n.attr("target")) for n in self.native]
@@ -271,6 +273,7 @@ class CompiledGraph:
         self.lib = module.lib
         self._segment_fns = []
         self._timed_segment_fns = []  # their twins for kiln.profile (runtime/profiling.py)
+        self._entry_fns = []  # one entry of a segment at a time, for KILN_CHECK (runtime/checking.py)
         for i in range(len(segments)):
             fn = getattr(self.lib, f"kiln_segment_{i}")
             fn.argtypes = [ctypes.c_void_p]
@@ -280,6 +283,10 @@ class CompiledGraph:
             timed.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
             timed.restype = None
             self._timed_segment_fns.append(timed)
+            entry = getattr(self.lib, f"kiln_segment_{i}_entry")
+            entry.argtypes = [ctypes.c_void_p, ctypes.c_int]
+            entry.restype = None
+            self._entry_fns.append(entry)
         natives = native_calls(segments)
         self.lib.kiln_set_native.argtypes = [ctypes.c_int, ctypes.c_void_p]
         for i, call in enumerate(natives):
@@ -505,10 +512,50 @@ class CompiledGraph:
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         if profiling.active is not None:  # kiln.profile: each step timed
             return profiling.active.run(self, inputs)
+        if self.check_steps:  # KILN_CHECK: each step compared with the reference as it runs
+            return checking.run_checked(self, inputs)
         return self.interpret(inputs)
 
     def interpret(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run the program: segments, externs and fused steps in order, on this call's inputs."""
+        env, write_back = self.start(inputs)
+        alloc_before = None if self.ARENA else self._alloc_before
+        for step, (kind, item) in enumerate(self.program):
+            if alloc_before is not None:
+                self.allocate_step(step, env)
+            if kind == "segment":
+                self._run_segment(item, env)
+            elif kind == "fused":
+                self._run_fused(item, env)
+            else:
+                self._run_extern(item, env)
+            for n in self._drop_after[step]:
+                env.pop(n, None)
+        return self.finish(env, write_back)
+
+    def run_entry(self, segment: int, k: int, env: dict[Node, torch.Tensor]) -> None:
+        """Entry ``k`` of a segment alone (a kernel or a native call; KILN_CHECK's step checker)."""
+        entries = getattr(self, "_entry_fns", None)
+        if entries:
+            entries[segment](self.ptrs_addr, k)
+        else:  # (a target whose segments hold one entry each)
+            self._run_segment(segment, env)
+
+    def allocate_step(self, step: int, env: dict[Node, torch.Tensor]) -> None:
+        """Without an arena: the buffers program step ``step`` writes first, allocated right before it."""
+        for a in self._alloc_before[step]:
+            t = env[a.node] = self._allocate(a, env)
+            if a.node in self.plan.buffer_of:  # (the generated C++ reads its buffers from the table)
+                self.ptrs[self.slot_of[self.plan.buffer_of[a.node]]] = t.data_ptr()
+
+    def finish(self, env: dict[Node, torch.Tensor], write_back: list) -> list[torch.Tensor]:
+        """The call's outputs, after copying results of in-place updates back into the caller's inputs."""
+        for original, copy in write_back:
+            original.copy_(copy)
+        return [self._output(o, env) for o in self.graph.outputs]
+
+    def start(self, inputs: Sequence[torch.Tensor]) -> tuple[dict[Node, torch.Tensor], list]:
+        """The call's environment: checked inputs bound to their slots, output buffers chosen."""
         self._before_run()
         env: dict[Node, torch.Tensor] = dict(self.static)
         ptrs = self.ptrs
@@ -516,8 +563,7 @@ class CompiledGraph:
         for k, slot, n in self.input_slots:
             t = inputs[k]
             if t.dtype != n.dtype or tuple(t.shape) != n.shape or t.device.type != self.device.type:
-                raise ValueError(f"kiln: input {k} expected {n.dtype} of shape {list(n.shape)} on "
-                                 f"{self.device.type}, got {t.dtype} of shape {list(t.shape)} on {t.device.type}")
+                raise InputMismatch(k, n.dtype, n.shape, self.device.type, t)
             if not t.is_contiguous():
                 if n in self.mutated_inputs:
                     write_back.append((inputs[k], t.contiguous()))
@@ -531,24 +577,7 @@ class CompiledGraph:
                 t = self._output_buffer(k, n)
                 env[n] = t
                 ptrs[slot] = t.data_ptr()
-        alloc_before = None if self.ARENA else self._alloc_before
-        for step, (kind, item) in enumerate(self.program):
-            if alloc_before is not None:
-                for a in alloc_before[step]:
-                    t = env[a.node] = self._allocate(a, env)
-                    if a.node in self.plan.buffer_of:  # (the generated C++ reads its buffers from the table)
-                        ptrs[self.slot_of[self.plan.buffer_of[a.node]]] = t.data_ptr()
-            if kind == "segment":
-                self._run_segment(item, env)
-            elif kind == "fused":
-                self._run_fused(item, env)
-            else:
-                self._run_extern(item, env)
-            for n in self._drop_after[step]:
-                env.pop(n, None)
-        for original, copy in write_back:
-            original.copy_(copy)
-        return [self._output(o, env) for o in self.graph.outputs]
+        return env, write_back
 
     # ------------------------------------------------------------------ profiling
     def peaks(self) -> Any:

@@ -27,7 +27,8 @@ from kiln.ir.ops import Op
 from kiln.report import CompileReport
 from kiln.codegen.triton_matmul import template_source
 from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
-from kiln.runtime import profiling
+from kiln.runtime import checking, profiling
+from kiln.runtime.errors import InputMismatch
 from kiln.runtime.module import CompiledGraph, Plan, _storage_uses
 from kiln.runtime.wrapper import build_wrapper
 
@@ -92,6 +93,8 @@ class TritonGraph(CompiledGraph):
     def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         if profiling.active is not None:  # kiln.profile: the interpreted program, each step timed
             return profiling.active.run(self, inputs)
+        if self.check_steps:  # KILN_CHECK: the interpreted program, each step compared with the reference
+            return checking.run_checked(self, inputs)
         if self.WRAPPER and self._wrapped is not None:
             return self._wrapped(inputs)
         return self.interpret(inputs)
@@ -289,8 +292,7 @@ class GraphReplay:
             if tuple(x.shape) != shape or x.dtype != dtype or not x.is_cuda or not x.is_contiguous():
                 if x.is_cuda and tuple(x.shape) == shape and x.dtype == dtype:
                     return self.module(inputs)  # a strided input: the plain module copies it
-                raise ValueError(f"kiln: input {k} expected {dtype} of shape {list(shape)} on cuda, "
-                                 f"got {x.dtype} of shape {list(x.shape)} on {x.device}")
+                raise InputMismatch(k, dtype, shape, "cuda", x)
         self.calls += 1
         if self.calls <= self.WARMUP_CALLS or profiling.active is not None:  # (kiln.profile: step by step)
             return self.module(inputs)

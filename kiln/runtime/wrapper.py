@@ -36,14 +36,14 @@ import torch
 from kiln.ir.graph import Node
 from kiln.ir.interp import view_layout
 from kiln.ir.ops import VIEW, Op, contiguous_strides
+from kiln.runtime.errors import InputMismatch
 
 if TYPE_CHECKING:
     from kiln.runtime.module import Allocation, CompiledGraph
 
 
 def bad_input(k: int, t: torch.Tensor, n: Node, device: torch.device) -> None:
-    raise ValueError(f"kiln: input {k} expected {n.dtype} of shape {list(n.shape)} on {device.type}, "
-                     f"got {t.dtype} of shape {list(t.shape)} on {t.device.type}")
+    raise InputMismatch(k, n.dtype, n.shape, device.type, t)
 
 
 Launchers = Callable[[int], list[tuple[Callable, list[Node], bool, Any]]]

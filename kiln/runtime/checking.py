@@ -1,0 +1,221 @@
+"""``KILN_CHECK`` at run time: every step of a compiled graph compared with the reference as it runs.
+
+The pass checker (passes/check.py) proves that the passes keep the graph's meaning; what runs is generated code
+and library calls, which it never sees.  With check on, a compiled graph runs step by step - each kernel and
+each native call of a C++ segment on its own (``kiln_segment_<i>_entry``), each Python extern, each fused GPU
+step - and before each step the values it will write are computed by the reference from the step's *own*
+inputs, as the compiled code holds them:
+
+* a generated kernel: its graph nodes run by the interpreter (``ir/interp.py``) on the buffers it reads;
+* a library call: the ATen computation it stands for (``runtime/references.py``; kiln's GEMM against
+  ``F.linear`` on the unpacked weight), else the ATen op itself on contiguous copies of its inputs.
+
+So a step is judged alone, and rounding from earlier steps does not add up.  The first step whose result is
+not close raises ``StepCheckError`` naming the step, the graph nodes it computes, its schedule, and its inputs'
+shapes and strides.  (The reference is computed before the step runs: a step may write over a dying input.)
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import torch
+
+from kiln.ir.graph import Graph, GraphBuilder, Node, format_node, type_str
+from kiln.ir.interp import eval_node
+from kiln.ir.ops import Op
+from kiln.runtime import references
+
+
+@dataclasses.dataclass
+class StepInfo:
+    """One executed step of a compiled graph, as the checker reports it."""
+    graph: str
+    index: int                 # position among the executed steps (kernels and calls of segments counted apart)
+    kind: str                  # "kernel", "native" (a library call from C++), "extern" (from Python), "fused"
+    name: str
+    nodes: list[str]           # the graph IR lines it computes
+    schedule: str
+    inputs: list[str]          # each input: dtype, shape, strides, storage offset
+    output: str = ""           # the graph node whose value differs
+    detail: str = ""
+    # the step alone as a graph (what it reads as inputs) and the values it read: a reproducer (kiln bisect)
+    subgraph: Any = None
+    subgraph_inputs: list[torch.Tensor] = dataclasses.field(default_factory=list)
+
+    def describe(self) -> str:
+        lines = [f"KILN_CHECK: step {self.index} of graph {self.graph!r} ({self.kind} {self.name}) differs from the "
+                 f"reference at {self.output}: {self.detail}",
+                 "  computes:"] + [f"    {line}" for line in self.nodes]
+        if self.schedule:
+            lines.append(f"  schedule: {self.schedule}")
+        lines.append("  inputs:")
+        lines += [f"    {line}" for line in self.inputs] or ["    (none)"]
+        return "\n".join(lines)
+
+
+class StepCheckError(AssertionError):
+    """The first step of a compiled graph whose result is not close to the reference's."""
+
+    def __init__(self, info: StepInfo):
+        self.info = info
+        super().__init__(info.describe())
+
+
+# per-element tolerance: relative, and absolute as a fraction of the reference's largest magnitude (a step's
+# rounding differs from eager's by reassociation: lanes of a reduction, a GEMM's k blocking)
+TOLERANCES = {torch.float32: 1e-4, torch.float64: 1e-7, torch.float16: 1e-2, torch.bfloat16: 3e-2}
+
+
+def mismatch(got: torch.Tensor, want: torch.Tensor) -> str:
+    """'' when ``got`` is close to ``want``, else what differs."""
+    if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+        return f"got {type_name(got)}, expected {type_name(want)}"
+    if got.numel() == 0:
+        return ""
+    if not got.dtype.is_floating_point:
+        bad = got.cpu() != want.cpu()
+        return f"{int(bad.sum())} of {got.numel()} elements differ" if bad.any() else ""
+    g, w = got.double().cpu(), want.double().cpu()
+    tol = TOLERANCES.get(got.dtype, 1e-4)
+    finite = w[torch.isfinite(w)]
+    scale = max(1.0, float(finite.abs().max())) if finite.numel() else 1.0
+    close = torch.isclose(g, w, rtol=tol, atol=tol * scale, equal_nan=True)
+    if bool(close.all()):
+        return ""
+    diff = (g - w).abs().nan_to_num(float("inf"))
+    return (f"{int((~close).sum())} of {got.numel()} elements differ (max abs diff {float(diff.max()):.3g}, "
+            f"reference max magnitude {scale:.3g}, tolerance {tol:g})")
+
+
+def type_name(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).replace('torch.', '')}{list(t.shape)}"
+
+
+def layout_text(name: str, t: torch.Tensor) -> str:
+    return f"{name}: {type_name(t)} strides {list(t.stride())} offset {t.storage_offset()}"
+
+
+class _Step:
+    """What one step writes (graph nodes) and what it needs to say about itself."""
+
+    def __init__(self, kind: str, name: str, written: list[Node], nodes: list[Node], schedule: Any = None):
+        self.kind, self.name, self.written, self.nodes = kind, name, written, nodes
+        self.schedule = "" if schedule is None else str(schedule)
+
+
+def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
+    """One call of ``graph`` (a ``CompiledGraph``), each step checked against the reference before the next."""
+    env, write_back = graph.start(inputs)
+    node_of = {name: n for n, name in graph.plan.buffer_of.items()}
+    kernels = {k.name: k for k in graph.plan.kernels}
+    index = 0
+    for step, (kind, item) in enumerate(graph.program):
+        if not graph.ARENA:
+            graph.allocate_step(step, env)
+        if kind == "segment":
+            for k, entry in enumerate(graph._segments[item]):
+                what = _kernel_step(kernels[entry], node_of) if isinstance(entry, str) else \
+                    _Step("native", entry.label, [entry.node], [entry.node])
+                _checked(graph, what, env, index, lambda item=item, k=k: graph.run_entry(item, k, env))
+                index += 1
+        elif kind == "fused":
+            written = [node_of[b] for b in sorted(item.buffers()[1])]
+            what = _Step("fused", getattr(item, "name", "matmul"), written, [item.node] + written)
+            _checked(graph, what, env, index, lambda item=item: graph._run_fused(item, env))
+            index += 1
+        else:
+            what = _Step("extern", str(item.attr("target")), [item], [item])
+            _checked(graph, what, env, index, lambda item=item: graph._run_extern(item, env))
+            index += 1
+        for n in graph._drop_after[step]:
+            env.pop(n, None)
+    return graph.finish(env, write_back)
+
+
+def _kernel_step(kernel: Any, node_of: dict[str, Node]) -> _Step:
+    written = [node_of[b] for b in sorted(kernel.buffers()[1]) if b in node_of]
+    return _Step("kernel", kernel.name, written, list(kernel.nodes), kernel.schedule)
+
+
+def _checked(graph: Any, step: _Step, env: dict, index: int, run: Callable[[], None]) -> None:
+    realized = graph.plan.buffer_of
+    actual: dict[Node, torch.Tensor] = {}
+    expected, order = _reference(step.written, realized, lambda n: actual.setdefault(n, graph._value(n, env)))
+    run()
+    for n in step.written:
+        got = graph._value(n, env) if n in env or n in realized else None
+        if got is None or n not in expected:
+            continue
+        problem = mismatch(got, expected[n])
+        if problem:
+            names = graph_names(graph.graph)
+            lines = [f"{names[m]} = {format_node(m, names)} : {type_str(m)}" for m in step.nodes]
+            inputs = [layout_text(names[m], t) for m, t in actual.items()]
+            sub, sub_inputs = _subgraph(order, step.written, actual)
+            raise StepCheckError(StepInfo(graph.name, index, step.kind, step.name, lines, step.schedule, inputs,
+                                          f"{names[n]} ({type_str(n)})", problem, sub, sub_inputs))
+
+
+def _subgraph(order: list[Node], written: list[Node], actual: dict[Node, torch.Tensor]) -> tuple[Graph, list]:
+    """The step as a graph of its own: what it reads becomes the inputs, with the values it read."""
+    b = GraphBuilder()
+    new: dict[Node, Node] = {}
+    inputs: list[torch.Tensor] = []
+    for n in order:
+        if n in actual:
+            new[n] = b.add(Op.INPUT, (), shape=n.shape, dtype=n.dtype, index=len(inputs))
+            inputs.append(actual[n].clone())
+        else:
+            new[n] = b.add_node(Node(n.op, tuple(new[i] for i in n.inputs), n.attrs, n.shape, n.dtype))
+    return b.finish([new[n] for n in written]), inputs
+
+
+def graph_names(graph: Any) -> dict[Node, str]:
+    """Each node's name as ``format_graph`` prints it (``%in0``, ``%7``): the names ``kiln.explain`` shows."""
+    names = {n: f"%in{i}" for i, n in enumerate(graph.inputs)}
+    for n in graph.nodes:
+        if n not in names:
+            names[n] = f"%{len(names) - len(graph.inputs)}"
+    return names
+
+
+def _reference(written: list[Node], realized: dict[Node, str],
+               actual: Callable[[Node], torch.Tensor]) -> tuple[dict[Node, torch.Tensor], list[Node]]:
+    """The reference values of ``written`` from the values the step reads (``actual`` of realized nodes it does
+    not write; everything in between evaluated, in graph order)."""
+    targets = set(written)
+    order: list[Node] = []
+    seen: set[Node] = set()
+    stack: list[tuple[Node, bool]] = [(n, False) for n in written]
+    while stack:  # post-order: a node after its inputs
+        n, expanded = stack.pop()
+        if expanded:
+            order.append(n)
+            continue
+        if n in seen:
+            continue
+        seen.add(n)
+        stack.append((n, True))
+        if n in targets or n not in realized:
+            stack.extend((i, False) for i in n.inputs if i not in seen)
+    values: dict[Node, torch.Tensor] = {}
+    for n in order:
+        if (n not in targets and n in realized) or n.op is Op.INPUT:
+            values[n] = _copy(actual(n))
+        else:
+            values[n] = _evaluate(n, [values[i] for i in n.inputs])
+    return {n: values[n] for n in written if n in values}, order
+
+
+def _copy(t: torch.Tensor) -> torch.Tensor:
+    """A private copy (the reference must neither see the step's writes nor make its own into the inputs)."""
+    return t.clone() if isinstance(t, torch.Tensor) else t
+
+
+def _evaluate(n: Node, args: list[torch.Tensor]) -> torch.Tensor:
+    if n.op is Op.EXTERN:
+        ref = references.reference(n, args)
+        if ref is not None:
+            return ref
+    return eval_node(n, args)

@@ -1,0 +1,152 @@
+"""KILN_CHECK checks what runs, and ``kiln bisect`` names the guilty step, pass or choice.
+
+Each test injects a wrong result into one place - a generated kernel, a native library call, a Python extern,
+a pass - and asserts that the step checker names that step (with the graph nodes it computes and its inputs'
+layouts) and that bisect names the culprit and writes a reproducer that fails while the fault is in place."""
+import pytest
+import torch
+
+import kiln
+from kiln.codegen import cpp_expr as cpp_codegen
+from kiln.ir.graph import GraphBuilder
+from kiln.ir.ops import Op
+from kiln.passes import pipeline, select_gemm
+from kiln.runtime import cpu_gemm, module
+from kiln.runtime.checking import StepCheckError
+from kiln.testing.bisect import bisect, check_saved
+
+
+def _model():
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(24, 40)
+
+    def fn(x):
+        y = lin(x.transpose(0, 1))
+        return torch.softmax(y * 2, -1), torch.exp(y).sum(-1)
+    return fn, torch.randn(3, 7, 24)
+
+
+def _compile_checked(fn, x):
+    with torch.inference_mode():
+        return kiln.compile(fn, check=True, fallback=False)(x)
+
+
+def test_check_passes_when_nothing_is_wrong():
+    fn, x = _model()
+    got = _compile_checked(fn, x)
+    for a, e in zip(got, fn(x)):
+        torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture
+def wrong_exp(monkeypatch):
+    """The C++ printer writes exp(x) as exp(x) * 1.01 (a kernel computes a wrong value)."""
+    original = cpp_codegen.op_text
+
+    def op_text(op, args, dtype, arg_dtype):
+        text = original(op, args, dtype, arg_dtype)
+        return f"({text} * 1.01f)" if op is Op.EXP else text
+    monkeypatch.setattr(cpp_codegen, "op_text", op_text)
+
+
+def test_check_names_a_wrong_kernel(wrong_exp):
+    fn, x = _model()
+    with pytest.raises(StepCheckError) as caught:
+        _compile_checked(fn, x)
+    info = caught.value.info
+    assert info.kind == "kernel" and "exp" in info.name, info.describe()
+    assert any("exp(" in line for line in info.nodes) and info.inputs, info.describe()
+
+
+@pytest.fixture
+def wrong_native_layout(monkeypatch):
+    """Native calls address a reshape that copies as if it were a view (the bug of shared/regressions/
+    linear_transposed_input.py), with kiln's GEMM chosen for every linear."""
+    if not cpu_gemm.available():
+        pytest.skip("kiln's GEMM does not build here")
+
+    def layout(shape, strides, dtype, chain):
+        t = torch.empty_strided(tuple(shape), tuple(strides), dtype=dtype, device="meta")
+        for n in chain:
+            t = module.view_function(n)(t)
+        return tuple(t.stride()), t.storage_offset()
+    monkeypatch.setattr(module, "view_layout", layout)
+    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: "kiln")
+    monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
+
+
+def test_check_names_a_wrong_native_call(wrong_native_layout):
+    fn, x = _model()
+    with pytest.raises(StepCheckError) as caught:
+        _compile_checked(fn, x)
+    info = caught.value.info
+    assert info.kind == "native" and "kiln_gemm" in info.name, info.describe()
+    assert "linear_packed" in info.nodes[0] and "strides" in info.inputs[0], info.describe()
+
+
+def test_check_names_a_wrong_extern(monkeypatch):
+    """A Python extern (ATen's mm, library selection off) whose result is corrupted after the call."""
+    original = module.CompiledGraph._extern_call
+
+    def _extern_call(self, n):
+        call = original(self, n)
+
+        def wrong(out, *values):
+            result = call(out, *values)
+            (out if result is None else result).mul_(1.5)
+            return result
+        return wrong
+    monkeypatch.setattr(module.CompiledGraph, "_extern_call", _extern_call)
+    fn, x = _model()
+    with pytest.raises(StepCheckError) as caught:
+        with torch.inference_mode():
+            kiln.compile(fn, check=True, fallback=False, library_selection=False)(x)
+    assert caught.value.info.kind == "extern" and "mm" in caught.value.info.name, caught.value.info.describe()
+
+
+def _double_exp(g, log):
+    """A broken pass: exp(x) becomes exp(x) * 2."""
+    b = GraphBuilder()
+    new = {}
+    for n in g.nodes:
+        node = b.add_node(type(n)(n.op, tuple(new[i] for i in n.inputs), n.attrs, n.shape, n.dtype))
+        if n.op is Op.EXP:
+            two = b.add(Op.EXPAND, [b.add(Op.FULL, [], shape=(), dtype=n.dtype, value=2.0)], shape=n.shape)
+            node = b.add(Op.MUL, [node, two])
+        new[n] = node
+    return b.finish([new[o] for o in g.outputs])
+
+
+def test_check_and_bisect_name_a_wrong_pass(monkeypatch, tmp_path):
+    monkeypatch.setattr(pipeline, "PIPELINE", pipeline.PIPELINE[:3] + [("double_exp", _double_exp)]
+                        + pipeline.PIPELINE[3:])
+    fn, x = _model()
+    with pytest.raises(Exception, match="double_exp"):  # (Dynamo wraps the PassCheckError)
+        _compile_checked(fn, x)
+    result = bisect(fn, x, out_dir=tmp_path, verbose=False)
+    assert result.differs and result.culprit_kind == "pass" and result.culprit == "double_exp", str(result)
+    assert "pass double_exp" in result.fixes
+    assert result.reproducer is not None and not check_saved(result.reproducer.with_suffix(".pkl"))
+
+
+def test_bisect_names_a_wrong_kernel(wrong_exp, tmp_path):
+    fn, x = _model()
+    result = bisect(fn, x, out_dir=tmp_path, verbose=False)
+    assert result.culprit_kind == "kernel" and "exp" in result.culprit, str(result)
+    assert not check_saved(result.reproducer.with_suffix(".pkl"))
+
+
+def test_bisect_names_a_wrong_native_call(wrong_native_layout, tmp_path):
+    fn, x = _model()
+    result = bisect(fn, x, out_dir=tmp_path, verbose=False)
+    assert result.culprit_kind == "native" and "kiln_gemm" in result.culprit, str(result)
+    assert "native_calls=False" in result.fixes and "library_selection=False" in result.fixes
+    assert not check_saved(result.reproducer.with_suffix(".pkl"))
+    # the reproducer is a script beside the pickle
+    assert "check_saved" in result.reproducer.read_text()
+
+
+def test_bisect_reports_nothing_when_right(tmp_path):
+    fn, x = _model()
+    result = bisect(fn, x, out_dir=tmp_path, verbose=False)
+    assert not result.differs and result.reproducer is None
