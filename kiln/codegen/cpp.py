@@ -23,7 +23,7 @@ from kiln.codegen.cpp_loops import open_nest, split_reduction_trace
 from kiln.codegen.cpp_split import split_plan, write_split
 from kiln.codegen.cpp_tile import write_tiled
 from kiln.ir.tiling import plan_tiles
-from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text
+from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text, rounded, to_memory, value_type
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.loops import LoopNest
 from kiln.ir.ops import HALF, Op, compute_dtype, numel
@@ -38,14 +38,14 @@ def lanes(dtype: torch.dtype) -> int:
 
 def acc_type(dtype: torch.dtype) -> str:
     """The C++ type a reduction accumulates a ``dtype`` result in (float for half precision, as ATen does)."""
-    return ctype(compute_dtype(dtype))
+    return value_type(dtype)
 
 
 def _round_half_accs(phase: ReduceLoop, lines: list[str], indent: str) -> None:
     """A half-precision reduction's value is its float accumulator rounded once, as ATen's result is."""
     for a in phase.accs:
         if a.dtype in HALF:
-            lines.append(f"{indent}{a.name} = float({ctype(a.dtype)}({a.name}));")
+            lines.append(f"{indent}{a.name} = {rounded(a.name, a.dtype)};")
 
 
 def _init(kind: Op, dtype: torch.dtype) -> str:
@@ -70,6 +70,7 @@ _COMBINE_OP = {Op.SUM: Op.ADD, Op.PROD: Op.MUL, Op.AMAX: Op.MAXIMUM, Op.AMIN: Op
 
 
 def _combine(kind: Op, acc: str, v: str, dtype: torch.dtype) -> str:
+    dtype = compute_dtype(dtype)  # accumulate half precision in float, unrounded (as ATen does)
     return op_text(_COMBINE_OP[kind], [acc, v], dtype, dtype)
 
 
@@ -143,7 +144,7 @@ class KernelWriter:
             assert isinstance(phase, FullLoop)
             for s in phase.stores:
                 value = p.expr(s.value)
-                self.lines.append(f"{indent}{s.buf}[{p.index(s.index)}] = {value};")
+                self.lines.append(f"{indent}{s.buf}[{p.index(s.index)}] = {to_memory(value, s.value.dtype)};")
         self._close(len(nest.loops))
 
     def _reduction_kernel(self) -> None:
@@ -158,10 +159,11 @@ class KernelWriter:
                 self._reduce_loop(phase, row, indent)
             elif isinstance(phase, RowAssign):
                 value = row.expr(phase.value)
-                self.lines.append(f"{indent}const {ctype(phase.value.dtype)} {phase.name} = {value};")
+                self.lines.append(f"{indent}const {value_type(phase.value.dtype)} {phase.name} = {value};")
             elif isinstance(phase, RowStore):
                 s = phase.store
-                self.lines.append(f"{indent}{s.buf}[{row.index(s.index)}] = {row.expr(s.value)};")
+                self.lines.append(f"{indent}{s.buf}[{row.index(s.index)}] = "
+                                  f"{to_memory(row.expr(s.value), s.value.dtype)};")
             else:
                 self._full_loop(phase, row, indent)
         self._close(len(nest.loops))
@@ -172,7 +174,7 @@ class KernelWriter:
         body = row.child(self.lines, indent + "  ")
         for s in phase.stores:
             value = body.expr(s.value)
-            self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {value};")
+            self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {to_memory(value, s.value.dtype)};")
         self.lines.append(f"{indent}}}")
 
     def _reduce_loop(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
@@ -247,7 +249,8 @@ class KernelWriter:
     def _acc_body(self, phase: ReduceLoop, row: ExprPrinter, indent: str, lane: str) -> None:
         body = row.child(self.lines, indent)
         for s in phase.stores:  # row-scratch writes first: reads later in this iteration see them
-            self.lines.append(f"{indent}{s.buf}[{body.index(s.index)}] = {body.expr(s.value)};")
+            value = to_memory(body.expr(s.value), s.value.dtype)
+            self.lines.append(f"{indent}{s.buf}[{body.index(s.index)}] = {value};")
         for a in phase.accs:
             v = body.expr(a.value)
             if compute_dtype(a.dtype) != compute_dtype(a.value.dtype):
@@ -260,7 +263,8 @@ class KernelWriter:
         self.lines.append(f"{indent}for (int64_t r = 0; r < {self.k.rsize}; ++r) {{")
         body = row.child(self.lines, indent + "  ")
         for s in phase.stores:  # row-scratch writes first, as in _acc_body
-            self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {body.expr(s.value)};")
+            self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = "
+                              f"{to_memory(body.expr(s.value), s.value.dtype)};")
         for a in phase.accs:
             v = body.expr(a.value)
             if a.kind in (Op.ARGMAX, Op.ARGMIN):

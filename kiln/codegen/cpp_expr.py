@@ -19,7 +19,7 @@ from kiln.ir.ops import HALF, Op, compute_dtype
 CPP_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
     torch.int16: "int16_t", torch.int8: "int8_t", torch.uint8: "uint8_t", torch.bool: "bool",
-    torch.bfloat16: "kiln_bf16", torch.float16: "_Float16",
+    torch.bfloat16: "uint16_t", torch.float16: "uint16_t",  # in memory; computed in float (HALF_NAMES)
 }
 
 # float32 functions come from the vectorizable prelude (k_*); double uses libm.
@@ -46,24 +46,73 @@ template <class T> static inline T kiln_remi(T a, T b) {
   T r = a % b; return (r != 0 && ((r < 0) != (b < 0))) ? r + b : r; }
 template <class T> static inline T kiln_floordivi(T a, T b) {
   T q = a / b; return (a % b != 0 && ((a < 0) != (b < 0))) ? q - 1 : q; }
-// bfloat16 in memory: converted to float on every read, rounded to nearest even on every write, as ATen does
-// around each op; NaN stays a (quiet) NaN.  (float16 is the compiler's _Float16, converted the same way.)
-struct kiln_bf16 {
-  uint16_t bits;
-  kiln_bf16() = default;
-  template <class U> kiln_bf16(U v) : bits(round(static_cast<float>(v))) {}
-  operator float() const { uint32_t u = uint32_t(bits) << 16; float f; std::memcpy(&f, &u, 4); return f; }
-  static uint16_t round(float f) {
-    uint32_t u; std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40u);
-    return uint16_t((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
-  }
-};
+// Half precision in memory, float in registers (as ATen computes): each value is read as float, and each op's
+// result rounded to nearest even where ATen rounds it.  Integer arithmetic only, branch-free and inlined, so
+// GCC vectorizes these loops like float ones (GCC 12 vectorizes no _Float16 conversion without AVX512-FP16).
+#define KILN_HALF static inline __attribute__((always_inline))
+KILN_HALF float kiln_bf16_load(uint16_t h) { return __builtin_bit_cast(float, uint32_t(h) << 16); }
+KILN_HALF uint16_t kiln_bf16_store(float f) {
+  const uint32_t u = __builtin_bit_cast(uint32_t, f);
+  const uint32_t nearest = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16, quiet = (u >> 16) | 0x40u;
+  return uint16_t((u & 0x7fffffffu) > 0x7f800000u ? quiet : nearest);  // NaN stays a quiet NaN
+}
+KILN_HALF float kiln_bf16_round(float f) { return kiln_bf16_load(kiln_bf16_store(f)); }
+KILN_HALF float kiln_f16_load(uint16_t h) {
+  // (int32 throughout: GCC vectorizes selects between signed 32-bit lanes, not every unsigned pattern)
+  const int32_t exp = h & 0x7c00, em = int32_t(h & 0x7fff) << 13, sign = int32_t(h & 0x8000) << 16;
+  // normal: exponent rebiased (+112); subnormal: mantissa x 2^-24 (an int conversion: no denormal float
+  // arithmetic, which costs a microcode assist per lane); infinities and NaNs: float's top exponent
+  const int32_t normal = em + 0x38000000, inf_nan = em | 0x7f800000;
+  const int32_t sub = __builtin_bit_cast(int32_t, float(int32_t(h & 0x3ff)) * 0x1p-24f);
+  const int32_t mag = exp == 0x7c00 ? inf_nan : (exp == 0 ? sub : normal);
+  return __builtin_bit_cast(float, mag | sign);
+}
+KILN_HALF uint16_t kiln_f16_store(float x) {
+  const int32_t u = __builtin_bit_cast(int32_t, x), f = u & 0x7fffffff, sign = (u >> 16) & 0x8000;
+  const int32_t big = f > 0x7f800000 ? 0x7e00 : 0x7c00;                    // NaN, or overflow to infinity
+  const int32_t sub = __builtin_bit_cast(int32_t, __builtin_bit_cast(float, f) + 0.5f) - 0x3f000000;
+  const int32_t normal = (f - 0x37fff001 + ((f >> 13) & 1)) >> 13;          // rebias, round to nearest even
+  const int32_t mag = f >= 0x47800000 ? big : (f < 0x38800000 ? sub : normal);
+  return uint16_t(mag | sign);
+}
+KILN_HALF float kiln_f16_round(float x) {  // kiln_f16_load(kiln_f16_store(x)) in half the operations
+  const int32_t u = __builtin_bit_cast(int32_t, x), f = u & 0x7fffffff, sign = u ^ f;
+  const int32_t normal = (f + 0xfff + ((f >> 13) & 1)) & ~0x1fff;            // 10 mantissa bits, to nearest even
+  const int32_t sub = __builtin_bit_cast(int32_t, (__builtin_bit_cast(float, f) + 0.5f) - 0.5f);  // k x 2^-24
+  int32_t mag = f < 0x38800000 ? sub : normal;
+  mag = normal > 0x477fe000 ? 0x7f800000 : mag;                                // past 65504: infinity
+  mag = f > 0x7f800000 ? f : mag;                                              // NaN stays NaN
+  return __builtin_bit_cast(float, mag | sign);
+}
 """
 
 
 def ctype(dtype: torch.dtype) -> str:
     return CPP_TYPES[dtype]
+
+
+HALF_NAMES = {torch.bfloat16: "bf16", torch.float16: "f16"}
+# ops whose result is one of their operands, or exact on them: nothing to round
+_EXACT = {Op.WHERE, Op.NEG, Op.ABS, Op.MAXIMUM, Op.MINIMUM, Op.RELU, Op.SIGN}
+
+
+def value_type(dtype: torch.dtype) -> str:
+    """The C++ type a value of ``dtype`` is held in while computing (float for half precision)."""
+    return ctype(compute_dtype(dtype))
+
+
+def to_memory(value: str, dtype: torch.dtype) -> str:
+    """``value`` (held as ``value_type(dtype)``) as the bits a ``dtype`` buffer holds."""
+    return f"kiln_{HALF_NAMES[dtype]}_store({value})" if dtype in HALF else value
+
+
+def from_memory(value: str, dtype: torch.dtype) -> str:
+    return f"kiln_{HALF_NAMES[dtype]}_load({value})" if dtype in HALF else value
+
+
+def rounded(value: str, dtype: torch.dtype) -> str:
+    """A float ``value`` rounded to ``dtype`` (a half type), kept as float."""
+    return f"kiln_{HALF_NAMES[dtype]}_round({value})" if dtype in HALF else value
 
 
 def literal(value: Any, dtype: torch.dtype) -> str:
@@ -73,9 +122,9 @@ def literal(value: Any, dtype: torch.dtype) -> str:
         suffix = "f" if compute_dtype(dtype) == torch.float32 else ""
         v = float(value)
         if math.isnan(v):
-            return f"{ctype(dtype)}(__builtin_nan(\"\"))"
+            return f"{value_type(dtype)}(__builtin_nan(\"\"))"
         if math.isinf(v):
-            return f"{'-' if v < 0 else ''}{ctype(dtype)}(__builtin_inf())"
+            return f"{'-' if v < 0 else ''}{value_type(dtype)}(__builtin_inf())"
         return f"{v!r}{suffix}" if ("e" in repr(v) or "." in repr(v)) else f"{v!r}.0{suffix}"
     v = int(value)
     if dtype == torch.int64:
@@ -86,8 +135,8 @@ def literal(value: Any, dtype: torch.dtype) -> str:
 def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype) -> str:
     """C++ for one operator applied to already-printed operands (half-precision ones already read as float: the
     operator computes in float, and the result is rounded where it is bound or stored)."""
-    if op is Op.CAST and dtype in HALF:  # the rounding is the point of the cast, also where it is inlined
-        return f"float({ctype(dtype)}({args[0]}))"
+    if dtype in HALF and op not in _EXACT:  # (a cast to a half type is its rounding)
+        return rounded(op_text(op, args, torch.float32, compute_dtype(arg_dtype)), dtype)
     dtype, arg_dtype = compute_dtype(dtype), compute_dtype(arg_dtype)
     t = ctype(dtype)
     fp = arg_dtype.is_floating_point
@@ -169,11 +218,6 @@ class ExprPrinter:
         return self.expr(d.expr, inline)
 
     def expr(self, e: KExpr, inline: bool = False) -> str:
-        """``e`` as an operand; a half-precision value (held rounded, in its storage type) is read as float."""
-        text = self._expr(e, inline)
-        return f"float({text})" if e.dtype in HALF else text
-
-    def _expr(self, e: KExpr, inline: bool = False) -> str:
         if e in self.names:
             return self.names[e]
         if isinstance(e, KConst):
@@ -184,7 +228,7 @@ class ExprPrinter:
             text = f"int64_t({self.index(e.index, inline)})"
             return text if inline or e.index.is_const() else self._bind(e, text)
         if isinstance(e, KLoad):
-            text = f"{e.buf}[{self.index(e.index, inline)}]"
+            text = from_memory(f"{e.buf}[{self.index(e.index, inline)}]", e.dtype)
         else:
             assert isinstance(e, KOp)
             if e.op is Op.WHERE:
@@ -199,6 +243,6 @@ class ExprPrinter:
     def _bind(self, e: KExpr, text: str) -> str:
         name = f"t{self.counter[0]}"
         self.counter[0] += 1
-        self.lines.append(f"{self.indent}const {ctype(e.dtype)} {name} = {text};")
+        self.lines.append(f"{self.indent}const {value_type(e.dtype)} {name} = {text};")
         self.names[e] = name
         return name

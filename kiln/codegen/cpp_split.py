@@ -10,7 +10,7 @@
 """
 from __future__ import annotations
 
-from kiln.codegen.cpp_expr import ExprPrinter
+from kiln.codegen.cpp_expr import ExprPrinter, to_memory
 from kiln.ir.index import Var
 from kiln.ir.index_split import Segment, conditions, inner_segments, specialize
 from kiln.ir.kernel import FullLoop, KExpr, KOp, Kernel
@@ -58,5 +58,5 @@ def _loop(k: Kernel, facts: dict[KOp, bool], lo: int, hi: int, v: str, lines: li
     for p in k.phases:
         for s in p.stores:
             value = body.expr(specialize(s.value, facts, memo))
-            lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {value};")
+            lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {to_memory(value, s.value.dtype)};")
     lines.append(f"{indent}}}")

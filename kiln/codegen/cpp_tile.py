@@ -20,7 +20,7 @@ plain contiguous ReLU of the same size.
 """
 from __future__ import annotations
 
-from kiln.codegen.cpp_expr import ExprPrinter, ctype
+from kiln.codegen.cpp_expr import ExprPrinter, ctype, to_memory
 from kiln.ir.index import Var
 from kiln.ir.kernel import Kernel
 from kiln.ir.tiling import TilePlan
@@ -77,7 +77,7 @@ def write_tiled(k: Kernel, plan: TilePlan, lines: list[str], parallel_min_work: 
     for p in k.phases:
         for s in p.stores:
             value = body.expr(s.value)
-            lines.append(f"{body_ind}{s.buf}[{body.index(s.index)}] = {value};")
+            lines.append(f"{body_ind}{s.buf}[{body.index(s.index)}] = {to_memory(value, s.value.dtype)};")
     lines.append(f"{ind}  }}")
     lines.append(f"{ind}}}")
     for close in range(3):

@@ -66,7 +66,7 @@ def prepack_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if log:
             log.hit("convolution -> oneDNN with prepacked weight")
         return build_extern(b, torch.ops.mkldnn._convolution_pointwise.default,
-                            [x, Baked(packed, f"prepacked{list(w.shape)}", checked_source(w)), bias, list(padding), list(stride),
-                             list(dilation), int(groups), "none", [], ""], {}, node.shape, node.dtype)
+                            [x, Baked(packed, f"prepacked{list(w.shape)}", checked_source(w)), bias, list(padding),
+                             list(stride), list(dilation), int(groups), "none", [], ""], {}, node.shape, node.dtype)
 
     return rewrite(graph, rule)

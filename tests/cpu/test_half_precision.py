@@ -91,3 +91,51 @@ def test_half_conv_block_matches_fp32_reference(dtype):
     got, _ = _compiled(model, x.to(dtype))
     err, eager_err = (got.float() - reference).abs().max(), (eager.float() - reference).abs().max()
     assert err <= 2 * eager_err + 1e-3, (float(err), float(eager_err))
+
+
+_CONVERSIONS = """
+extern "C" void k_round(const float* a, float* o, int64_t n, int bf) {
+  for (int64_t i = 0; i < n; ++i) o[i] = bf ? kiln_bf16_round(a[i]) : kiln_f16_round(a[i]); }
+extern "C" void k_store(const float* a, uint16_t* o, int64_t n, int bf) {
+  for (int64_t i = 0; i < n; ++i) o[i] = bf ? kiln_bf16_store(a[i]) : kiln_f16_store(a[i]); }
+extern "C" void k_load(const uint16_t* a, float* o, int64_t n, int bf) {
+  for (int64_t i = 0; i < n; ++i) o[i] = bf ? kiln_bf16_load(a[i]) : kiln_f16_load(a[i]); }
+"""
+
+
+def _values() -> torch.Tensor:
+    """Every finite half value, the midpoints between neighbours (ties: to even) and their float neighbours,
+    subnormals, overflow, infinities, NaN, and random magnitudes from 1e-9 to 1e30."""
+    g = torch.Generator().manual_seed(0)
+    bits = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16)
+    parts = []
+    for dtype in HALF:
+        v = bits.view(dtype).float()
+        v = v[torch.isfinite(v)].sort().values
+        mids = (v[:-1] + v[1:]) / 2
+        parts += [v, mids, torch.nextafter(mids, v[:-1]), torch.nextafter(mids, v[1:])]
+    parts += [torch.randn(1 << 16, generator=g) * s for s in (1e-9, 1e-6, 1e-4, 1, 1e4, 7e4, 1e30)]
+    parts.append(torch.tensor([float("nan"), float("inf"), -float("inf"), 65504., 65519.99, 65520., 1e-40, -0.0]))
+    return torch.cat(parts)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+def test_conversions_match_torch_exactly(dtype):
+    """The generated code's conversions (codegen/cpp_expr.py HELPERS) against torch's, value by value."""
+    import ctypes
+    from kiln.codegen.cpp_expr import HELPERS
+    from kiln.codegen.cpp_prelude import PRELUDE
+    from kiln.runtime.build import load_module
+    lib = load_module(PRELUDE + HELPERS + _CONVERSIONS, name="kiln_half_test").lib
+    x = _values()
+    bf = int(dtype == torch.bfloat16)
+    ptr, n = (lambda t: ctypes.c_void_p(t.data_ptr())), ctypes.c_int64(x.numel())
+    rounded, stored = torch.empty_like(x), torch.empty(x.numel(), dtype=torch.int16)
+    lib.k_round(ptr(x), ptr(rounded), n, bf)
+    lib.k_store(ptr(x), ptr(stored), n, bf)
+    torch.testing.assert_close(rounded, x.to(dtype).float(), rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(stored.view(dtype), x.to(dtype), rtol=0, atol=0, equal_nan=True)
+    every = torch.arange(0, 65536, dtype=torch.int32).to(torch.int16)
+    loaded = torch.empty(65536)
+    lib.k_load(ptr(every), ptr(loaded), ctypes.c_int64(65536), bf)
+    torch.testing.assert_close(loaded, every.view(dtype).float(), rtol=0, atol=0, equal_nan=True)
