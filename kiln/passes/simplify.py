@@ -1,4 +1,5 @@
-"""Algebraic simplification: identity ops, view chains, x*1, x+0, x-0, x/1, -(-x), cast to the same dtype.
+"""Algebraic simplification: identity ops, view chains, x*1, x+0, x-0, x/1, -(-x), cast to the same dtype, a
+reduction over size-1 axes.
 
 Before::                                              After::
 
@@ -53,6 +54,9 @@ def _identity(n: Node, inputs: tuple[Node, ...]) -> Node | None:
     return None
 
 
+_SIZE_ONE_REDUCTIONS = (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN)
+
+
 def simplify(graph: Graph, log: RewriteLog | None = None) -> Graph:
     def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         same = _identity(n, inputs)
@@ -78,6 +82,12 @@ def simplify(graph: Graph, log: RewriteLog | None = None) -> Graph:
             if log:
                 log.hit("expand chain")
             return b.add(Op.EXPAND, (x.inputs[0],), shape=n.shape)
+        if n.op in _SIZE_ONE_REDUCTIONS and x is not None and all(x.shape[a] == 1 for a in n.attr("axes")):
+            # a reduction over size-1 axes is its input (a feature map of 1x1 pooled): no kernel of rows of one
+            if log:
+                log.hit("reduction over size-1 axes")
+            value = x if x.shape == n.shape else b.add(Op.RESHAPE, (x,), shape=n.shape)
+            return value if value.dtype == n.dtype else b.add(Op.CAST, (value,), dtype=n.dtype)
         canonical = n.op is Op.EXPAND and x.op is Op.FULL and x.shape == ()
         if n.op in (Op.RESHAPE, Op.EXPAND) and scalar_value(x) is not None and not canonical:
             if log:
