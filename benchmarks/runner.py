@@ -328,8 +328,9 @@ def time_calls(fn: Callable[..., Any], inputs: tuple[Tensor, ...], calls: int) -
 
 
 def first_call(result: BackendResult, model: nn.Module, inputs: tuple[Tensor, ...], ref: Any,
-               args: argparse.Namespace) -> None:
-    """Compile ``result.backend``, time its first call, check it against ``ref`` and warm it up."""
+               args: argparse.Namespace, check: Callable[[Any, Any], tuple[float, float]] = compare) -> None:
+    """Compile ``result.backend``, time its first call, check it against ``ref`` (``check`` gives max absolute
+    and relative errors) and warm it up."""
     import torch
     cuda = any(x.is_cuda for x in inputs)
     held_before = torch.cuda.memory_allocated() if cuda else 0
@@ -349,7 +350,7 @@ def first_call(result: BackendResult, model: nn.Module, inputs: tuple[Tensor, ..
         result.warnings = list(dict.fromkeys(f"{w.category.__name__}: {w.message}" for w in caught
                                              if not issubclass(w.category, _NOISE_WARNINGS)))
     try:
-        result.max_abs_err, result.max_rel_err = compare(out, ref)
+        result.max_abs_err, result.max_rel_err = check(out, ref)
         if not result.max_rel_err <= args.tol:  # also catches nan
             result.status = "MISMATCH"
         del out
@@ -402,22 +403,26 @@ def summarize(results: list[BackendResult]) -> None:
         result.speedup = statistics.median(result.speedup_rounds)
 
 
-def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
-    """Build, compile, check and time model ``name`` on every requested backend."""
+def bench_model(name: str, args: argparse.Namespace, build: Callable[..., Any] | None = None,
+                check: Callable[[Any, Any], tuple[float, float]] = compare) -> dict[str, Any]:
+    """Build, compile, check and time model ``name`` on every requested backend; ``build`` (default
+    ``benchmarks.models.build``) is called as ``build(name, small=, device=[, dtype=])`` -> (model, inputs),
+    ``check(output, reference)`` gives the max absolute and relative errors (default :func:`compare`)."""
     import torch
     from benchmarks import models
+    build = build or models.build
 
     record: dict[str, Any] = {"model": name, "error": None, "backends": {}}
     torch._dynamo.reset()
     try:
         dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
-        model, inputs = models.build(name, small=args.small, device=args.device, dtype=dtype)
+        model, inputs = build(name, small=args.small, device=args.device, dtype=dtype)
         record["inputs"] = [{"shape": list(x.shape), "dtype": str(x.dtype)} for x in inputs]
         with torch.inference_mode():
             if dtype == torch.float32:
                 ref = model(*inputs)
             else:  # half-precision results are judged against the same model in fp32
-                ref_model, ref_inputs = models.build(name, small=args.small, device=args.device)
+                ref_model, ref_inputs = build(name, small=args.small, device=args.device)
                 ref = ref_model(*ref_inputs)
                 del ref_model, ref_inputs
     except Exception as exc:  # noqa: BLE001
@@ -428,7 +433,7 @@ def bench_model(name: str, args: argparse.Namespace) -> dict[str, Any]:
     with torch.inference_mode():
         for result in results:
             _progress(f"  {name}: {result.backend} first call ...")
-            first_call(result, model, inputs, ref, args)
+            first_call(result, model, inputs, ref, args, check)
             _progress(f"  {name}: {result.backend} {result.status}"
                       + (f" ({result.first_call_s:.2f} s)" if result.first_call_s is not None else "")
                       + (f" {result.error}" if result.error else ""))

@@ -67,7 +67,10 @@ def _in_fp32(L: Lowerer, mark: int, result: Any) -> Any:
         return i
     for n in added:
         dtype = torch.float32 if n.dtype in HALF else n.dtype
-        new[n] = L.b.add_node(Node(n.op, tuple(source(i) for i in n.inputs), n.attrs, n.shape, dtype))
+        attrs = n.attrs
+        if n.op is Op.CONSTANT and n.dtype in HALF:  # a constant's type is its tensor's (avg_pool2d's divisors)
+            attrs = {**attrs, "value": ConstRef(attrs["value"].tensor.float())}
+        new[n] = L.b.add_node(Node(n.op, tuple(source(i) for i in n.inputs), attrs, n.shape, dtype))
 
     def down(v: Any) -> Any:
         if isinstance(v, Node) and v in new:

@@ -139,3 +139,16 @@ def test_conversions_match_torch_exactly(dtype):
     loaded = torch.empty(65536)
     lib.k_load(ptr(every), ptr(loaded), ctypes.c_int64(65536), bf)
     torch.testing.assert_close(loaded, every.view(dtype).float(), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", HALF, ids=["bf16", "fp16"])
+def test_half_avg_pool_with_per_position_divisor(dtype):
+    """avg_pool2d whose divisor differs per output position (padding, ceil_mode): a constant of the lowering,
+    which the fp32 rebuild of a composite op must convert with its node (found by the fuzzer, seed 2160:
+    the graph failed verification and fell back to eager)."""
+    x = (torch.rand(1, 1, 6) * 4 - 2).to(dtype)
+
+    def fn(x):
+        return F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True)
+    got, _ = _compiled(fn, x)
+    torch.testing.assert_close(got, fn(x), rtol=0, atol=0)

@@ -1,0 +1,147 @@
+"""Worker processes for the fuzzer: a crash in generated C++ (a segfault) or a hang costs one task, not the run.
+
+Each worker is ``python -m kiln.testing.fuzz --worker``: it reads one JSON task per line on stdin and answers
+one line ``@@FUZZ {json}`` on stdout (anything else a library prints is ignored).  A worker that dies or
+passes its deadline is replaced; its task is answered as a ``crash`` with the signal or ``timeout``.  Workers
+are recycled every ``max_tasks`` tasks, which bounds memory (every built module stays loaded in a process).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any, Callable
+
+PREFIX = "@@FUZZ "
+
+
+class Worker:
+    def __init__(self, env: dict[str, str]):
+        self.log = tempfile.TemporaryFile(mode="w+")
+        self.proc = subprocess.Popen([sys.executable, "-m", "kiln.testing.fuzz", "--worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=self.log, env=env, bufsize=0)
+        self.buffer = b""  # stdout read with os.read: a buffered reader would hide lines from select()
+        self.task: dict[str, Any] | None = None
+        self.deadline = 0.0
+        self.done = 0
+
+    def send(self, task: dict[str, Any], timeout: float) -> None:
+        self.task, self.deadline = task, time.monotonic() + timeout
+        self.proc.stdin.write((json.dumps(task) + "\n").encode())
+
+    def read_answer(self) -> dict[str, Any] | None:
+        """Read what the worker wrote; its answer if a whole answer line arrived (raises EOFError at the end)."""
+        data = os.read(self.proc.stdout.fileno(), 1 << 16)
+        if not data:
+            raise EOFError
+        self.buffer += data
+        while b"\n" in self.buffer:
+            line, self.buffer = self.buffer.split(b"\n", 1)
+            text = line.decode(errors="replace")
+            if text.startswith(PREFIX):
+                return json.loads(text[len(PREFIX):])
+        return None
+
+    def stderr_tail(self) -> str:
+        self.log.seek(0)
+        lines = [ln for ln in self.log.read().splitlines() if ln.strip() and "Warning" not in ln]
+        return " | ".join(lines[-3:])[-400:]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()  # our own child, by its handle
+        self.proc.wait()
+        self.log.close()
+
+
+def _died(worker: Worker, why: str) -> dict[str, Any]:
+    code = worker.proc.poll()
+    if why == "timeout":
+        detail = "timeout: the worker did not answer in time (a hang in generated code?)"
+    elif code is not None and code < 0:
+        detail = f"the worker died from signal {signal.Signals(-code).name}"
+    else:
+        detail = f"the worker exited with code {code}"
+    sig = "crash:timeout" if why == "timeout" else f"crash:{detail.split()[-1]}"
+    return {"status": "crash", "signature": sig, "detail": f"{detail}; stderr: {worker.stderr_tail()}",
+            "died": True}
+
+
+class Pool:
+    """``jobs`` workers; ``run(tasks, on_result)`` answers every task, calling ``on_result(task, answer)``."""
+
+    def __init__(self, jobs: int, timeout: float = 300.0, max_tasks: int = 60):
+        self.jobs, self.timeout, self.max_tasks = max(1, jobs), timeout, max_tasks
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.workers: list[Worker] = []
+
+    def run(self, tasks: collections.deque, on_result: Callable[[dict[str, Any], dict[str, Any]], None],
+            timeout: Callable[[dict[str, Any]], float] | None = None) -> None:
+        """Run every task of ``tasks``; ``on_result`` may append more (a failed group's members)."""
+        sel = selectors.DefaultSelector()
+        busy: dict[int, Worker] = {}
+        while True:
+            while tasks and len(busy) < self.jobs:
+                task = tasks.popleft()
+                w = self._idle_worker()
+                w.send(task, timeout(task) if timeout else self.timeout)
+                busy[w.proc.pid] = w
+                sel.register(w.proc.stdout, selectors.EVENT_READ, w)
+            if not busy:
+                break
+            self._wait(sel, busy, on_result)
+        sel.close()
+
+    def _wait(self, sel: selectors.BaseSelector, busy: dict[int, Worker],
+              on_result: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+        now = time.monotonic()
+        wait = max(0.05, min(w.deadline for w in busy.values()) - now)
+        for key, _ in sel.select(timeout=wait):
+            w: Worker = key.data
+            try:
+                answer = w.read_answer()
+            except EOFError:
+                w.proc.wait()
+                self._finish(sel, busy, w, _died(w, "died"), on_result, dead=True)
+                continue
+            if answer is not None:
+                self._finish(sel, busy, w, answer, on_result)
+        for w in list(busy.values()):
+            if time.monotonic() > w.deadline:
+                w.proc.kill()
+                w.proc.wait()
+                self._finish(sel, busy, w, _died(w, "timeout"), on_result, dead=True)
+
+    def _finish(self, sel: selectors.BaseSelector, busy: dict[int, Worker], w: Worker, answer: dict[str, Any],
+                on_result: Callable[[dict[str, Any], dict[str, Any]], None], dead: bool = False) -> None:
+        sel.unregister(w.proc.stdout)
+        del busy[w.proc.pid]
+        task, w.task = w.task, None
+        w.done += 1
+        if dead or w.done >= self.max_tasks:
+            self.workers.remove(w)
+            w.stop()
+        on_result(task, answer)
+
+    def _idle_worker(self) -> Worker:
+        for w in self.workers:
+            if w.task is None:
+                return w
+        w = Worker(self.env)
+        self.workers.append(w)
+        return w
+
+    def close(self) -> None:
+        for w in self.workers:
+            try:
+                w.proc.stdin.close()
+            except OSError:
+                pass
+            w.stop()
+        self.workers = []

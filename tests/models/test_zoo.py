@@ -1,0 +1,86 @@
+"""The model zoo (kiln/testing/zoo.py): transformers' model code and torch.nn's attention modules, small configs
+with random weights, each compiled whole (``fullgraph=True``, ``fallback=False``) and compared with eager on
+every output leaf (ModelOutput fields, caches, attention weights), on the example inputs and on fresh ones.
+
+The kiln report says which ops ran as externs; an op outside ``LIBRARY_EXTERNS`` (one without a lowering) fails
+the test, so that a new extern is a decision, not an accident.
+"""
+import time
+
+import pytest
+import torch
+
+import kiln
+from kiln.report import mark, reports_since
+from kiln.testing import zoo, zoo_torch
+
+pytest.importorskip("transformers")
+
+# [Note: the zoo is not in the default run yet] 2026-12-02: 43 of these 67 cases fail (wrong values on decoders,
+# encoder-decoders, vision transformers and torch.nn attention; see issue 16's note), and the whole file takes
+# ~13 min on the 2-core box.  Run it with ``python -m pytest -m zoo tests/models/test_zoo.py``; it joins the default
+# run (and CI) once it passes and is trimmed to fit the suite's 20 minutes.
+pytestmark = pytest.mark.zoo
+
+# library calls (matmul: ATen/MKL, oneDNN or kiln's GEMM; convolution; attention; pooling)
+LIBRARY_EXTERNS = {"convolution", "onednn_convolution", "conv_winograd", "conv_gemm", "conv_dw", "attention", "mm",
+                   "addmm", "bmm", "baddbmm", "onednn_linear", "linear_packed", "scaled_dot_product_attention",
+                   "max_pool2d_with_indices", "avg_pool2d"}
+# cumsum (RoBERTa's, OPT's and BLOOM's positions from the attention mask) is a scan, which kiln's kernel IR
+# cannot express yet; torch.nn's fused inference fast path has no decomposition (zoo_torch's note)
+EXPECTED_EXTERNS = LIBRARY_EXTERNS | {"cumsum"} | zoo_torch.FAST_OPS
+RTOL, ATOL = 1e-3, 1e-4
+
+
+def _ids(case):
+    name, attn = case
+    return name if attn is None else f"{name}-{attn}"
+
+
+@pytest.mark.parametrize("case", zoo.cases(), ids=_ids)
+def test_zoo_model_matches_eager(case):
+    """One graph, no fallback, every output leaf within 1e-3 / 1e-4 of eager on two input sets (the second with
+    other values and other padding, run without recompiling); externs only where expected."""
+    name, attn = case
+    spec = zoo.specs()[name]
+    model, inputs = zoo.build(name, "ci", attn)
+    _, fresh = zoo.build(name, "ci", attn, input_seed=1)  # same shapes, new values and padding
+    start = time.perf_counter()
+    position = mark()
+    with torch.inference_mode():
+        expected, expected_fresh = model(*inputs), model(*fresh)
+        compiled = kiln.compile(model, fallback=False, fullgraph=True)
+        zoo.assert_close(compiled(*inputs), expected, RTOL, ATOL)
+        zoo.assert_close(compiled(*fresh), expected_fresh, RTOL, ATOL)
+        if spec.fast_path is not None:
+            fused = zoo_torch.aten_ops(model, inputs) & zoo_torch.FAST_OPS
+            assert bool(fused) == spec.fast_path, f"eager took the {'fast' if fused else 'slow'} path"
+    reports = reports_since(position)
+    assert len(reports) == 1, f"{len(reports)} graphs: recompiled on fresh inputs?"
+    report = reports[0]
+    assert report.fallback is None
+    externs = sorted(set(report.externs))
+    print(f"\n{_ids(case)}: {time.perf_counter() - start:.1f} s, kiln compile {report.compile_seconds:.1f} s, "
+          f"externs {externs}")
+    assert set(externs) <= EXPECTED_EXTERNS, f"ops without a kiln lowering: {set(externs) - EXPECTED_EXTERNS}"
+    if spec.fast_path is not None:  # which fused op Dynamo left in the graph (zoo_torch's note)
+        assert set(externs) & zoo_torch.FAST_OPS == ({spec.compiled_op} if spec.compiled_op else set()), externs
+
+
+def test_leaves_walk_outputs_and_caches():
+    """``zoo.leaves`` reaches the tensors inside ModelOutputs and transformers' caches, with their paths."""
+    model, inputs = zoo.build("gpt2", "ci", "sdpa")
+    with torch.inference_mode():
+        paths = [path for path, _ in zoo.leaves(model(*inputs))]
+    assert paths[0] == "out.logits"
+    assert "out.cache.layers[1].values" in paths and len(paths) == 5  # logits + keys/values of 2 layers
+
+
+def test_assert_close_names_the_differing_leaf():
+    model, inputs = zoo.build("t5", "ci", "eager")
+    with torch.inference_mode():
+        out = model(*inputs)
+        other = model(*inputs)
+        other.cache.cross_attention_cache.layers[0].keys[0, 0, 0, 0] += 1
+    with pytest.raises(AssertionError, match=r"out\.cache\.cross_attention_cache\.layers\[0\]\.keys"):
+        zoo.assert_close(other, out)
