@@ -67,6 +67,13 @@ def _storage_uses(t: torch.Tensor) -> int:
     return torch._C._storage_Use_Count(t.untyped_storage()._cdata)
 
 
+def _made_of_constants(n: Node) -> bool:
+    """Does the view chain ``n`` start at a constant (a weight)?"""
+    while n.op in VIEW:
+        n = n.inputs[0]
+    return n.op is Op.CONSTANT
+
+
 def _base(n: Node, buffer_of: dict[Node, str]) -> Node:
     """The realized node a view chain starts from."""
     while n not in buffer_of:
@@ -615,8 +622,12 @@ class CompiledGraph:
         if n in env:
             return env[n]
         if n.op in VIEW:  # a view chain handed to an extern without a copy (kept for this call's other users)
-            value = env[n] = self._view_fn(n)(self._value(n.inputs[0], env))
-            if n.inputs[0] in self.static:  # a view of a constant (a transposed weight) is the same every call
+            source = self._value(n.inputs[0], env)
+            value = env[n] = self._view_fn(n)(source)
+            # the same every call: a view of a buffer held across calls (a weight, an arena buffer), or anything
+            # made of a weight.  Not a reshape that copies an arena buffer: that copy is this call's snapshot.
+            if n.inputs[0] in self.static and (_made_of_constants(n) or value.untyped_storage().data_ptr()
+                                               == source.untyped_storage().data_ptr()):
                 self.static[n] = value
             return value
         raise KeyError(f"kiln runtime: no value for {n}")
