@@ -106,6 +106,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             record["kiln_graphs"] = kiln_summary(reports_since(position))
             records.append(record)
             notes.append(f"  {name}: {record['kiln_graphs']}")
+            # each model's rows as soon as it is done: a long run that dies still leaves its numbers
+            rows = runner.format_table([record], args.backends).splitlines()[2:]
+            runner._progress("\n".join(row for row in rows if not row.startswith("| geomean")))
         size = "CI" if args.small else "full"
         print(f"\n{info['date']}  {info['cpu']}  threads {info['threads']}  torch {info['torch']}  "
               f"{size} size, attention {args.attn}\n")

@@ -2,7 +2,10 @@
 
 We keep softmax, layer_norm, batch_norm, gelu, silu, var/mean and friends whole because our lowerings
 produce exactly the reductions the fusion pass wants (one kernel each), and keep matmul/conv/pooling whole
-because they become extern library calls.
+because they become extern library calls.  ``F.scaled_dot_product_attention`` written by the user reaches us as
+the CPU flash-attention op, kept whole too: its decomposition is the math path (a materialized ``[B, H, T, S]``
+score tensor between two bmm calls), measured 0.97x eager on Whisper-tiny's 1500-frame encoder where the
+library call gives 1.25x (BERT-base 1.32x -> 1.43x, LLaMA-style 4 layers unchanged; 1 thread, sequence 64).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ KEEP_WHOLE = (
     aten.unsqueeze, aten.t, aten.transpose, aten.permute, aten.expand, aten.cat, aten.constant_pad_nd,
     aten.logical_not, aten.floor_divide, aten.remainder, aten.round, aten.sign, aten.std, aten.amax, aten.amin,
     aten.argmax, aten.argmin, aten.prod, aten.sum, aten.any, aten.all, aten.max, aten.min,
+    aten._scaled_dot_product_flash_attention_for_cpu,
 )
 
 

@@ -231,9 +231,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m kiln.testing.fuzz", description=__doc__.split("\n\n")[0])
     ap.add_argument("--seeds", default="0:100", help="A:B (range) or a comma-separated list")
     ap.add_argument("--out", help="write a shrunk reproducer per failing seed into this directory")
-    ap.add_argument("--dtype", default="fp32", choices=["fp32", "half", "all"])
-    ap.add_argument("--size", default="full", choices=["ci", "full"])
-    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2))
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "half", "all"],
+                    help="float32 programs, float16/bfloat16 ones, or a mix (a fifth half)")
+    ap.add_argument("--size", default="full", choices=["ci", "full"],
+                    help="ci: 4-10 statements, small shapes; full: 6-16 statements, dims up to 64")
+    ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="worker processes")
     ap.add_argument("--group", type=int, default=4, help="programs per compiled function (see [Note: groups])")
     ap.add_argument("--check", action="store_true", help="compile with KILN_CHECK (kiln names the step that errs)")
     ap.add_argument("--json", help="write every result as JSON to this file")

@@ -19,6 +19,9 @@ import time
 from typing import Any, Callable
 
 PREFIX = "@@FUZZ "
+# a worker ended by one of these was stopped from outside (a shell, a session's cleanup), not by a crash in
+# kiln's code: its task runs once more
+EXTERNAL = frozenset({-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP})
 
 
 class Worker:
@@ -80,6 +83,10 @@ class Pool:
         self.jobs, self.timeout, self.max_tasks = max(1, jobs), timeout, max_tasks
         self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
         self.workers: list[Worker] = []
+        self._cache: tempfile.TemporaryDirectory | None = None
+        if "KILN_CACHE_DIR" not in os.environ:  # ~50 MB of modules per 1000 programs: not into the user's cache
+            self._cache = tempfile.TemporaryDirectory(prefix="kiln-fuzz-cache-")
+            self.env["KILN_CACHE_DIR"] = self._cache.name
 
     def run(self, tasks: collections.deque, on_result: Callable[[dict[str, Any], dict[str, Any]], None],
             timeout: Callable[[dict[str, Any]], float] | None = None) -> None:
@@ -95,11 +102,11 @@ class Pool:
                 sel.register(w.proc.stdout, selectors.EVENT_READ, w)
             if not busy:
                 break
-            self._wait(sel, busy, on_result)
+            self._wait(sel, busy, on_result, tasks)
         sel.close()
 
     def _wait(self, sel: selectors.BaseSelector, busy: dict[int, Worker],
-              on_result: Callable[[dict[str, Any], dict[str, Any]], None]) -> None:
+              on_result: Callable[[dict[str, Any], dict[str, Any]], None], tasks: collections.deque) -> None:
         now = time.monotonic()
         wait = max(0.05, min(w.deadline for w in busy.values()) - now)
         for key, _ in sel.select(timeout=wait):
@@ -108,7 +115,7 @@ class Pool:
                 answer = w.read_answer()
             except EOFError:
                 w.proc.wait()
-                self._finish(sel, busy, w, _died(w, "died"), on_result, dead=True)
+                self._finish(sel, busy, w, _died(w, "died"), on_result, dead=True, retry=tasks)
                 continue
             if answer is not None:
                 self._finish(sel, busy, w, answer, on_result)
@@ -119,7 +126,8 @@ class Pool:
                 self._finish(sel, busy, w, _died(w, "timeout"), on_result, dead=True)
 
     def _finish(self, sel: selectors.BaseSelector, busy: dict[int, Worker], w: Worker, answer: dict[str, Any],
-                on_result: Callable[[dict[str, Any], dict[str, Any]], None], dead: bool = False) -> None:
+                on_result: Callable[[dict[str, Any], dict[str, Any]], None], dead: bool = False,
+                retry: collections.deque | None = None) -> None:
         sel.unregister(w.proc.stdout)
         del busy[w.proc.pid]
         task, w.task = w.task, None
@@ -127,6 +135,9 @@ class Pool:
         if dead or w.done >= self.max_tasks:
             self.workers.remove(w)
             w.stop()
+        if retry is not None and w.proc.returncode in EXTERNAL and not task.get("retried"):
+            retry.appendleft({**task, "retried": True})  # stopped from outside (not kiln's crash): once more
+            return
         on_result(task, answer)
 
     def _idle_worker(self) -> Worker:
@@ -145,3 +156,6 @@ class Pool:
                 pass
             w.stop()
         self.workers = []
+        if self._cache is not None:
+            self._cache.cleanup()
+            self._cache = None

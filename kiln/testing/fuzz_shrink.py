@@ -119,6 +119,8 @@ def shrink(program: Program, test: Callable[[Program], Result], signature: str, 
            log: Callable[[str], None] | None = None) -> tuple[Program, Result | None]:
     """The smallest program found that still fails with ``signature``, and its result (None if no edit
     kept the failure: the program itself is returned)."""
+    if not signature:
+        raise ValueError("shrink: the signature of a failure is needed (an ok result has none)")
     best, best_result, tests = program, None, 0
     failing: int | None = None
     progress = True

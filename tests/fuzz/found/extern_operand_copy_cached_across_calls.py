@@ -6,9 +6,9 @@
 # run:   python extern_operand_copy_cached_across_calls.py kiln
 # a random program (seed 1148, float32), found by kiln's differential fuzzer
 # (python -m kiln.testing.fuzz) and shrunk; its tolerances come from kiln/testing/fuzz_numerics.py
-# status: open.  Root cause kiln/runtime/module.py:619 (_value): a view chain whose base is in ``self.static``
-#   is cached for all later calls, but ``static`` also holds arena buffers (values of this call), and
-#   reshape(expand(...)) (repeat) is a copy, not a view: the linear's operand keeps the first call's values.
+# status: fixed in 9668eba by the runtime's owner (found independently by the model zoo): kiln/runtime/
+#   module.py _value cached a view chain of an arena buffer for all later calls, but reshape(expand(...))
+#   (repeat) is a copy, not a view: the linear's operand kept the first call's values.
 import torch
 import torch.nn.functional as F  # noqa: F401
 

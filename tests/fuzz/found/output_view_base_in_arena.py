@@ -1,42 +1,41 @@
 # REPRODUCER  backend=kiln  class=mismatch  signature=mismatch:output
-# error: output 0 (torch.float32[1, 6], rtol=0 atol=0): Tensor-likes are not equal! | Mismatched elements: 1 / 6
-#        (16.7%) | Greatest absolute difference: 2.892268419265747 at index (0, 0) | Greatest relative difference:
-#        1.508151650428772 at index (0, 0)
+# error: output 2 (torch.float32[3, 1, 2], rtol=0 atol=0): Tensor-likes are not equal! | Mismatched elements: 5 / 6
+#        (83.3%) | Greatest absolute difference: 3.388878583908081 at index (0, 0, 1) | Greatest relative difference:
+#        63.12586212158203 at index (0, 0, 1)
 # run:   python output_view_base_in_arena.py kiln
-# a random program (seed 70 (group of seeds [70, 71, 72, 73, 74]), float32), found by kiln's differential fuzzer
+# a random program (seed 2960, float32), found by kiln's differential fuzzer
 # (python -m kiln.testing.fuzz) and shrunk; its tolerances come from kiln/testing/fuzz_numerics.py
-# status: open.  Root cause kiln/runtime/module.py:391 (_plan_memory): only graph outputs are kept out of
-#   the arena, not the bases of outputs that are views (``escaping``); the base (index_select's result, read by
-#   the matmul) shares arena bytes with a later intermediate (the sum), which overwrites what the caller gets.
+# status: open.  Root cause kiln/runtime/module.py:398 (_plan_memory): only graph outputs are kept out of
+#   the arena, not the bases of outputs that are views (``escaping``); here the stack's result (read by the bmm)
+#   is returned as a view (v1) and shares arena bytes with the linear's result (mm's .out), which overwrites it.
 #   Keeping ``escaping`` nodes out needs them allocated per call like outputs (module.py, not changed here).
+#   The commonest failure of the fuzz runs: also CI groups (70-74), (195-199) and seeds 10041, 2597 ff.
 import torch
 import torch.nn.functional as F  # noqa: F401
 
 FT = torch.float32  # the program's float dtype
 
 
-def make_inputs(seed=70, shift=0):
+def make_inputs(seed=2960, shift=0):
     def g(i):  # one generator per input: dropping an input leaves the others' values unchanged
         return torch.Generator().manual_seed(i + shift)  # shift: other values, same layouts
-    p2_x2 = (torch.rand((7, 1, 6), generator=g(72 * 64 + 2)) * 4 - 2).to(FT)  # float[7, 1, 6]
-    p2_x4 = torch.randint(0, 7, (1,), generator=g(72 * 64 + 4))  # int64[1]
-    p2_x5 = ((torch.rand((1, 4), generator=g(72 * 64 + 5)) * 2 - 1) * 0.25).to(FT).expand((6, 4))
-    p4_x1 = (torch.randn((1, 2), generator=g(74 * 64 + 1)).clamp(-3, 3)).to(FT)  # float[1, 2]
-    return [p2_x2, p2_x4, p2_x5, p4_x1]
+    x0 = (torch.rand((1, 2), generator=g(seed * 64 + 0)) * 4 - 2).to(FT)  # float[1, 2]
+    x2 = (torch.rand((2, 1), generator=g(seed * 64 + 2)) * 4 - 2).to(FT)  # float[2, 1]
+    x3 = (torch.rand((5, 2), generator=g(seed * 64 + 3)) * 4 - 2).to(FT)  # float[5, 2]
+    x5 = (torch.rand((5,), generator=g(seed * 64 + 5)) * 4 - 2).to(FT)  # float[5]
+    return [x0, x2, x3, x5]
 
 
-def fn(p2_x2, p2_x4, p2_x5, p4_x1):
-    p2_v4 = p2_x2.index_select(0, p2_x4)
-    p2_v5 = p2_v4.flatten(1, 2)
-    p2_v7 = torch.matmul(p2_v4, p2_x5)
-    p4_v3 = torch.cat((p4_x1, p4_x1), -2)
-    p4_v4 = p4_x1.sum(dim=[0, 1])
-    p4_v5 = torch.pow(p4_v3.abs() + 0.5, p4_v4.clamp(-2.0, 2.0))
-    return (p2_v5, p2_v7, p4_v5)
+def fn(x0, x2, x3, x5):
+    v1 = torch.stack([x0, x0, x0], dim=-3)
+    v2 = torch.bmm(v1, x2.expand(3, -1, -1))
+    v3 = F.linear(x0, x3)
+    v8 = x5 / (v3.abs() + 0.5)
+    return (v2, v8, v1)
 
 
 # per output: (rtol, atol); (0.0, 0.0) = bitwise (exact ops, int and bool outputs)
-OUT_TOL = [(0, 0), (2.6e-05, 3e-05), (5.2e-05, 6e-05)]
+OUT_TOL = [(2.6e-05, 3e-05), (3.9e-05, 4.5e-05), (0, 0)]
 # per input: None = must be left bitwise unchanged; (rtol, atol) = mutated in place by fn
 INPUT_TOL = [None, None, None, None]
 
