@@ -25,6 +25,8 @@ import functools
 import hashlib
 import json
 import os
+import platform
+import re
 import shlex
 import shutil
 import subprocess
@@ -144,12 +146,38 @@ def _compiler_identity(cxx: str) -> tuple[str, str]:
     return path, (lines[0].strip() if lines else "")
 
 
+def _gcc_major(version: str) -> int | None:
+    """GCC's major version from its ``--version`` line (``g++ (Debian 12.2.0-14) 12.2.0``), None for others."""
+    if "clang" in version.lower() or not re.search(r"g\+\+|gcc|GCC", version):
+        return None
+    found = re.search(r"\s(\d+)\.\d+\.\d+\s*$", version) or re.search(r"\s(\d+)\.\d+\.\d+", version)
+    return int(found.group(1)) if found else None
+
+
+def workaround_flags(version: str, flags: tuple[str, ...]) -> tuple[str, ...]:
+    """Flags added to avoid known wrong code of the compiler kiln builds with.
+
+    GCC 12 on x86 with a tuning that turns hardware gathers off (``-march=native`` on AMD Zen) vectorizes an
+    indexed load (``buf[r / 4]`` in a lane loop: RMSNorm's per-row scale read per element) as an *emulated*
+    gather, new in GCC 12, and together with FMA contraction computed NaN for finite inputs in a two-pass
+    reduction kernel (tests/fuzz/found/rms_norm_var_two_simd_passes.py; right at -O1, with
+    -ffp-contract=off, with -mtune=generic or with the hardware gathers below).  We ask for hardware gathers,
+    which every AVX2 machine has; on Intel tunings they are on already, so the flag changes nothing there."""
+    if platform.machine().lower() not in ("x86_64", "amd64") or _gcc_major(version) != 12:
+        return ()
+    if not any(f.startswith(("-march=", "-mtune=")) for f in flags):
+        return ()
+    return ("-mtune-ctrl=use_gather_2parts,use_gather_4parts,use_gather",)
+
+
 def compiler_info(cfg: config.Config | None = None) -> dict[str, Any]:
-    """The compiler kiln builds with, for reports: ``{"cxx", "path", "version", "flags"}``."""
+    """The compiler kiln builds with, for reports: ``{"cxx", "path", "version", "flags"}`` (the flags it is
+    invoked with, workarounds included)."""
     cfg = cfg or config.get()
     info: dict[str, Any] = {"cxx": cfg.cxx, "path": None, "version": None, "flags": list(cfg.cxx_flags)}
     try:
         info["path"], info["version"] = _compiler_identity(cfg.cxx)
+        info["flags"] += list(workaround_flags(info["version"], tuple(cfg.cxx_flags)))
     except KilnBuildError as e:
         info["error"] = str(e)
     return info
@@ -445,6 +473,7 @@ def load_module(source: str, *, name: str = "kiln_module", cfg: config.Config | 
     cfg = cfg or config.get()
     compiler = _compiler_identity(cfg.cxx)
     flags = tuple(cfg.cxx_flags) + tuple(extra_flags)
+    flags += workaround_flags(compiler[1], flags)
     key = _cache_key(source, compiler, flags)
     cache = Path(os.path.abspath(os.path.expanduser(cfg.cache_dir)))
     memo_key = (str(cache), key)

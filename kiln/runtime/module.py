@@ -374,7 +374,6 @@ class CompiledGraph:
         return plan
 
     def _plan_memory(self, plan: Plan, node_of: dict[str, Node], report: CompileReport) -> None:
-        graph_outputs = set(self.graph.outputs)
         escaping = self.escaping
         step_index: dict[str, int] = {}
         last_use: dict[str, int] = {}
@@ -395,7 +394,7 @@ class CompiledGraph:
         intervals = []
         for name, start in step_index.items():
             n = node_of[name]
-            if n in graph_outputs:
+            if n in escaping:  # the caller holds it (or a view of it) after the call: a per-call buffer
                 continue
             nbytes = n.numel * torch.empty((), dtype=n.dtype).element_size()
             intervals.append(memory.Interval(name, nbytes, start, last_use.get(name, start)))
@@ -439,6 +438,8 @@ class CompiledGraph:
         # buffers the caller gets, filled per call: kiln's outputs, and native calls' results the caller gets or
         # views (an output that is an extern's result is the tensor the library returned)
         returned = [n for n in dict.fromkeys(self.graph.outputs) if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN)]
+        returned += [n for n in self.graph.nodes  # bases of output views (in graph order: slots are numbered)
+                     if n in escaping and n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) and n not in returned]
         returned += [n for n in self.native if n in escaping and n not in returned]
         self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in returned if n in plan.buffer_of]
         self._pools: list[list[torch.Tensor]] = [[] for _ in range(len(self.output_slots))]
@@ -451,9 +452,10 @@ class CompiledGraph:
         allocated right before that step, or taking the memory of an input that dies there (``reuse``)."""
         by_name = {k.name: k for k in plan.kernels}
         buf_of = plan.buffer_of
-        # outputs kiln writes (library results arrive allocated; a fused step writes its matmul's own result)
+        # outputs (and bases of output views) kiln writes (library results arrive allocated; a fused step writes
+        # its matmul's own result)
         fused = {s.node for kind, s in self.program if kind == "fused" and s.epilogue is None}
-        outputs = {n for n in self.graph.outputs
+        outputs = {n for n in self.escaping
                    if n in buf_of and (n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in fused)}
         alloc: list[list[Allocation]] = [[] for _ in self.program]
         done: set[Node] = set()
@@ -612,7 +614,8 @@ class CompiledGraph:
             # references: the pool list and getrefcount's argument
             if sys.getrefcount(pool[i]) == 2 and _storage_uses(pool[i]) == 2:
                 return pool[i]
-        t = torch.empty(n.shape, dtype=n.dtype, device=self.device)
+        strides = self.plan.strides_of.get(n) or contiguous_strides(n.shape)
+        t = torch.empty_strided(n.shape, strides, dtype=n.dtype, device=self.device)
         if t.numel() * t.element_size() >= RECYCLE_MIN_BYTES:
             pool.append(t)
             del pool[:-2]

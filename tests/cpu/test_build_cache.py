@@ -78,7 +78,7 @@ def test_build_then_cache_hit(cache):
     meta = json.loads((entry / "meta.json").read_text())
     assert meta["key"] == m1.key and entry.name == m1.key and entry.parent.name == m1.key[:2]
     assert meta["so_size"] == (entry / "module.so").stat().st_size
-    assert "-lm" in meta["link_flags"] and meta["flags"] == list(config.get().cxx_flags)
+    assert "-lm" in meta["link_flags"] and meta["flags"] == build.compiler_info()["flags"]
 
     # Same process: in-process memo.
     assert load_module(src) is m1
@@ -245,3 +245,17 @@ def test_compiler_info():
     assert info["version"]
     missing = build.compiler_info(config.get().with_options(cxx="kiln-no-such-compiler"))
     assert missing["path"] is None and "not found" in missing["error"]
+
+
+def test_gcc12_emulated_gather_workaround_flags(monkeypatch):
+    """GCC 12 on x86 gets hardware gathers (its emulated ones miscompiled a kernel); others get nothing."""
+    from kiln.runtime import build
+    monkeypatch.setattr(build.platform, "machine", lambda: "x86_64")
+    native = ("-O3", "-march=native")
+    gcc12 = "x86_64-linux-gnu-g++-12 (Debian 12.2.0-14+deb12u1) 12.2.0"
+    assert build.workaround_flags(gcc12, native) == ("-mtune-ctrl=use_gather_2parts,use_gather_4parts,use_gather",)
+    assert build.workaround_flags(gcc12, ("-O3",)) == ()
+    assert build.workaround_flags("g++ (GCC) 13.2.1 20230801", native) == ()
+    assert build.workaround_flags("Ubuntu clang version 15.0.7", native) == ()
+    monkeypatch.setattr(build.platform, "machine", lambda: "aarch64")
+    assert build.workaround_flags(gcc12, native) == ()

@@ -93,3 +93,27 @@ def test_without_an_arena_buffers_are_allocated_per_step(monkeypatch):
         for _ in range(2):
             x = torch.randn(3, 8)
             torch.testing.assert_close(fn(x), model(x), rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_base_of_an_output_view_is_not_arena_memory():
+    """An output that is a view (here ``stack``'s result returned as is, while a later matmul reads it) keeps its
+    base alive after the call: the base may share no arena bytes with later intermediates of this call (the
+    linear's result overwrote it, fuzz seed 2960), nor be overwritten by the next call (the caller still holds
+    the first result)."""
+    def fn(x0, x2, x3, x5):
+        v1 = torch.stack([x0, x0, x0], dim=-3)
+        v2 = torch.bmm(v1, x2.expand(3, -1, -1))
+        v3 = torch.nn.functional.linear(x0, x3)
+        v8 = x5 / (v3.abs() + 0.5)
+        return v2, v8, v1
+
+    def inputs():
+        return [torch.randn(1, 2), torch.randn(2, 1), torch.randn(5, 2), torch.randn(5)]
+
+    compiled = kiln.compile(fn, fallback=False)
+    a, b = inputs(), inputs()
+    got_a = compiled(*a)
+    got_b = compiled(*b)
+    for got, args in ((got_a, a), (got_b, b)):
+        for g, e in zip(got, fn(*args)):
+            torch.testing.assert_close(g, e, rtol=1.3e-5, atol=1.5e-5)

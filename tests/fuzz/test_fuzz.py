@@ -8,6 +8,7 @@ The CI run (``test_ci_programs_match_eager``) is the expensive one: ~300 program
 from __future__ import annotations
 
 import collections
+import importlib.util
 import os
 import runpy
 import subprocess
@@ -32,12 +33,7 @@ FOUND = os.path.join(os.path.dirname(os.path.abspath(__file__)), "found")
 # Failures of the CI run that are known kiln bugs, each with its shrunk reproducer in tests/fuzz/found/: seeds
 # (or groups of seeds, for failures of a merged graph that no member shows alone) -> reproducer.  Like an xfail:
 # any other failure fails the test; a listed one that passes is reported, so the entry can be removed.
-KNOWN_FAILURES = {
-    # kiln/runtime/module.py:398 _plan_memory: the base of an output view is planned into the arena (only graph
-    # outputs are kept out), so a later intermediate overwrites what the caller gets
-    (70, 71, 72, 73, 74): "output_view_base_in_arena.py",
-    (195, 196, 197, 198, 199): "output_view_base_in_arena.py",
-}
+KNOWN_FAILURES: dict[tuple[int, ...], str] = {}
 
 
 def _eager(program: Program) -> tuple:
@@ -274,3 +270,14 @@ def test_ci_programs_match_eager(capsys):
     assert counts["ok"] + counts["fallback"] >= 0.95 * len(CI_SEEDS), summary.format()
     for name in set(KNOWN_FAILURES.values()):
         assert os.path.exists(os.path.join(FOUND, name)), name
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(FOUND) if f.endswith(".py")))
+def test_found_reproducer_passes(name):
+    """Every shrunk reproducer of a fixed bug in tests/fuzz/found/ matches eager (its own check: two calls on
+    other values, outputs and inputs at the fuzzer's tolerances)."""
+    spec = importlib.util.spec_from_file_location(f"found_{name[:-3]}", os.path.join(FOUND, name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch._dynamo.reset()
+    module.check("kiln")

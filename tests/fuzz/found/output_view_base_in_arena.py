@@ -5,11 +5,11 @@
 # run:   python output_view_base_in_arena.py kiln
 # a random program (seed 2960, float32), found by kiln's differential fuzzer
 # (python -m kiln.testing.fuzz) and shrunk; its tolerances come from kiln/testing/fuzz_numerics.py
-# status: open.  Root cause kiln/runtime/module.py:398 (_plan_memory): only graph outputs are kept out of
-#   the arena, not the bases of outputs that are views (``escaping``); here the stack's result (read by the bmm)
-#   is returned as a view (v1) and shares arena bytes with the linear's result (mm's .out), which overwrites it.
-#   Keeping ``escaping`` nodes out needs them allocated per call like outputs (module.py, not changed here).
-#   The commonest failure of the fuzz runs: also CI groups (70-74), (195-199) and seeds 10041, 2597 ff.
+# status: fixed (kiln/runtime/module.py _plan_memory): only graph outputs were kept out of the arena, not the
+#   bases of outputs that are views; here the stack's result (read by the bmm) is returned as a view (v1) and
+#   shared arena bytes with the linear's result (mm's .out), which overwrote it.  Every node in ``escaping`` now
+#   gets a per-call buffer like an output.  It was the commonest failure of the fuzz runs (CI groups 70-74,
+#   195-199, seeds 10041, 2597 ff.).
 import torch
 import torch.nn.functional as F  # noqa: F401
 

@@ -4,9 +4,11 @@
 # run:   python rms_norm_var_two_simd_passes.py kiln
 # a random program (seed 484, float32), found by kiln's differential fuzzer
 # (python -m kiln.testing.fuzz) and shrunk; its tolerances come from kiln/testing/fuzz_numerics.py
-# status: open.  kiln's kernel (kernel_1_sum_div, two passes over a row, each an '#pragma omp simd' lane loop
-#   emitted at kiln/codegen/cpp.py:233) is correct C++; GCC 12.2 -O3 -march=native miscompiles it (standalone
-#   C++ reproducer beside this file: rms_norm_var_two_simd_passes.cpp; '#pragma GCC ivdep' avoids it there).
+# status: worked around (kiln/runtime/build.py workaround_flags).  kiln's kernel (kernel_1_sum_div, two passes
+#   over a row) is correct C++; GCC 12.2 with -march=native on AMD Zen 3 (a tuning without hardware gathers)
+#   vectorizes buf[r / 4] as an emulated gather and, with FMA contraction, computes NaN (right at -O1, with
+#   -ffp-contract=off, -mtune=generic, or hardware gathers: -mtune-ctrl=use_gather_4parts).  Standalone C++
+#   beside this file: rms_norm_var_two_simd_passes.cpp.
 import torch
 import torch.nn.functional as F  # noqa: F401
 
