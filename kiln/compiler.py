@@ -6,6 +6,7 @@ for "cuda", CUDA tensors for "cpu") is the caller's configuration, not a compile
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 import warnings
@@ -135,18 +136,74 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         module = build_triton_module(graph, report, device, report.mode)
     else:
         module = build_best(graph, report, build_module)
-    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names)
+    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
 
 
-def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[str | None]) -> Callable:
+def _aliases_input(node: Any) -> bool:
+    """Is FX value ``node`` a graph input or a view of one (AOTAutograd knows such outputs alias an input)?"""
+    while isinstance(node, torch.fx.Node) and node.op == "call_function" and getattr(node.target, "is_view", False):
+        node = node.args[0]
+    return isinstance(node, torch.fx.Node) and node.op == "placeholder"
+
+
+@dataclasses.dataclass
+class _AliasFix:
+    """An output that kiln's graph computes as an input (or a view chain of one) where the FX graph computes a
+    new tensor: ``copy(amax(x), y)`` is ``y`` broadcast, ``x * 1`` is ``x``.  Handed back as is, the caller would
+    get its own input.  ``views`` rebuild it from a copy of input ``position``, taken before the call when the
+    graph updates that input in place (else the output would show the update: fuzz seed 4591)."""
+    output: int
+    position: int                       # the input's position among AOTAutograd's arguments
+    views: list[Callable[[torch.Tensor], torch.Tensor]]
+    before_call: bool                   # the graph mutates the input: copy it before the call
+
+
+def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any) -> list[_AliasFix]:
+    from kiln.ir.graph import Op
+    from kiln.ir.interp import view_function
+    from kiln.ir.ops import VIEW
+    from kiln.passes.dce import mutates
+
+    fx_outputs = next(n for n in fx_gm.graph.nodes if n.op == "output").args[0]
+    fx_outputs = fx_outputs if isinstance(fx_outputs, (list, tuple)) else [fx_outputs]
+    mutated = set()
+    for m in graph.nodes:
+        if mutates(m):
+            for i in m.inputs:
+                while i.op in VIEW:
+                    i = i.inputs[0]
+                mutated.add(i)
+    fixes = []
+    for k, (fx_out, out) in enumerate(zip(fx_outputs, graph.outputs)):
+        chain = []
+        while out.op in VIEW:
+            chain.append(out)
+            out = out.inputs[0]
+        if out.op is Op.INPUT and not _aliases_input(fx_out):
+            fixes.append(_AliasFix(k, out.attr("index"), [view_function(v) for v in reversed(chain)],
+                                   out in mutated))
+    return fixes
+
+
+def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[str | None],
+            fixes: Sequence[_AliasFix] = ()) -> Callable:
     """The graph's call on AOTAutograd's arguments: the module's inputs picked by position; an input the module
-    was not compiled for is reported under the user's argument name."""
+    was not compiled for is reported under the user's argument name; outputs that would alias an input are
+    rebuilt on a copy (``_AliasFix``)."""
     from kiln.runtime.errors import InputMismatch
+    before = [f for f in fixes if f.before_call]
 
     def run(args: Sequence[Any]) -> list[torch.Tensor]:
+        saved = {id(f): args[f.position].clone() for f in before}
         try:
-            return module([args[i] for i in input_positions])
+            outs = module([args[i] for i in input_positions])
         except InputMismatch as exc:  # (a try costs nothing until it catches)
             position = input_positions[exc.k]
             raise exc.named(arg_names[position] if position < len(arg_names) else None) from None
+        for f in fixes:
+            value = saved[id(f)] if f.before_call else args[f.position]
+            for view in f.views:
+                value = view(value)
+            outs[f.output] = value.clone()  # (a view chain may expand: eager's result is a tensor of its own)
+        return outs
     return run

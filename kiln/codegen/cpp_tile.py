@@ -20,7 +20,7 @@ plain contiguous ReLU of the same size.
 """
 from __future__ import annotations
 
-from kiln.codegen.cpp_expr import ExprPrinter, ctype, to_memory
+from kiln.codegen.cpp_expr import ExprPrinter, ctype, from_memory, to_memory
 from kiln.ir.index import Var
 from kiln.ir.kernel import Kernel
 from kiln.ir.tiling import TilePlan
@@ -55,7 +55,8 @@ def write_tiled(k: Kernel, plan: TilePlan, lines: list[str], parallel_min_work: 
     names = {}
     for t, (ld, stride) in enumerate(zip(plan.loads, plan.strides)):
         tile = f"tile{t}"
-        names[ld] = f"{tile}[aa * {TILE} + bb]"
+        # the tile holds the load's memory form (uint16 bits for bf16/fp16): converted where the body reads it
+        names[ld] = from_memory(f"{tile}[aa * {TILE} + bb]", ld.dtype)
         lines.append(f"{ind}{ctype(ld.dtype)} {tile}[{TILE * TILE}];")
         lines.append(f"{ind}if (na == {TILE} && nb == {TILE}) {{")
         lines.append(f"{ind}  const int64_t {a.name} = a0, {b.name} = b0;")

@@ -22,10 +22,15 @@ A ``Program`` is data (so the shrinker can edit it and a worker process can rece
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import re
+import sys
+import types
 from typing import Any
 
 import torch
+
+_NAMESPACES = itertools.count()  # a fresh module name per namespace()
 
 FLOAT_TYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 # value kind -> expression of a float32 tensor of shape {s} drawn from generator {g}
@@ -169,7 +174,11 @@ class Program:
     def namespace(self, ft: str | None = None) -> dict[str, Any]:
         """``exec`` of ``source()``: a dict with make_inputs, fn, OUT_TOL, INPUT_TOL.  ``ft`` replaces the float
         dtype that ``fn`` computes in (the analysis runs the same text in float64)."""
-        ns: dict[str, Any] = {"__name__": f"kiln_fuzz_{self.seed}"}
+        # a real module in sys.modules: Dynamo (torch 2.11) imports the module a traced function's globals name.
+        # One per call (the float64 analysis and the run must not share globals such as FT)
+        module = types.ModuleType(f"kiln_fuzz_{self.seed}_{next(_NAMESPACES)}")
+        sys.modules[module.__name__] = module
+        ns: dict[str, Any] = module.__dict__
         exec(compile(self.source(), f"<fuzz program {self.seed}>", "exec"), ns)
         if ft is not None:
             ns["FT"] = getattr(torch, ft)

@@ -152,3 +152,18 @@ def test_half_avg_pool_with_per_position_divisor(dtype):
         return F.avg_pool2d(x, 3, stride=2, padding=1, ceil_mode=True)
     got, _ = _compiled(fn, x)
     torch.testing.assert_close(got, fn(x), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_tiled_transpose_reads_half_values(dtype):
+    """A pointwise kernel whose output is its input transposed runs as 16x16 register tiles; the tile holds the
+    half values' bits, which the body must convert (it used the raw uint16 bits as numbers: fuzz seed 3517)."""
+    def fn(x, y):
+        v = x / (x.abs() + 0.5)
+        return v.permute(1, 0), torch.stack([x.t(), y], dim=0)[-1].t()
+
+    x = (torch.rand(37, 21) * 4 - 2).to(dtype)
+    y = torch.randn(21, 37).to(dtype)
+    got = kiln.compile(fn, fallback=False)(x, y)
+    for g, e in zip(got, fn(x, y)):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)

@@ -117,3 +117,29 @@ def test_base_of_an_output_view_is_not_arena_memory():
     for got, args in ((got_a, a), (got_b, b)):
         for g, e in zip(got, fn(*args)):
             torch.testing.assert_close(g, e, rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_output_that_is_an_input_after_simplification_is_a_new_tensor():
+    """``x.clone()``, ``x * 1`` and ``copy(a, y)`` are the input itself in kiln's graph; eager returns a tensor of
+    its own, which must neither alias the caller's input nor show an in-place update of it made later in the
+    function (``y.masked_fill_`` after ``v[0:1] = y``, fuzz seed 4591)."""
+    def clone(x):
+        return x.clone(), x * 1, x.clone().t()
+
+    def update_after(x, y, mask):
+        v = x.amax(dim=-1, keepdim=True)
+        v[0:1] = y
+        y.masked_fill_(mask, 0.25)
+        return v
+
+    x = torch.randn(4, 3)
+    got = kiln.compile(clone, fallback=False)(x)
+    for g, e in zip(got, clone(x)):
+        assert g.untyped_storage().data_ptr() != x.untyped_storage().data_ptr()
+        torch.testing.assert_close(g, e, rtol=0, atol=0)
+    y, mask = torch.randn(1, 1), torch.tensor([[True]])
+    expected = update_after(x, y.clone(), mask)
+    y_compiled = y.clone()
+    got = kiln.compile(update_after, fallback=False)(x, y_compiled, mask)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
+    assert y_compiled.item() == 0.25
