@@ -79,7 +79,11 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     frozen_mask = [True] * len(module_params) + static
     names = [None] * len(module_params) + [_argument_name(p) for p in placeholders]
 
+    reached_compiler = False
+
     def fw_compiler(fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable:
+        nonlocal reached_compiler
+        reached_compiler = True  # (its errors are kiln's compile's own: handled, or meant for the user)
         from kiln.compiler import compile_aten_graph
         fx_placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
         frozen: dict[int, torch.Tensor] = {}
@@ -90,8 +94,25 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
             arg_names = names
         return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm), arg_names=arg_names)
 
-    return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
-                                 decompositions=decomposition_table(), keep_inference_input_mutations=True)
+    try:
+        return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
+                                     decompositions=decomposition_table(), keep_inference_input_mutations=True)
+    except Exception as exc:  # never break the user's model: AOTAutograd's capture failed before kiln compiled
+        if reached_compiler or not cfg.fallback:
+            raise
+        return _capture_failed(gm, exc, mode)
+
+
+def _capture_failed(gm: torch.fx.GraphModule, exc: Exception, mode: str | None) -> Callable:
+    """Dynamo's graph, run eagerly, after AOTAutograd failed to trace it to ATen with kiln's decompositions (a
+    decomposition whose result has other strides than eager's, which a later ``view`` cannot take); the report
+    says so."""
+    from kiln.report import CompileReport, record
+    report = CompileReport(name=_graph_name(gm), mode=mode or "default")
+    report.fallback = f"capture to ATen (AOTAutograd) failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    record(report)
+    warnings.warn(f"kiln: {report.fallback}; running graph {report.name!r} eagerly", stacklevel=2)
+    return gm.forward
 
 
 def _graph_name(gm: torch.fx.GraphModule) -> str:

@@ -289,3 +289,33 @@ def test_float_indices_stay_with_aten_which_raises_eagers_error():
     with pytest.raises(RuntimeError) as info:
         run([weight, ids])
     assert str(info.value) == _eager_error(nn.functional.embedding, ids, weight)
+
+
+def test_failed_capture_runs_eagerly_and_says_why(monkeypatch):
+    """AOTAutograd's trace with kiln's decompositions can fail before kiln compiles anything (a decomposition
+    whose strides a later view cannot take): with fallback on, the graph runs eagerly and the report says why;
+    with it off, the error reaches the caller."""
+    import warnings
+
+    from kiln.frontend import decompositions
+    from kiln.report import mark, reports_since
+
+    def broken(x):
+        raise ValueError("decomposition failed")
+
+    monkeypatch.setattr(decompositions, "decomposition_table", lambda: {torch.ops.aten.sin.default: broken})
+
+    def fn(x):
+        return torch.sin(x) * 2
+
+    x = torch.randn(5)
+    position = mark()
+    with warnings.catch_warnings(record=True):
+        warnings.simplefilter("always")
+        got = kiln.compile(fn)(x)
+    torch.testing.assert_close(got, fn(x))
+    reports = reports_since(position)
+    assert len(reports) == 1 and reports[0].fallback.startswith("capture to ATen (AOTAutograd) failed: ")
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="decomposition failed"):
+        kiln.compile(fn, fallback=False)(x)
