@@ -200,6 +200,8 @@ def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[st
         except InputMismatch as exc:  # (a try costs nothing until it catches)
             position = input_positions[exc.k]
             raise exc.named(arg_names[position] if position < len(arg_names) else None) from None
+        if fixes and not isinstance(outs, list):
+            outs = list(outs)  # (a generated GPU wrapper may return a tuple)
         for f in fixes:
             value = saved[id(f)] if f.before_call else args[f.position]
             for view in f.views:
