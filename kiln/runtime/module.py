@@ -28,7 +28,7 @@ from kiln.passes.layout import choose_layouts, library_layouts
 from kiln.passes.pipeline import holds_copies
 from kiln.report import CompileReport
 from kiln.runtime.errors import InputMismatch
-from kiln.runtime import checking, cpu_gemm, inplace, memory, native, profiling
+from kiln.runtime import checking, cpu_gemm, inplace, memory, native, operand_layout, profiling
 
 
 _C_TYPES = {torch.float32: "float"}  # element types native calls take views of
@@ -446,6 +446,7 @@ class CompiledGraph:
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
         self._extern_calls: dict[Node, Callable[..., torch.Tensor | None]] = {}
+        self.layout_choices: dict[Node, operand_layout.LayoutChoice] = {}  # (measured on their first call)
 
     def _allocations(self, plan: Plan, node_of: dict[str, Node]) -> list[list[Allocation]]:
         """Per program step, the buffers it writes first (planned intermediates and the graph's outputs), each
@@ -672,10 +673,17 @@ class CompiledGraph:
         out_index = n.attr("out_index")
         strides = self.plan.strides_of.get(n)
 
+        # a half-precision CPU bmm: operand layouts measured on the first call (runtime/operand_layout.py)
+        layout = operand_layout.LayoutChoice() if operand_layout.applies(target, n.dtype, self.device) else None
+        if layout is not None:
+            self.layout_choices[n] = layout
+
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
             args, kwargs = build(values)
             if channels_last:
                 args[0] = args[0].contiguous(memory_format=torch.channels_last)
+            if layout is not None:
+                args = layout(args, lambda a: target(*a, **kwargs))
             if out is not None:
                 target.overloadpacket.out(*args, **kwargs, out=out)
                 return None

@@ -167,3 +167,58 @@ def test_tiled_transpose_reads_half_values(dtype):
     got = kiln.compile(fn, fallback=False)(x, y)
     for g, e in zip(got, fn(x, y)):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+def test_half_bmm_operand_layout_is_measured_and_kept():
+    """The first call of a bf16/fp16 CPU bmm times both operand layouts (runtime/operand_layout.py) and keeps
+    the faster; the adapted operands hold the same values."""
+    import time
+
+    from kiln.runtime import operand_layout
+
+    a = torch.randn(3, 8, 5).to(torch.bfloat16)
+    b = torch.randn(3, 7, 5).to(torch.bfloat16).transpose(-1, -2)
+    calls = []
+
+    def run(args):  # the column-major variant is the slow one here
+        calls.append(args[0].stride())
+        if args[0].stride(-2) == 1:
+            time.sleep(0.01)
+        return torch.bmm(*args)
+
+    choice = operand_layout.LayoutChoice()
+    got = choice([a, b], run)
+    assert choice.label == "as given" and got[0] is a and len(calls) == 6
+    assert choice([a, b], run)[0] is a and len(calls) == 6  # decided once
+    adapted = operand_layout._fast_layout([a, b])
+    assert adapted[0].stride(-2) == 1 and adapted[1].is_contiguous()
+    torch.testing.assert_close(torch.bmm(*adapted), torch.bmm(a, b), rtol=0, atol=0)
+    assert operand_layout.applies(torch.ops.aten.bmm.default, torch.float16, torch.device("cpu"))
+    assert not operand_layout.applies(torch.ops.aten.bmm.default, torch.float32, torch.device("cpu"))
+    assert not operand_layout.applies(torch.ops.aten.mm.default, torch.bfloat16, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_attention_products_match_eager(dtype):
+    """q @ k^T and att @ v on views of one linear's result (hand-written attention), in half precision: kiln's
+    result is as close to the fp32 model as eager's, whichever operand layout the first call chose."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(64, 3 * 64)
+
+    def attend(x):
+        q, k, v = lin(x).split(64, dim=-1)
+        q, k, v = (t.view(2, 33, 4, 16).transpose(1, 2) for t in (q, k, v))
+        att = torch.softmax((q @ k.transpose(-2, -1)) * 0.25, dim=-1)
+        return (att @ v).transpose(1, 2).reshape(2, 33, 64)
+
+    x = torch.randn(2, 33, 64)
+    with torch.inference_mode():
+        reference = attend(x)
+        lin.to(dtype)
+        expected = attend(x.to(dtype))
+        compiled = kiln.compile(attend, fallback=False)
+        compiled(x.to(dtype))
+        got = compiled(x.to(dtype))
+        lin.float()
+    eager_err = (expected.float() - reference).abs().max().item()
+    assert (got.float() - reference).abs().max().item() <= 2 * eager_err + 1e-3
