@@ -21,9 +21,10 @@ from kiln.report import CompileReport, record
 
 def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], *,
                        cfg: config_mod.Config, mode: str = "default", name: str = "graph",
-                       arg_names: Sequence[str | None] = ()) -> Callable:
+                       arg_names: Sequence[str | None] = (), examples: Sequence[Any] | None = None) -> Callable:
     """Compile ``fx_gm`` (AOTAutograd's forward graph); ``frozen`` maps placeholder positions to the weights they
-    are frozen to, ``arg_names`` names placeholders after the user's arguments for errors (None: unknown)."""
+    are frozen to, ``arg_names`` names placeholders after the user's arguments for errors (None: unknown),
+    ``examples`` holds a real value per placeholder (the call being compiled) for measuring plans."""
     report = CompileReport(name=name, mode=mode)
     record(report)
     start = time.perf_counter()
@@ -33,7 +34,7 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
         from torch.utils._python_dispatch import _disable_current_modes
         with _disable_current_modes(), torch.no_grad(), \
                 config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
-            fn = _compile(fx_gm, frozen, cfg, report, arg_names)
+            fn = _compile(fx_gm, frozen, cfg, report, arg_names, examples)
     except Exception as exc:  # never break the user's model
         if not cfg.fallback:
             raise
@@ -113,7 +114,8 @@ def _triton_interprets() -> bool:
 
 
 def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
-             report: CompileReport, arg_names: Sequence[str | None] = ()) -> Callable:
+             report: CompileReport, arg_names: Sequence[str | None] = (),
+             examples: Sequence[Any] | None = None) -> Callable:
     from kiln.frontend.lower import lower_fx
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.passes.pipeline import run_pipeline
@@ -135,8 +137,27 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         report.target = "triton"
         module = build_triton_module(graph, report, device, report.mode)
     else:
-        module = build_best(graph, report, build_module)
+        module = build_best(graph, report, build_module, _example_inputs(graph, examples))
     return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
+
+
+def _example_inputs(graph: Any, examples: Sequence[Any] | None) -> Callable[[], list[torch.Tensor]] | None:
+    """A function giving copies of the call's real values of the graph's inputs (None where they are not known or
+    do not match): plans are measured on them, not on random values, which may be out-of-range indices for a
+    gather (whose kernel does not check: a random index read past its buffer, fuzz seeds 20033-20038) or integer
+    divisors of 0.  Copies, made only when a plan is measured: a graph may update an input in place."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    if examples is None:
+        return None
+    values = []
+    for n in graph.inputs:
+        k = n.attr("index")
+        v = examples[k] if k < len(examples) else None
+        if not isinstance(v, torch.Tensor) or isinstance(v, FakeTensor) or v.device.type == "meta" \
+                or v.dtype != n.dtype or tuple(v.shape) != n.shape:
+            return None
+        values.append(v)
+    return lambda: [v.detach().clone() for v in values]
 
 
 def _aliases_input(node: Any) -> bool:

@@ -92,7 +92,9 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
             frozen = {i: v for i, (v, m) in enumerate(zip(frozen_values, frozen_mask))
                       if m and isinstance(v, torch.Tensor)}
             arg_names = names
-        return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm), arg_names=arg_names)
+        examples = frozen_values if len(fx_placeholders) == len(frozen_values) else None
+        return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm), arg_names=arg_names,
+                                  examples=examples)
 
     try:
         return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,

@@ -38,8 +38,10 @@ def _save_decision(key: str, choice: str) -> None:
     decisions.save(STORE, known)
 
 
-def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, CompileReport], Callable]) -> Callable:
-    """Build the graph's module; with convolutions and ``layout_autotune``, the faster of both layouts.
+def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, CompileReport], Callable],
+               examples: Callable[[], list[torch.Tensor]] | None = None) -> Callable:
+    """Build the graph's module; with convolutions and ``layout_autotune``, the faster of both layouts, measured
+    on ``examples()`` (copies of the call's inputs) where given, else on random inputs.
 
     The decision is kept on disk, keyed by the contiguous plan's source, so a warm compile builds (loads)
     only the chosen plan and measures nothing."""
@@ -59,7 +61,7 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     if known == "channels-last":
         report.memory["layout"] = "channels-last (measured earlier)"
         return nhwc
-    inputs = random_inputs(graph)
+    inputs = examples() if examples is not None else random_inputs(graph)
     with torch.inference_mode():
         first, second = plain(inputs), nhwc(inputs)
         if not all(torch.allclose(b, a, rtol=1e-3, atol=1e-4, equal_nan=True) for a, b in zip(first, second)):
