@@ -1,0 +1,35 @@
+#!/bin/bash
+# The fuzz and OpInfo sweeps (and tests/gpu) on the device machine: its 16 CPU cores run the 10,000-program fuzz
+# in ~11 min and OpInfo over the whole op_db in ~1 min per dtype.  From the repo root, through the device tool:
+#   BUDGET_S=580 FUZZ_FROM=0 FUZZ_TO=5000 FUZZ_STEP=1000 bash benchmarks/device_cpu_sweep.sh fuzz    (carry: .whl)
+#   BUDGET_S=580 bash benchmarks/device_cpu_sweep.sh gpu opinfo
+# .whl holds the expecttest wheel (pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
+# expecttest; .whl in .git/info/exclude).  Results come back as $OUT/fuzz.tgz and $OUT/opinfo.tgz (only 8 files
+# come back from a call); RESULTS.md "session 12" has the first run.
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > /tmp/pip_e.log 2>&1 || tail -3 /tmp/pip_e.log
+export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=/tmp/kiln-cache
+start=$(date +%s)
+left() { echo $(( ${BUDGET_S:-580} - ($(date +%s) - start) )); }
+mkdir -p /tmp/fz
+for what in "$@"; do
+  case $what in
+  gpu)
+    timeout ${GPU_S:-240} python3 -m pytest -q -x tests/gpu -p no:cacheprovider > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; tail -5 $OUT/gpu_tests.log;;
+  fuzz)
+    a=${FUZZ_FROM:-0}; b=${FUZZ_TO:-10000}; step=${FUZZ_STEP:-500}; mkdir -p /tmp/fz
+    while [ $a -lt $b ] && [ $(left) -gt ${FUZZ_CHUNK_S:-100} ]; do
+      c=$(( a + step < b ? a + step : b ))
+      timeout $(left) python3 -m kiln.testing.fuzz --seeds $a:$c --jobs 16 --dtype all --size ${FUZZ_SIZE:-full} --json /tmp/fz/fuzz_$a-$c.json > /tmp/fz/fuzz_$a-$c.log 2>&1
+      echo "fuzz $a:$c rc=$? at $(( $(date +%s) - start )) s: $(grep -E '^[0-9]+ programs in' /tmp/fz/fuzz_$a-$c.log)"; grep -E "^seed|^group|failing seeds" /tmp/fz/fuzz_$a-$c.log | head -8
+      tar -C /tmp/fz -czf $OUT/fuzz.tgz .
+      a=$c
+    done;;
+  opinfo)
+    for dt in ${OPINFO_DTYPES:-float32 bfloat16 float16}; do
+      timeout $(left) python3 tests/opinfo_sweep.py --dtype $dt --jobs 16 --json /tmp/fz/opinfo_$dt.json > /tmp/fz/opinfo_$dt.log 2>&1
+      echo "opinfo $dt rc=$? at $(( $(date +%s) - start )) s"; tail -6 /tmp/fz/opinfo_$dt.log; tar -C /tmp/fz -czf $OUT/opinfo.tgz $(cd /tmp/fz && ls opinfo_*)
+    done;;
+  esac
+done
