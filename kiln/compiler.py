@@ -180,20 +180,14 @@ class _AliasFix:
 
 
 def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any) -> list[_AliasFix]:
-    from kiln.ir.graph import Op
+    from kiln.ir.graph import Op, view_root
     from kiln.ir.interp import view_function
     from kiln.ir.ops import VIEW
     from kiln.passes.dce import mutates
 
     fx_outputs = next(n for n in fx_gm.graph.nodes if n.op == "output").args[0]
     fx_outputs = fx_outputs if isinstance(fx_outputs, (list, tuple)) else [fx_outputs]
-    mutated = set()
-    for m in graph.nodes:
-        if mutates(m):
-            for i in m.inputs:
-                while i.op in VIEW:
-                    i = i.inputs[0]
-                mutated.add(i)
+    mutated = {view_root(i) for m in graph.nodes if mutates(m) for i in m.inputs}
     fixes = []
     for k, (fx_out, out) in enumerate(zip(fx_outputs, graph.outputs)):
         chain = []

@@ -21,7 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import torch
 
-from kiln.ir.ops import (BOOL_RESULT, ELEMENTWISE, REDUCTION, Op, broadcast_shapes, numel,
+from kiln.ir.ops import (BOOL_RESULT, ELEMENTWISE, REDUCTION, VIEW, Op, broadcast_shapes, numel,
                          reduced_shape)
 
 
@@ -68,6 +68,13 @@ class Node:
 
     def __repr__(self) -> str:
         return f"Node({self.op.value}#{self.uid}, {list(self.shape)}, {dtype_name(self.dtype)})"
+
+
+def view_root(n: Node) -> Node:
+    """The node a chain of view ops (``VIEW``: reshape, permute, expand, slice) starts from; ``n`` if no view."""
+    while n.op in VIEW:
+        n = n.inputs[0]
+    return n
 
 
 def _hashable(v: Any) -> Any:

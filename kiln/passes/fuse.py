@@ -34,7 +34,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
-from kiln.ir.graph import Graph, Node
+from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.ops import INLINABLE, REDUCTION, TRANSCENDENTAL, VIEW, Op, numel
 
 RECOMPUTE_LIMIT = 8
@@ -130,9 +130,7 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
             reads[n] = frozenset((n,))
     for o in graph.outputs:
         # an output that is a view of an extern's fresh result is returned as that view, not copied
-        base = o
-        while base.op in VIEW:
-            base = base.inputs[0]
+        base = view_root(o)
         if o in aliases or (base is not o and base.op is Op.EXTERN):
             aliases.add(o)
             realized.add(base)

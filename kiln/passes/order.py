@@ -20,17 +20,11 @@ Before::                                                   After::
 """
 from __future__ import annotations
 
-from kiln.ir.graph import Graph, Node
+from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.cse import is_random
 from kiln.passes.dce import mutates
 from kiln.passes.rewrite import RewriteLog
-
-
-def _base(n: Node) -> Node:
-    while n.op in VIEW:
-        n = n.inputs[0]
-    return n
 
 
 def _nbytes(n: Node) -> int:
@@ -43,7 +37,7 @@ def _readers(nodes: list[Node]) -> dict[Node, list[Node]]:
     for n in nodes:
         if n.op in VIEW:
             continue
-        for base in dict.fromkeys(_base(i) for i in n.inputs):
+        for base in dict.fromkeys(view_root(i) for i in n.inputs):
             readers.setdefault(base, []).append(n)
     return readers
 
@@ -55,7 +49,7 @@ def _hoist_one(nodes: list[Node], log: RewriteLog | None) -> bool:
     for call in nodes:
         if call.op is not Op.EXTERN or mutates(call) or is_random(call):
             continue
-        for value in dict.fromkeys(_base(i) for i in call.inputs):
+        for value in dict.fromkeys(view_root(i) for i in call.inputs):
             if value.op in (Op.INPUT, Op.CONSTANT) or _nbytes(value) < _nbytes(call):
                 continue  # the caller holds inputs anyway; constants live forever
             rs = readers[value]

@@ -16,7 +16,7 @@ import torch
 
 from kiln.codegen.cpp import native_calls, translation_unit
 from kiln.frontend.extern import Baked, argument_builder, short_name
-from kiln.ir.graph import Graph, Node
+from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.interp import view_function, view_layout
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op, contiguous_strides
@@ -69,9 +69,7 @@ def _storage_uses(t: torch.Tensor) -> int:
 
 def _made_of_constants(n: Node) -> bool:
     """Does the view chain ``n`` start at a constant (a weight)?"""
-    while n.op in VIEW:
-        n = n.inputs[0]
-    return n.op is Op.CONSTANT
+    return view_root(n).op is Op.CONSTANT
 
 
 def _base(n: Node, buffer_of: dict[Node, str]) -> Node:
@@ -446,7 +444,6 @@ class CompiledGraph:
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
         self._extern_calls: dict[Node, Callable[..., torch.Tensor | None]] = {}
-        self.layout_choices: dict[Node, operand_layout.LayoutChoice] = {}  # (measured on their first call)
 
     def _allocations(self, plan: Plan, node_of: dict[str, Node]) -> list[list[Allocation]]:
         """Per program step, the buffers it writes first (planned intermediates and the graph's outputs), each
@@ -675,8 +672,6 @@ class CompiledGraph:
 
         # a half-precision CPU bmm: operand layouts measured on the first call (runtime/operand_layout.py)
         layout = operand_layout.LayoutChoice() if operand_layout.applies(target, n.dtype, self.device) else None
-        if layout is not None:
-            self.layout_choices[n] = layout
 
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
             args, kwargs = build(values)

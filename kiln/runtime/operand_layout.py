@@ -22,7 +22,8 @@ from typing import Any, Callable
 
 import torch
 
-HALF = (torch.bfloat16, torch.float16)
+from kiln.ir.ops import HALF
+
 ROUNDS = 2  # timed calls per variant (after one untimed call each)
 
 
