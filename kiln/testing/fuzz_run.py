@@ -111,13 +111,26 @@ def run_program(program: Program, backend: str | Callable = "kiln", options: dic
         elif res.fallbacks:
             res.status, res.detail = "fallback", res.fallbacks[0]
             res.signature = "fallback:" + res.fallbacks[0].split(":")[0]
-    if res.failed and control and backend != "aot_eager":
+    if (res.failed or res.status == "fallback") and control and backend != "aot_eager":
         again = run_program(program, "aot_eager", control=False, decoy=decoy)
-        if again.signature == res.signature:
+        if again.signature == res.signature or _same_capture_failure(res, again):
             res.status, res.detail = "torch_error", f"aot_eager fails the same way: {again.detail}"
     torch._dynamo.reset()
     res.seconds = time.perf_counter() - start
     return res
+
+
+CAPTURE_FAILED = "capture to ATen (AOTAutograd) failed: "
+
+
+def _same_capture_failure(res: Result, again: Result) -> bool:
+    """kiln fell back because AOTAutograd could not trace the graph, and aot_eager - the same capture with no
+    kiln behind it - raises that very error: torch's failure, not kiln's (kiln's fallback kept the model
+    running; the report says why)."""
+    if res.status != "fallback" or not res.detail.startswith(CAPTURE_FAILED) or again.status != "crash":
+        return False
+    name, _, msg = res.detail[len(CAPTURE_FAILED):].partition(": ")
+    return again.signature == f"crash:{name}" and msg[:60] in again.detail
 
 
 DECOY_SHIFT = 100_003  # make_inputs(shift=...): the decoy call's values

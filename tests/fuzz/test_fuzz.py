@@ -219,6 +219,20 @@ def test_second_call_catches_a_stale_cache():
     assert run_program(p, "eager", control=False).status == "ok"
 
 
+def test_capture_failure_that_aot_eager_shares_is_torchs():
+    """kiln falls back when AOTAutograd cannot trace a graph; if aot_eager raises that same error, it is
+    torch's failure (torch_error), else it stays a fallback kiln owns."""
+    from kiln.testing.fuzz_run import _same_capture_failure
+    fell = fuzz.Result(1, "fallback", detail="capture to ATen (AOTAutograd) failed: ValueError: Cannot view a "
+                       "tensor with shape torch.Size([2, 9]) as a tensor with shape (18,)!")
+    same = fuzz.Result(1, "crash", signature="crash:ValueError", detail="ValueError in the call: Cannot view a "
+                       "tensor with shape torch.Size([2, 9]) as a tensor with shape (18,)!")
+    other = fuzz.Result(1, "crash", signature="crash:ValueError", detail="ValueError in the call: something else")
+    assert _same_capture_failure(fell, same)
+    assert not _same_capture_failure(fell, other)
+    assert not _same_capture_failure(fuzz.Result(1, "fallback", detail="lowering failed: x"), same)
+
+
 def test_reproducer_header_names_the_failure():
     p = generate(9)
     r = fuzz.Result(9, "mismatch", detail="output 0 (torch.float32[3]): not close", signature="mismatch:output")
