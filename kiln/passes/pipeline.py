@@ -20,6 +20,7 @@ from kiln.passes.order import hoist_last_readers
 from kiln.passes.rewrite import RewriteLog
 from kiln.passes.prepack_conv import prepack_conv
 from kiln.passes.gemm_epilogue import fuse_gemm_gelu
+from kiln.passes.half_in_fp32 import half_in_fp32
 from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
 from kiln.passes.winograd import winograd_conv
@@ -42,6 +43,10 @@ def _select_gemm(g: Graph, log: RewriteLog) -> Graph:
     return select_gemm(g, log, tuning=_mode == "max-autotune") if config.get().library_selection else g
 
 
+def _half_in_fp32(g: Graph, log: RewriteLog) -> Graph:
+    return half_in_fp32(g, log) if config.get().library_selection else g
+
+
 def _winograd(g: Graph, log: RewriteLog) -> Graph:
     return winograd_conv(g, log) if config.get().library_selection else g
 
@@ -57,6 +62,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold_constants", _fold),                 # weights are constants: BN scale/shift, transposed weights
     ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
     ("dce_folded", lambda g, log: dce(g)),     # the unfolded layers: else the library passes pack their weights too
+    ("half_in_fp32", _half_in_fp32),           # after folding, before the library passes: they see fp32 products
     ("select_gemm", _select_gemm),             # after folding: weights are final; time MKL vs oneDNN per shape
     ("gemm_epilogue", fuse_gemm_gelu),         # after select_gemm: a linear's gelu into kiln's or oneDNN's call
     ("winograd", _winograd),                   # after folding (final weights, BN bias); before oneDNN takes the rest

@@ -5,8 +5,12 @@ import time
 from kiln.runtime import decisions
 
 
-def _sleeper(times_s):
-    calls = iter(times_s)
+PRE = 1 + decisions.LANDSLIDE_ROUNDS  # calls of the landslide check (a warm-up and two rounds) before the rounds
+
+
+def _sleeper(times_s, pre=None):
+    """Sleeps ``times_s`` in turn; ``pre`` (default: the first time) for the landslide check's calls first."""
+    calls = iter([times_s[0] if pre is None else pre] * PRE + list(times_s))
 
     def fn():
         time.sleep(next(calls))
@@ -30,13 +34,13 @@ def test_a_win_must_hold_in_a_second_measurement():
     """A candidate that only looked faster in the first measurement (its calls met a quiet machine) does not
     replace the baseline; the runner-up is a finalist too, and wins if it holds."""
     first, second = 10, 10
-    fluke = _sleeper([0.004] * first + [0.012] * second)
+    fluke = _sleeper([0.004] * first + [0.012] * second, pre=0.006)
     steady = _sleeper([0.008] * (first + second))
     base = _sleeper([0.010] * (first + second))
     assert decisions.fastest({"base": base, "fluke": fluke, "steady": steady}, "base", rounds=9) == "steady"
     line = decisions.take_measured()[-1]
     assert "again: fluke" in line and "steady" in line.split("again:")[1], line
-    fluke = _sleeper([0.004] * first + [0.012] * second)
+    fluke = _sleeper([0.004] * first + [0.012] * second, pre=0.006)
     base = _sleeper([0.010] * (first + second))
     assert decisions.fastest({"base": base, "fluke": fluke}, "base", rounds=9) == "base"
     decisions.take_measured()
@@ -46,6 +50,28 @@ def test_fastest_keeps_the_baseline_within_the_margin():
     same = [0.005] * 10
     assert decisions.fastest({"base": _sleeper(same), "other": _sleeper(same)}, "base", rounds=9) == "base"
     decisions.take_measured()
+
+
+def test_a_landslide_is_settled_in_two_rounds():
+    """A candidate under half of every other's time in both rounds of the first check wins without the nine
+    rounds (a slow library call would cost twenty calls); a 2x gap in one round only is no landslide."""
+    counts = {"base": 0, "fast": 0, "mid": 0}
+
+    def timed(name, t):
+        def fn():
+            counts[name] += 1
+            time.sleep(t)
+        return fn
+    calls = {"base": timed("base", 0.012), "fast": timed("fast", 0.002), "mid": timed("mid", 0.006)}
+    assert decisions.fastest(calls, "base", rounds=9, what="slide") == "fast"
+    assert counts == {"base": PRE, "fast": PRE, "mid": PRE}
+    line = decisions.take_measured()[-1]
+    assert line.startswith("measured slide:") and "landslide" in line and line.endswith("-> fast"), line
+    # fast in one round only: measured in full (and the baseline kept: no 3% win in the median)
+    times = iter([0.010, 0.002] + [0.010] * 30)
+    fluke = lambda: time.sleep(next(times))  # noqa: E731 - warm-up, then 0.002 in round one only
+    assert decisions.fastest({"base": _sleeper([0.010] * 22), "fluke": fluke}, "base", rounds=9) == "base"
+    assert "landslide" not in decisions.take_measured()[-1]
 
 
 def test_drift_corrected_times_follow_what_holds_in_every_round():
