@@ -31,20 +31,14 @@ def main() -> None:
     args = p.parse_args()
     import kiln
     from benchmarks import models
-    from kiln.runtime.triton_module import TritonGraph
     for name in args.models.split(","):
         model, inputs = models.build(name, device="cuda", dtype=torch.bfloat16)
         with torch.inference_mode():
             compiled = kiln.compile(model)
-
-            def interpreted(*xs):
-                TritonGraph.WRAPPER = False
-                try:
-                    return compiled(*xs)
-                finally:
-                    TritonGraph.WRAPPER = True
+            interpreted = kiln.compile(model, gpu_call_wrapper=False)  # the plan interpreted step by step
             for _ in range(20):
                 compiled(*inputs)
+                interpreted(*inputs)
                 model(*inputs)
             for r in range(args.rounds):
                 eager, ours = median_call_us(model, inputs), median_call_us(compiled, inputs)

@@ -26,7 +26,7 @@ from kiln.tune.ranking import spearman
 
 def kernels_of(name: str) -> list[tuple]:
     """(kernel, dtype_of, node_of) of the model's plain pointwise kernels, from a default-mode compile."""
-    from kiln.runtime.module import make_plan
+    from kiln.schedule.plan import make_plan
     model, inputs = models.build(name)
     position = mark()
     with torch.inference_mode():

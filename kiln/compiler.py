@@ -119,8 +119,8 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     from kiln.frontend.lower import lower_fx
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.passes.pipeline import run_pipeline
-    from kiln.runtime.choose import build_best
-    from kiln.runtime.module import build_module
+    from kiln.schedule.choose import build_best
+    from kiln.schedule.plan import build_cpu, build_triton
 
     _check_devices(fx_gm, frozen)
     device = _device_of(fx_gm, frozen)
@@ -133,11 +133,10 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     report.optimized = graph
     report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
     if triton:
-        from kiln.runtime.triton_module import build_triton_module
         report.target = "triton"
-        module = build_triton_module(graph, report, device, report.mode)
+        module = build_triton(graph, report, device, report.mode)
     else:
-        module = build_best(graph, report, build_module, _example_inputs(graph, examples))
+        module = build_best(graph, report, build_cpu, _example_inputs(graph, examples))
     return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
 
 
@@ -183,7 +182,7 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any) -> list[_AliasFix]:
     from kiln.ir.graph import Op, view_root
     from kiln.ir.interp import view_function
     from kiln.ir.ops import VIEW
-    from kiln.passes.dce import mutates
+    from kiln.ir.graph import mutates
 
     fx_outputs = next(n for n in fx_gm.graph.nodes if n.op == "output").args[0]
     fx_outputs = fx_outputs if isinstance(fx_outputs, (list, tuple)) else [fx_outputs]

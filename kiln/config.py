@@ -76,6 +76,9 @@ def _checked(name: str, value: Any, label: str) -> Any:
         # (which sizes kiln's kernels have is the Winograd pass's business, passes/winograd.py: tiles())
         raise ValueError(f"kiln: {label} expects comma-separated tile sizes such as '2' or '2,4' ('' turns "
                          f"Winograd off), got {value!r}")
+    if name == "matmul_template_config" and value and not re.fullmatch(r"\s*[0-9]+(\s*,\s*[0-9]+){5}\s*", value):
+        raise ValueError(f"kiln: {label} expects six comma-separated ints (block_m,block_n,block_k,group_m,"
+                         f"num_warps,num_stages) or '', got {value!r}")
     return value
 
 
@@ -110,7 +113,7 @@ class Config:
     # through Python, whose code runs cache-cold after a GEMM (runtime/native.py; ``benchmarks/native_calls.py``).
     native_calls: bool = True
     # Run convolutions and the kernels between them channels-last (NHWC) inside a graph.  Off by default:
-    # measured on ResNet-18 (1 thread) it cost 9%, on the seed model it gained under 3% (see passes/layout.py).
+    # measured on ResNet-18 (1 thread) it cost 9%, on the seed model it gained under 3% (see schedule/layout.py).
     layout_optimization: bool = False
     # For graphs with convolutions, build both layouts and keep the one that measures faster (the decision is
     # cached on disk beside the modules).
@@ -130,6 +133,14 @@ class Config:
     # GPU matmuls (mm/addmm) may run as kiln's Triton template with the consumer fused in: chosen by measurement
     # in max-autotune (kept in the tuning database, which default mode then also follows).
     matmul_templates: bool = True
+    # GPU: every matmul with an epilogue (and every other one) runs as the Triton template in this tile
+    # configuration, "block_m,block_n,block_k,group_m,num_warps,num_stages"; nothing is measured or recorded.
+    # For tests and experiments: under TRITON_INTERPRET=1 it is how CI runs the template on CPU tensors.
+    matmul_template_config: str = ""
+    # GPU: calls run the generated straight-line Python wrapper of the plan (runtime/wrapper.py, [Note: generated
+    # wrapper]); False: the interpreted plan, step by step (what benchmarks/call_latency.py compares it with and
+    # benchmarks/memory_steps.py measures step by step).
+    gpu_call_wrapper: bool = True
     # Processes that compile Triton kernels in parallel (0: compile in this process, with threads).  Off by
     # default: on the H200 machine a cold process compiled slower with 8 workers (MLP 9.4 s vs 6.5 s first
     # call; GPT 11.9 vs 10.6) - their start-up (each imports torch) competes with TorchDynamo's tracing.
@@ -166,7 +177,9 @@ class Config:
         "gpu_weight_copies": ("KILN_GPU_WEIGHT_COPIES", bool),
         "cudnn_benchmark": ("KILN_CUDNN_BENCHMARK", bool),
         "matmul_templates": ("KILN_MATMUL_TEMPLATES", bool),
+        "matmul_template_config": ("KILN_MATMUL_TEMPLATE_CONFIG", str),
         "compile_workers": ("KILN_COMPILE_WORKERS", int),
+        "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
         "disabled_passes": ("KILN_DISABLED_PASSES", str),

@@ -36,6 +36,9 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
         for k in r.kernels:
             out.append(k.format())
             out.append(f"  why: {k.reason}")
+    if r.plan:
+        out += ["", f"--- plan: {r.plan.count(chr(10)) + 1} steps in order (kernels and library calls, the buffers "
+                    f"each reads and writes)", r.plan]
     out += ["", f"--- extern calls ({len(r.externs)}): " + (", ".join(r.externs) if r.externs else "none")]
     if r.native_externs:
         out.append(f"    {len(r.native_externs)} of them called from the generated C++, not through Python: "

@@ -26,6 +26,7 @@ class CompileReport:
     optimized: Any = None         # Graph after the passes
     passes: list[PassRecord] = dataclasses.field(default_factory=list)
     kernels: list[Any] = dataclasses.field(default_factory=list)     # kernel IR objects
+    plan: str = ""                # the Plan's steps in order, one line each (ir/program.Plan.format)
     externs: list[str] = dataclasses.field(default_factory=list)     # extern calls left in the plan
     native_externs: list[str] = dataclasses.field(default_factory=list)  # ... of them called from C++ (native.py)
     memory: dict[str, Any] = dataclasses.field(default_factory=dict)  # arena size, buffers, reuse
@@ -37,7 +38,7 @@ class CompileReport:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per compile phase
     check_failures: list[str] = dataclasses.field(default_factory=list)
     tune_skipped: list[str] = dataclasses.field(default_factory=list)  # max-autotune: candidates/kernels skipped
-    matmuls: Any = None           # GPU: matmul template choices (kiln.runtime.matmul_step.Stats)
+    matmuls: Any = None           # GPU: matmul template choices (kiln.schedule.matmul_fusion.Stats)
 
     def format(self, *, source: bool = True) -> str:
         from kiln.explaining import format_report

@@ -70,6 +70,12 @@ class Node:
         return f"Node({self.op.value}#{self.uid}, {list(self.shape)}, {dtype_name(self.dtype)})"
 
 
+def mutates(n: Node) -> bool:
+    """An EXTERN whose ATen schema writes one of its arguments (an in-place update of a graph input)."""
+    schema = getattr(n.attr("target"), "_schema", None) if n.op is Op.EXTERN else None
+    return schema is not None and schema.is_mutable
+
+
 def view_root(n: Node) -> Node:
     """The node a chain of view ops (``VIEW``: reshape, permute, expand, slice) starts from; ``n`` if no view."""
     while n.op in VIEW:

@@ -9,14 +9,8 @@ Before::                                After::
 """
 from __future__ import annotations
 
-from kiln.ir.graph import Graph, Node
+from kiln.ir.graph import Graph, Node, mutates
 from kiln.ir.ops import Op
-
-
-def mutates(n: Node) -> bool:
-    """An EXTERN whose ATen schema writes one of its arguments (an in-place update of a graph input)."""
-    schema = getattr(n.attr("target"), "_schema", None) if n.op is Op.EXTERN else None
-    return schema is not None and schema.is_mutable
 
 
 def dce(graph: Graph) -> Graph:

@@ -23,7 +23,7 @@ from __future__ import annotations
 from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.cse import is_random
-from kiln.passes.dce import mutates
+from kiln.ir.graph import mutates
 from kiln.passes.rewrite import RewriteLog
 
 

@@ -2,7 +2,7 @@
 op, and the per-shape measurement against ATen's CPU flash-attention kernel.
 
 The op returns ``[B, H, T, D]`` as a view of a ``[B, T, H, D]`` buffer, the layout ATen's CPU and CUDA
-attention kernels also give, so merging the heads afterwards is a view (``passes/layout.py``)."""
+attention kernels also give, so merging the heads afterwards is a view (``schedule/layout.py``)."""
 from __future__ import annotations
 
 import ctypes

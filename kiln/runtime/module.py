@@ -1,6 +1,6 @@
 """Turn an optimized graph into a callable: generated kernels and extern calls over planned buffers.
 
-Build: partition the graph (``passes.fuse``), build kernel IR (``passes.kernel_build``), plan the arena
+Build: partition the graph (``schedule.fuse``), build kernel IR (``schedule.kernel_build``), plan the arena
 (``runtime.memory``), emit one C++ unit (``codegen.cpp``), compile or load it from the cache
 (``runtime.build``).  Run: fill the pointer table with this call's inputs and fresh outputs, then run the
 steps in order - a C++ segment call for each run of kernels, the ATen op for each extern.
@@ -20,12 +20,9 @@ from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.interp import view_function, view_layout
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op, contiguous_strides
-from kiln.passes.fuse import ExternStep, Group, partition
-from kiln.passes.dce import mutates
-from kiln.passes.kernel_build import NotFusable, build_kernel
+from kiln.ir.graph import mutates
+from kiln.ir.program import ExternStep, Plan
 from kiln import config
-from kiln.passes.layout import choose_layouts, library_layouts
-from kiln.passes.pipeline import holds_copies
 from kiln.report import CompileReport
 from kiln.runtime.errors import InputMismatch
 from kiln.runtime import checking, cpu_gemm, inplace, memory, native, operand_layout, profiling
@@ -90,82 +87,6 @@ class Allocation:
     reuse_planned: bool = False  # ... and it is one of our own buffers (no need to check its storage)
 
 
-@dataclasses.dataclass
-class Plan:
-    steps: list[Any]                 # Kernel | ExternStep, in order
-    buffer_of: dict[Node, str]       # realized node -> buffer name
-    aliases: set[Node]
-    kernels: list[Kernel]
-    strides_of: dict[Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # non-contiguous buffers
-    cl_convs: set[Node] = dataclasses.field(default_factory=set)  # convolutions run channels-last
-
-
-def _kernel_name(index: int, group: Group) -> str:
-    ops = []
-    for m in group.members:
-        if m.op.value not in ops:
-            ops.append(m.op.value)
-    return f"kernel_{index}_" + "_".join(ops[:4])
-
-
-def _readers(steps: list[Any], graph: Graph) -> tuple[dict[Node, int], dict[Node, set[Any]]]:
-    """(group index of each member, the steps that read each node directly or through inlined nodes)."""
-    group_of: dict[Node, int] = {}
-    for k, s in enumerate(steps):
-        if isinstance(s, Group):
-            for m in s.members:
-                group_of[m] = k
-    users = graph.users()
-    outputs = set(graph.outputs)
-    readers: dict[Node, set[Any]] = {}
-    for n in reversed(graph.nodes):
-        found: set[Any] = {"caller"} if n in outputs else set()
-        for u in set(users[n]):
-            if u in group_of:
-                found.add(group_of[u])
-            elif u.op is Op.EXTERN:
-                found.add("extern")
-            else:
-                found |= readers.get(u, set())
-        readers[n] = found
-    return group_of, readers
-
-
-def _stored(group_of: dict[Node, int], readers: dict[Node, set[Any]]) -> set[Node]:
-    """Group members that some other step (or the caller) reads."""
-    return {m for m, k in group_of.items() if readers[m] - {k}}
-
-
-def make_plan(graph: Graph) -> Plan:
-    breaks: set[Node] = set()
-    while True:
-        steps, realized, aliases = partition(graph, frozenset(breaks))
-        group_of, readers = _readers(steps, graph)
-        stored = _stored(group_of, readers)
-        strides_of, cl_convs = library_layouts(graph), set()
-        if config.get().layout_optimization:
-            strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored)
-        buffer_of: dict[Node, str] = {}
-        for n in graph.nodes:
-            if n in realized and (n.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in stored):
-                buffer_of[n] = f"buf{len(buffer_of)}"
-        try:
-            kernels = []
-            out_steps: list[Any] = []
-            for s in steps:
-                if isinstance(s, Group):
-                    k = build_kernel(s, _kernel_name(len(kernels), s), buffer_of, stored, strides_of)
-                    kernels.append(k)
-                    out_steps.append(k)
-                else:
-                    out_steps.append(s)
-            return Plan(out_steps, buffer_of, aliases, kernels, strides_of, cl_convs)
-        except NotFusable as e:
-            if e.node is None or e.node in breaks:
-                raise
-            breaks.add(e.node)
-
-
 class CompiledGraph:
     """The callable for one graph: ``module(inputs) -> outputs``."""
 
@@ -178,12 +99,12 @@ class CompiledGraph:
     # graph capture the same allocations come from the graph's private pool.
     ARENA = True
 
-    def __init__(self, graph: Graph, report: CompileReport):
+    def __init__(self, graph: Graph, plan: Plan, report: CompileReport):
         self.graph = graph
         self.name = report.name
-        plan = self._fuse_steps(make_plan(graph), report)
         self.plan = plan
         report.kernels = plan.kernels
+        report.plan = plan.format()
         node_of = {name: n for n, name in plan.buffer_of.items()}
         self.slot_of = {name: k for k, name in enumerate(plan.buffer_of.values())}
         self._baked: list[torch.Tensor] = []  # tensors baked into native calls: pointer-table slots after the buffers
@@ -266,10 +187,6 @@ class CompiledGraph:
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
         from kiln.runtime.build import load_module
-        from kiln.tune.cpu import apply_schedules, stats
-        skipped_before = len(stats.skipped)
-        apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
-        report.tune_skipped = stats.skipped[skipped_before:]
         position = {n: i for i, n in enumerate(self.graph.nodes)}
         source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position)
         report.source = source
@@ -367,10 +284,6 @@ class CompiledGraph:
                 program.append(("fused", s))
         return segments, program
 
-    def _fuse_steps(self, plan: Plan, report: CompileReport) -> Plan:
-        """Target-specific rewriting of the plan's steps (the GPU fuses matmul epilogues); none here."""
-        return plan
-
     def _plan_memory(self, plan: Plan, node_of: dict[str, Node], report: CompileReport) -> None:
         escaping = self.escaping
         step_index: dict[str, int] = {}
@@ -420,7 +333,7 @@ class CompiledGraph:
                                          f" MiB per call (kiln buffers and library results)")
         # NHWC copies of weights for the library; on a GPU only in the modes that hold copies: the copy is held
         # beside the model's own weights, while cuDNN converts a weight in the call, into memory it frees at once
-        relayout = self.ARENA or (config.get().gpu_weight_copies and holds_copies(report.mode))
+        relayout = self.ARENA or (config.get().gpu_weight_copies and report.mode != "default")
         cl_weights = {c.inputs[1] for c in plan.cl_convs} if relayout else set()
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:
@@ -712,7 +625,3 @@ class CompiledGraph:
         if n is base:
             return env[n].contiguous()
         return self._view_fn(n)(self._view_of_contiguous(n.inputs[0], base, env))
-
-
-def build_module(graph: Graph, report: CompileReport) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
-    return CompiledGraph(graph, report)

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import torch
 
 from kiln import config
-from kiln.codegen.triton import TritonKernelWriter, module_source, schedule_for
+from kiln.codegen.triton import TritonKernelWriter, module_source
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.report import CompileReport
@@ -29,7 +29,8 @@ from kiln.codegen.triton_matmul import template_source
 from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
 from kiln.runtime import checking, profiling
 from kiln.runtime.errors import InputMismatch
-from kiln.runtime.module import CompiledGraph, Plan, _storage_uses
+from kiln.ir.program import Plan
+from kiln.runtime.module import CompiledGraph, _storage_uses
 from kiln.runtime.wrapper import build_wrapper
 
 _loaded: dict[str, Any] = {}
@@ -65,19 +66,19 @@ def import_file(path: Path | str) -> Any:
 
 class TritonGraph(CompiledGraph):
     ARENA = False  # buffers from the caching allocator, each kernel its own step (see CompiledGraph.ARENA)
-    WRAPPER = True  # calls run the generated straight-line wrapper (see [Note: generated wrapper]); False: the
-    #               interpreted program (benchmarks/memory_steps.py measures its steps; call_latency compares)
 
-    def __init__(self, graph: Graph, report: CompileReport, device: torch.device):
+    def __init__(self, graph: Graph, plan: Plan, report: CompileReport, device: torch.device):
         self.device = device
-        super().__init__(graph, report)
+        super().__init__(graph, plan, report)
         # not in default mode: its memory stays at eager's, and measured algorithms may take workspace that the
         # heuristic's choice does not (ResNet-18 b1: +0.5 MiB of peak in the 512-channel layers)
         self._cudnn_benchmark = device.type == "cuda" and config.get().cudnn_benchmark and \
             report.mode != "default" and any(
             getattr(n.attr("target"), "overloadpacket", None) is torch.ops.aten.convolution
             for n in graph.nodes if n.op is Op.EXTERN)
-        built = build_wrapper(self, self._segment_calls, self._fused_call)
+        # calls run the generated straight-line wrapper (see [Note: generated wrapper]) unless the configuration
+        # asks for the interpreted plan (Config.gpu_call_wrapper)
+        built = build_wrapper(self, self._segment_calls, self._fused_call) if config.get().gpu_call_wrapper else None
         self._wrapped, report.wrapper = built if built is not None else (None, "")
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -95,7 +96,7 @@ class TritonGraph(CompiledGraph):
             return profiling.active.run(self, inputs)
         if self.check_steps:  # KILN_CHECK: the interpreted program, each step compared with the reference
             return checking.run_checked(self, inputs)
-        if self.WRAPPER and self._wrapped is not None:
+        if self._wrapped is not None:
             return self._wrapped(inputs)
         return self.interpret(inputs)
 
@@ -124,25 +125,8 @@ class TritonGraph(CompiledGraph):
         nodes = list(dict.fromkeys([*step.node.inputs, *step.args]))
         return (lambda *values: self._run_fused(step, dict(zip(nodes, values)))), nodes
 
-    def _fuse_steps(self, plan: Plan, report: CompileReport) -> Plan:
-        """Matmuls whose measured (or recorded) best is kiln's Triton template take their epilogue kernel in."""
-        from kiln.runtime import matmul_step
-        if not config.get().matmul_templates or (self.device.type != "cuda" and matmul_step.FORCE is None):
-            return plan
-        from kiln.runtime.matmul_step import fuse_matmuls
-        steps, stats = fuse_matmuls(plan.steps, self.graph.outputs, plan.buffer_of, plan.strides_of, self.device,
-                                    tune=report.mode == "max-autotune")
-        report.phases["matmul_tuning"] = stats.seconds
-        report.matmuls = stats
-        fused = {id(s.epilogue) for s in steps if isinstance(s, MatmulStep) and s.epilogue is not None}
-        plan.steps = steps
-        plan.kernels = [k for k in plan.kernels if id(k) not in fused]
-        return plan
-
     def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
-        for k in plan.kernels:
-            k.schedule = schedule_for(k)
         for s in plan.steps:
             if isinstance(s, MatmulStep):  # the same text the measurement compiled: Triton's cache has it
                 module, _ = _import_source(matmul_module_text(template_source(s.spec, dtype_of)))
@@ -404,12 +388,9 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     return _capture_streams[device]
 
 
-def build_triton_module(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default") -> Callable:
-    # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
-    # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
-    with config.scope(layout_optimization=True):
-        module = TritonGraph(graph, report, device)
-    if mode in ("reduce-overhead", "max-autotune") and device.type == "cuda":
+def with_cuda_graph(module: TritonGraph, report: CompileReport, mode: str) -> Callable:
+    """``module`` replayed as a CUDA graph in the modes that record one (reduce-overhead, max-autotune)."""
+    if mode in ("reduce-overhead", "max-autotune") and module.device.type == "cuda":
         if module.mutated_inputs:
             report.memory["cuda_graph"] = "not used: the graph updates its inputs in place"
             return module

@@ -233,7 +233,7 @@ def check_saved(path: str | Path) -> bool:
     from kiln.ir.interp import interpret
     from kiln.passes.pipeline import run_pipeline
     from kiln.report import CompileReport
-    from kiln.runtime.module import build_module
+    from kiln.schedule.plan import build_cpu
     payload = load(path)
     graph, inputs = payload["graph"], payload["inputs"]
     expected = interpret(graph, [t.clone() for t in inputs])
@@ -241,7 +241,7 @@ def check_saved(path: str | Path) -> bool:
     with config.scope(**options), torch.inference_mode():
         report = CompileReport(name="reproducer", mode="default")
         compiled = run_pipeline(graph, report) if payload["passes"] else graph
-        got = build_module(compiled, report)([t.clone() for t in inputs])
+        got = build_cpu(compiled, report)([t.clone() for t in inputs])
     problem = compare(got, expected, 1e-4, 1e-4)
     print(f"{payload['what']}\n" + (f"STILL WRONG: {problem}" if problem else "OK: matches the reference"))
     return not problem

@@ -3,6 +3,6 @@
 
 def live_kinds() -> tuple[str, ...]:
     """The record kinds kiln reads today (what ``kiln db prune --retired`` keeps)."""
-    from kiln.runtime import matmul_step
+    from kiln.schedule import matmul_fusion
     from kiln.tune import cpu, cpu_gemm
-    return cpu.KINDS + cpu_gemm.KINDS + (matmul_step.KIND,)
+    return cpu.KINDS + cpu_gemm.KINDS + (matmul_fusion.KIND,)

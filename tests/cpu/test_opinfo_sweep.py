@@ -93,7 +93,7 @@ KNOWN_OPS = ("quantile", "linalg.inv", "nn.functional.batch_norm", "nn.functiona
 # op key -> why it fails (expected, like xfail; any failure of an op not listed here fails the test)
 KNOWN_FAILURES: dict[str, str] = {
     "quantile": "codegen: a row-scratch value (scr0[r]) is read in post-reduction row code, where r is not "
-                "declared -> C++ compile error (kiln/passes/kernel_build.py, rsize == 1 rows)",
+                "declared -> C++ compile error (kiln/schedule/kernel_build.py, rsize == 1 rows)",
     "linalg.inv": "lower.py: AOT wraps the error check aten._linalg_check_errors in higher_order.with_effects, "
                   "which lower_fx refuses (LoweringError) instead of keeping it as an extern call",
     # batch norm in training mode updates running_mean / running_var in place: AOT keeps the mutation as

@@ -8,6 +8,7 @@ from kiln.ir.ops import Op
 from kiln.report import CompileReport, mark, reports_since
 from kiln.runtime.memory import Interval, plan
 from kiln.runtime.module import CompiledGraph
+from kiln.schedule.plan import build_cpu
 
 
 def _f(x):
@@ -61,7 +62,7 @@ def test_wrong_input_names_the_expected_type():
     b = GraphBuilder()
     x = b.add(Op.INPUT, (), shape=(4,), dtype=torch.float32, index=0)
     graph = b.finish([b.add(Op.EXP, (x,))])
-    module = CompiledGraph(graph, CompileReport("t"))
+    module = build_cpu(graph, CompileReport("t"))
     with pytest.raises(ValueError, match=r"expected torch.float32 of shape \[4\]"):
         module([torch.randn(5)])
     torch.testing.assert_close(module([torch.ones(4)])[0], torch.ones(4).exp())

@@ -1,6 +1,6 @@
 """The Triton matmul template: mm/addmm with the consuming pointwise kernel fused in as its epilogue.
 
-On CPU tensors under TRITON_INTERPRET=1 (CI) the template is forced (``matmul_step.FORCE``) with small tiles,
+On CPU tensors under TRITON_INTERPRET=1 (CI) the template is forced (``Config.matmul_template_config``) with small tiles,
 so edges (M, N, K not multiples of the tile) and every epilogue kind are exercised; on a GPU the same tests run
 the compiled kernels, and max-autotune's measured choice is checked for correctness and recorded."""
 import pytest
@@ -10,18 +10,14 @@ from torch import nn
 import kiln
 from kiln.codegen.triton_matmul import MatmulConfig
 from kiln.report import mark, reports_since
-from kiln.runtime import matmul_step
 from tests.gpu.conftest import DEVICE, HAS_CUDA, compile_and_run
 
 
 @pytest.fixture
 def forced():
     small = MatmulConfig(16, 16, 16, 2, 2, 2) if not HAS_CUDA else MatmulConfig(32, 32, 32, 4, 4, 3)
-    matmul_step.FORCE = small
-    try:
+    with kiln.config.scope(matmul_template_config=",".join(map(str, small.trace()))):
         yield small
-    finally:
-        matmul_step.FORCE = None
 
 
 class Block(nn.Module):
@@ -109,14 +105,15 @@ def test_database_key_needs_no_allocation(tmp_path, monkeypatch):
     """Default mode looks every candidate up in the tuning database: the key (template text and operand strides)
     comes from meta tensors, and equals the key real tensors give; with no record, the plan is left alone."""
     from kiln.codegen.triton_matmul import template_source
-    from kiln.runtime.matmul_step import _key, _spec, fuse_matmuls
-    from kiln.runtime.triton_module import TritonGraph
+    from kiln.schedule.matmul_fusion import _key, _spec, fuse_matmuls
+    from kiln.schedule.plan import make_plan
     from kiln.tune.gpu_matmul import operand_tensors
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     model = Block().to(DEVICE).eval()
     x = torch.randn(6, 40, device=DEVICE)
     _, report = compile_and_run(model, x, matmul_templates=False)
-    plan = TritonGraph(report.optimized, report, torch.device(DEVICE)).plan
+    with kiln.config.scope(layout_optimization=True):  # (as the Triton target plans)
+        plan = make_plan(report.optimized)
     dtype_of = {b: n.dtype for n, b in plan.buffer_of.items()}
     steps, stats = fuse_matmuls(plan.steps, report.optimized.outputs, plan.buffer_of, plan.strides_of,
                                 torch.device(DEVICE), tune=False)

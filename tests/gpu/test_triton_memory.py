@@ -8,7 +8,7 @@ import kiln
 from benchmarks.models import MODELS
 from kiln.ir.ops import Op
 from kiln.report import mark, reports_since
-from kiln.runtime.triton_module import TritonGraph
+from kiln.schedule.plan import triton_graph
 from tests.gpu.conftest import DEVICE, HAS_CUDA, compile_and_run
 
 
@@ -38,7 +38,7 @@ def test_planned_buffers_are_allocated_once_and_released():
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
     assert "caching allocator" in report.memory["summary"]
     graph = report.optimized
-    module = TritonGraph(graph, report, torch.device(DEVICE))
+    module = triton_graph(graph, report, torch.device(DEVICE))
     assert not hasattr(module, "arena")
     assert all(n.op is Op.CONSTANT for n in module.static)  # nothing per call is held between calls
     allocated = [a.node for step in module._alloc_before for a in step]
@@ -115,7 +115,7 @@ def _module_for(fn, *inputs):
         compiled = kiln.compile(fn, target="triton", fallback=False, fullgraph=True)
         compiled(*inputs)
     [report] = reports_since(position)
-    return TritonGraph(report.optimized, report, torch.device(DEVICE)), report
+    return triton_graph(report.optimized, report, torch.device(DEVICE)), report
 
 
 def _reuses(module):

@@ -4,6 +4,7 @@ import torch
 from torch import nn
 
 from kiln.runtime.triton_module import TritonGraph
+from kiln.schedule.plan import triton_graph
 from tests.gpu.conftest import DEVICE, compile_and_run
 from tests.gpu.test_triton_memory import Block
 
@@ -20,7 +21,7 @@ class Net(Block):
 
 
 def _module(report) -> TritonGraph:
-    return TritonGraph(report.optimized, report, torch.device(DEVICE))
+    return triton_graph(report.optimized, report, torch.device(DEVICE))
 
 
 @pytest.fixture
@@ -38,11 +39,7 @@ def test_wrapper_matches_the_interpreted_call_and_eager(net):
         got, report = compile_and_run(net, x)
         module = _module(report)
         wrapped = module([x])
-        TritonGraph.WRAPPER = False
-        try:
-            interpreted = module([x])
-        finally:
-            TritonGraph.WRAPPER = True
+        interpreted = module.interpret([x])
     assert report.wrapper.startswith("def call(inputs):") and "del v" in report.wrapper
     for g, w, i, e in zip(got, wrapped, interpreted, expected):
         torch.testing.assert_close(w, i, rtol=0, atol=0)
@@ -94,12 +91,19 @@ def test_wrapper_hands_out_library_results_in_eagers_layout(view):
         got, report = compile_and_run(model, x)
         module = _module(report)
         wrapped = module([x])[0]
-        TritonGraph.WRAPPER = False
-        try:
-            interpreted = module([x])[0]
-        finally:
-            TritonGraph.WRAPPER = True
+        interpreted = module.interpret([x])[0]
     assert ("OUTPUT_" in report.wrapper) == bool(module.plan.strides_of)
     for t in (got, wrapped, interpreted):
         torch.testing.assert_close(t, expected, rtol=1e-4, atol=1e-5)
         assert t.stride() == expected.stride()
+
+
+def test_wrapper_can_be_turned_off(net):
+    """``gpu_call_wrapper=False`` (Config): the plan is interpreted step by step, with the same results."""
+    x = torch.randn(2, 4, 6, 6, device=DEVICE)
+    with torch.inference_mode():
+        expected = net(x)
+        got, report = compile_and_run(net, x, gpu_call_wrapper=False)
+    assert report.wrapper == ""
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)

@@ -194,6 +194,19 @@ def test_explain_reports_ir_kernels_and_cpp(capsys):
     assert text in capsys.readouterr().out
 
 
+def test_explain_prints_the_plan_step_by_step():
+    """Every step of the Plan in order: kernels with the buffers they read and write, library calls with their
+    operands (a view named by the buffer it views)."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
+    text = kiln.explain(model, torch.randn(3, 8))
+    plan = text.split("--- plan: ")[1].split("\n\n")[0].splitlines()
+    assert plan[0].startswith(f"{len(plan) - 1} steps in order")
+    steps = [line.split()[1] for line in plan[1:]]
+    assert steps.count("kernel") >= 1 and steps.count("extern") == 2, plan
+    assert all(line.split()[0] == str(k) for k, line in enumerate(plan[1:])), plan
+    assert "view(buf" in text and "writes buf" in text
+
+
 # ----------------------------------------------------------------------------------------- recompilation
 
 def test_new_input_shape_gives_correct_results():

@@ -785,7 +785,7 @@ def test_order_keeps_a_call_whose_result_is_larger_than_what_it_frees():
 def test_fusion_recomputes_values_computed_from_weights_alone():
     """Unfolded BatchNorm (GPU default mode holds no folded constants): the scale ``w * rsqrt(var + eps)``
     inlined into a producer that a max-pool reads 4 times must not make that producer a stored kernel."""
-    from kiln.passes.fuse import decide_realized
+    from kiln.schedule.fuse import decide_realized
     b = GraphBuilder()
     x = inp(b, (1, 4, 8, 8))
     mean, var, w, bias = (const(b, randn(4)) for _ in range(4))
@@ -809,7 +809,7 @@ def test_fusion_stores_a_residual_stream_that_consumers_would_reread():
     """x_k = x_(k-1) + branch_k, each x_k read by a row reduction (a LayerNorm's mean) and the next add.  Inlined,
     the last mean would load every branch; the stream is stored once recomputing it loads more than storing it
     ((u - 1)(L - 1) > 2: two consumers, four full-size loads), and a stored x_k starts the count again."""
-    from kiln.passes.fuse import decide_realized
+    from kiln.schedule.fuse import decide_realized
     b = GraphBuilder()
     xs = [inp(b, (8, 64))]
     branches = [inp(b, (8, 64)) for _ in range(6)]

@@ -3,7 +3,7 @@
 # run:   python measured_on_random_out_of_range_indices.py kiln
 # a random program (seed 20033 (group of seeds [20033, 20035, 20037, 20038]), float16), found by kiln's differential fuzzer
 # (python -m kiln.testing.fuzz) and shrunk; its tolerances come from kiln/testing/fuzz_numerics.py
-# status: fixed (kiln/compiler.py _example_inputs, runtime/choose.py): with a convolution in the graph, kiln
+# status: fixed (kiln/compiler.py _example_inputs, schedule/choose.py): with a convolution in the graph, kiln
 #   measured its two layout plans on random inputs, whose int64 values (0 or 1) were out-of-range indices for the
 #   gather over a size-1 dim; kiln's gather kernel does not check indices and read past its buffer (SIGSEGV when
 #   the merged programs' buffers fell at a page end).  Plans are now measured on copies of the call's inputs.

@@ -15,9 +15,9 @@ from kiln.ir.index import Dyn, Lin, Var, linearize, unflatten
 from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad, KOp, KVar, ReduceLoop,
                             RowAssign, RowStore, Store, subexprs)
 from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
-from kiln.passes.fuse import Group
-from kiln.passes.layout import NHWC_ORDER
-from kiln.passes.loop_collapse import collapse_loops
+from kiln.schedule.fuse import Group
+from kiln.schedule.layout import NHWC_ORDER
+from kiln.schedule.loop_collapse import collapse_loops
 
 
 SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)

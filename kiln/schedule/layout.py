@@ -3,7 +3,7 @@
 oneDNN's direct convolutions can run faster on NHWC data than on NCHW (the seed model's two
 convolutions alone: about 12% less time in an op-level test).  End to end on one thread the gain did not
 hold (seed within 3%, ResNet-18 9% slower, where residual kernels mix layouts), so
-``Config.layout_optimization`` (force it on) is off; by default ``runtime/choose.py`` builds both plans
+``Config.layout_optimization`` (force it on) is off; by default ``schedule/choose.py`` builds both plans
 for a graph with convolutions and keeps the one that measures faster (seed: channels-last, 81 vs 89 ms;
 ResNet-18: contiguous, 48 vs 53 ms).
 

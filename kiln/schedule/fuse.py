@@ -35,6 +35,7 @@ import dataclasses
 from typing import Union
 
 from kiln.ir.graph import Graph, Node, view_root
+from kiln.ir.program import ExternStep
 from kiln.ir.ops import INLINABLE, REDUCTION, TRANSCENDENTAL, VIEW, Op, numel
 
 RECOMPUTE_LIMIT = 8
@@ -66,11 +67,6 @@ class Group:
         if self.axes is not None and n.numel == self.rows:
             return "one value per row"
         return None
-
-
-@dataclasses.dataclass
-class ExternStep:
-    node: Node
 
 
 Step = Union[Group, ExternStep]

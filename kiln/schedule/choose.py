@@ -16,7 +16,7 @@ import torch
 from kiln import config
 from kiln.ir.graph import Graph
 from kiln.passes.check import random_inputs
-from kiln.passes.layout import is_conv2d
+from kiln.schedule.layout import is_conv2d
 from kiln.report import CompileReport
 from kiln.runtime import decisions
 

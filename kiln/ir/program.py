@@ -1,0 +1,53 @@
+"""The plan of a compiled graph: what the schedule stage decides and the runtime runs.
+
+``schedule/plan.py`` builds a ``Plan`` from an optimized graph - its steps in order (generated kernels, and
+extern calls to libraries), the buffer each realized value lives in, the layouts that are not contiguous,
+the convolutions run channels-last - and the runtime (``runtime/module.py``) runs it.  Nothing in the runtime
+decides any of these; it binds buffers and calls the steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from kiln.ir.graph import Node
+from kiln.ir.kernel import Kernel
+
+
+@dataclasses.dataclass
+class ExternStep:
+    """A library or ATen call, one graph node (``Op.EXTERN``)."""
+    node: Node
+
+
+@dataclasses.dataclass
+class Plan:
+    steps: list[Any]                 # Kernel | ExternStep (| a target's fused step, e.g. the GPU matmul), in order
+    buffer_of: dict[Node, str]       # realized node -> buffer name
+    aliases: set[Node]
+    kernels: list[Kernel]
+    strides_of: dict[Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # non-contiguous buffers
+    cl_convs: set[Node] = dataclasses.field(default_factory=set)  # convolutions run channels-last
+
+    def _name(self, n: Node) -> str:
+        """A value's buffer, or ``view(buffer)`` for a view the step takes of one."""
+        if n in self.buffer_of:
+            return self.buffer_of[n]
+        return f"view({self._name(n.inputs[0])})" if n.inputs else n.op.value
+
+    def format(self) -> str:
+        """One line per step: what it computes and the buffers it reads and writes."""
+        lines = []
+        for k, s in enumerate(self.steps):
+            if isinstance(s, Kernel):
+                reads, writes = s.buffers()
+                lines.append(f"{k:3d} kernel {s.name}: reads {', '.join(sorted(reads)) or '-'}; "
+                             f"writes {', '.join(sorted(writes))}")
+            elif isinstance(s, ExternStep):
+                n = s.node
+                target = str(n.attr("target")).split("::")[-1]
+                ins = ", ".join(self._name(i) for i in n.inputs)
+                lines.append(f"{k:3d} extern {target}({ins}) -> {self.buffer_of.get(n, '-')}")
+            else:
+                lines.append(f"{k:3d} {type(s).__name__}")
+        return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""graph -> Plan: fusion, layouts, kernel IR, schedules (see plan.py); the runtime runs the Plan."""

@@ -1,0 +1,140 @@
+"""The schedule stage: an optimized graph becomes a ``Plan`` (``ir/program.py``), and the runtime runs it.
+
+    graph --partition (fuse.py)--> groups and extern steps
+          --layouts (layout.py)--> the buffers' strides, the convolutions run channels-last
+          --kernel IR (kernel_build.py, loop_collapse.py)--> one Kernel per group
+          --schedules (tune/cpu.py on the CPU; codegen/triton.schedule_for and the matmul templates on a GPU)
+          --> Plan --> runtime/module.CompiledGraph (CPU) or runtime/triton_module.TritonGraph (GPU)
+
+A kernel the builder cannot fuse (``NotFusable``) breaks its group at the node named, and the partition runs
+again.  The runtime decides nothing of this: it binds buffers, loads the generated code and calls the steps.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kiln import config
+from kiln.ir.graph import Graph, Node
+from kiln.ir.ops import Op
+from kiln.ir.program import Plan
+from kiln.report import CompileReport
+from kiln.schedule.fuse import Group, partition
+from kiln.schedule.kernel_build import NotFusable, build_kernel
+from kiln.schedule.layout import choose_layouts, library_layouts
+
+
+def _kernel_name(index: int, group: Group) -> str:
+    ops = []
+    for m in group.members:
+        if m.op.value not in ops:
+            ops.append(m.op.value)
+    return f"kernel_{index}_" + "_".join(ops[:4])
+
+
+def _readers(steps: list[Any], graph: Graph) -> tuple[dict[Node, int], dict[Node, set[Any]]]:
+    """(group index of each member, the steps that read each node directly or through inlined nodes)."""
+    group_of: dict[Node, int] = {}
+    for k, s in enumerate(steps):
+        if isinstance(s, Group):
+            for m in s.members:
+                group_of[m] = k
+    users = graph.users()
+    outputs = set(graph.outputs)
+    readers: dict[Node, set[Any]] = {}
+    for n in reversed(graph.nodes):
+        found: set[Any] = {"caller"} if n in outputs else set()
+        for u in set(users[n]):
+            if u in group_of:
+                found.add(group_of[u])
+            elif u.op is Op.EXTERN:
+                found.add("extern")
+            else:
+                found |= readers.get(u, set())
+        readers[n] = found
+    return group_of, readers
+
+
+def _stored(group_of: dict[Node, int], readers: dict[Node, set[Any]]) -> set[Node]:
+    """Group members that some other step (or the caller) reads."""
+    return {m for m, k in group_of.items() if readers[m] - {k}}
+
+
+def make_plan(graph: Graph) -> Plan:
+    breaks: set[Node] = set()
+    while True:
+        steps, realized, aliases = partition(graph, frozenset(breaks))
+        group_of, readers = _readers(steps, graph)
+        stored = _stored(group_of, readers)
+        strides_of, cl_convs = library_layouts(graph), set()
+        if config.get().layout_optimization:
+            strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored)
+        buffer_of: dict[Node, str] = {}
+        for n in graph.nodes:
+            if n in realized and (n.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in stored):
+                buffer_of[n] = f"buf{len(buffer_of)}"
+        try:
+            kernels = []
+            out_steps: list[Any] = []
+            for s in steps:
+                if isinstance(s, Group):
+                    k = build_kernel(s, _kernel_name(len(kernels), s), buffer_of, stored, strides_of)
+                    kernels.append(k)
+                    out_steps.append(k)
+                else:
+                    out_steps.append(s)
+            return Plan(out_steps, buffer_of, aliases, kernels, strides_of, cl_convs)
+        except NotFusable as e:
+            if e.node is None or e.node in breaks:
+                raise
+            breaks.add(e.node)
+
+
+def build_cpu(graph: Graph, report: CompileReport) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """The CPU module of ``graph``: its plan, each kernel's schedule (tuned in max-autotune), then the runtime."""
+    from kiln.runtime.module import CompiledGraph
+    from kiln.tune.cpu import apply_schedules, stats
+    plan = make_plan(graph)
+    dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
+    node_of = {name: n for n, name in plan.buffer_of.items()}
+    skipped_before = len(stats.skipped)
+    apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
+    report.tune_skipped = stats.skipped[skipped_before:]
+    return CompiledGraph(graph, plan, report)
+
+
+def triton_plan(graph: Graph, report: CompileReport, device: torch.device) -> Plan:
+    """The GPU plan of ``graph``: matmuls whose measured (or recorded) best is kiln's Triton template take their
+    epilogue kernel in (``matmul_fusion.py``); every kernel gets its launch schedule."""
+    from kiln.codegen.triton import schedule_for
+    from kiln.schedule import matmul_fusion
+    plan = make_plan(graph)
+    if config.get().matmul_templates and (device.type == "cuda" or matmul_fusion.forced_config() is not None):
+        steps, stats = matmul_fusion.fuse_matmuls(plan.steps, graph.outputs, plan.buffer_of, plan.strides_of,
+                                                  device, tune=report.mode == "max-autotune")
+        report.phases["matmul_tuning"] = stats.seconds
+        report.matmuls = stats
+        fused = {id(s.epilogue) for s in steps if isinstance(s, matmul_fusion.MatmulStep)
+                 and s.epilogue is not None}
+        plan.steps = steps
+        plan.kernels = [k for k in plan.kernels if id(k) not in fused]
+    for k in plan.kernels:
+        k.schedule = schedule_for(k)
+    return plan
+
+
+def build_triton(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default") -> Any:
+    """The GPU module of ``graph`` (Triton kernels; convolutions and the kernels between them channels-last),
+    replayed as a CUDA graph in reduce-overhead and max-autotune."""
+    from kiln.runtime.triton_module import with_cuda_graph
+    return with_cuda_graph(triton_graph(graph, report, device), report, mode)
+
+
+def triton_graph(graph: Graph, report: CompileReport, device: torch.device) -> Any:
+    """The ``TritonGraph`` of ``graph``, called as is (no CUDA graph)."""
+    from kiln.runtime.triton_module import TritonGraph
+    # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
+    # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
+    with config.scope(layout_optimization=True):
+        return TritonGraph(graph, triton_plan(graph, report, device), report, device)
