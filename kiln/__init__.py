@@ -42,8 +42,11 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
         options = {**options, "target": target}
     config.get().with_options(**options)  # validate option names and values now, not at the first call
 
+    owner = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else \
+        getattr(model_or_fn, "__qualname__", None) or getattr(model_or_fn, "__name__", None)
+
     def backend(gm: Any, example_inputs: Any) -> Callable:
-        return kiln_backend(gm, example_inputs, mode=mode, options=options)
+        return kiln_backend(gm, example_inputs, mode=mode, options=options, name=owner)
 
     if _on_gpu(model_or_fn) and target in ("auto", "cuda", "triton"):
         from kiln.runtime import compile_pool

@@ -48,17 +48,17 @@ def _db_command(args: argparse.Namespace) -> int:
 
 def _tune_command(args: argparse.Namespace) -> int:
     """Compile the model in max-autotune with a progress line: kernels done, best time so far, time left."""
-    import importlib
     import time
 
     import torch
 
     import kiln
     from kiln.tune import cpu as tune_cpu
-    module_name, _, attr = args.factory.partition(":")
-    factory = getattr(importlib.import_module(module_name), attr or "main")
-    model, inputs = factory()
+    model, inputs = _factory(args.factory)
     start = time.monotonic()
+    # at once: capture and the passes take seconds before the first kernel is tuned
+    print(f"[{'':<20}] capturing and optimizing the graph (budget {args.budget:.0f} s)", end="", file=sys.stderr,
+          flush=True)
 
     def show(done: int, total: int, best_s: float | None, left_s: float) -> None:
         bar = "#" * int(20 * done / max(total, 1))
@@ -81,10 +81,24 @@ def _tune_command(args: argparse.Namespace) -> int:
 
 
 def _factory(spec: str) -> tuple:
-    """``module:function`` -> function() -> (model, example_inputs)."""
+    """``module:function`` (or ``path/to/script.py:function``) -> function() -> (model, example_inputs).  The
+    current directory is on the import path, as for ``python -m``: a script beside the caller is found."""
     import importlib
+    import importlib.util
+    import os
     module_name, _, attr = spec.partition(":")
-    model, inputs = getattr(importlib.import_module(module_name), attr or "main")()
+    if module_name.endswith(".py"):
+        path = os.path.abspath(module_name)
+        if not os.path.exists(path):
+            raise SystemExit(f"kiln: no file {module_name!r} (expected module:function or script.py:function)")
+        loaded = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+        module = importlib.util.module_from_spec(loaded)
+        loaded.loader.exec_module(module)
+    else:
+        if os.getcwd() not in sys.path and "" not in sys.path:
+            sys.path.insert(0, os.getcwd())
+        module = importlib.import_module(module_name)
+    model, inputs = getattr(module, attr or "main")()
     return model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
 
 
@@ -96,7 +110,9 @@ def _bisect_command(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
+    from kiln import __version__
     p = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler for PyTorch")
+    p.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     db = sub.add_parser("db", help="the tuning database")
     db.add_argument("--path", default=None, help="database file (default: <cache_dir>/tuning.sqlite)")

@@ -68,8 +68,11 @@ _TIMED_TWIN = re.compile(r'extern "C" void kiln_segment_\d+_timed\(.*?\n\}\n*', 
 def _strip_prelude(src: str) -> str:
     """The generated source without the shared prelude, and without the segments' timed twins (kiln.profile's
     copies of each segment, which only note the time between the same calls)."""
-    marker = src.find("// kernel_")
-    src = src[marker:] if marker >= 0 else src
+    from kiln.codegen.cpp import HELPERS
+    from kiln.codegen.cpp_prelude import PRELUDE
+    shared = "\n\n".join([PRELUDE, HELPERS])
+    if src.startswith(shared):  # (a graph with no generated kernel has only library calls after it)
+        src = src[len(shared):].lstrip("\n")
     return _TIMED_TWIN.sub("", src)
 
 

@@ -6,6 +6,7 @@ parameters and buffers are frozen into the graph as constants so that folding pa
 """
 from __future__ import annotations
 
+import os
 import re
 import warnings
 from typing import Any, Callable, Sequence
@@ -51,8 +52,9 @@ def check_mode(mode: str | None) -> str:
 
 
 def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str | None = None,
-                 options: dict[str, Any] | None = None) -> Callable:
-    """Dynamo backend entry point."""
+                 options: dict[str, Any] | None = None, name: str | None = None) -> Callable:
+    """Dynamo backend entry point.  ``name``: the compiled model's class or function (``kiln.compile`` knows
+    it), which names the graph in kiln's reports."""
     mode = check_mode(mode)
     cfg = config.get().with_options(**(options or {}))
     global _warned_grad
@@ -93,7 +95,7 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
                       if m and isinstance(v, torch.Tensor)}
             arg_names = names
         examples = frozen_values if len(fx_placeholders) == len(frozen_values) else None
-        return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm), arg_names=arg_names,
+        return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm, name), arg_names=arg_names,
                                   examples=examples)
 
     try:
@@ -102,20 +104,35 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     except Exception as exc:  # never break the user's model: AOTAutograd's capture failed before kiln compiled
         if reached_compiler or not cfg.fallback:
             raise
-        return _capture_failed(gm, exc, mode)
+        return _capture_failed(gm, exc, mode, name)
 
 
-def _capture_failed(gm: torch.fx.GraphModule, exc: Exception, mode: str | None) -> Callable:
+def _capture_failed(gm: torch.fx.GraphModule, exc: Exception, mode: str | None, owner: str | None) -> Callable:
     """Dynamo's graph, run eagerly, after AOTAutograd failed to trace it to ATen with kiln's decompositions (a
     decomposition whose result has other strides than eager's, which a later ``view`` cannot take); the report
     says so."""
     from kiln.report import CompileReport, record
-    report = CompileReport(name=_graph_name(gm), mode=mode or "default")
+    report = CompileReport(name=_graph_name(gm, owner), mode=mode or "default")
     report.fallback = f"capture to ATen (AOTAutograd) failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
     record(report)
     warnings.warn(f"kiln: {report.fallback}; running graph {report.name!r} eagerly", stacklevel=2)
     return gm.forward
 
 
-def _graph_name(gm: torch.fx.GraphModule) -> str:
-    return type(gm).__name__
+_FRAME = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def _graph_name(gm: torch.fx.GraphModule, owner: str | None = None) -> str:
+    """The graph's name in reports: the compiled model's class or function when known, else the function
+    Dynamo traced and where (``forward (model.py:13)``); a recompilation of the same frame gets ``#n``."""
+    name = owner
+    if name is None:
+        for n in gm.graph.nodes:
+            frames = _FRAME.findall(n.meta.get("stack_trace") or "")
+            if frames:
+                path, line, fn = frames[-1]
+                name = f"{fn} ({os.path.basename(path)}:{line})"
+                break
+    cid = getattr(gm, "meta", {}).get("dynamo_compile_id")
+    again = getattr(cid, "frame_compile_id", 0) or 0
+    return (name or type(gm).__name__) + (f" #{again + 1}" if again else "")

@@ -234,3 +234,45 @@ def test_in_place_update_of_an_input_is_kept():
         out = kiln.compile(f)(x, buf)
     torch.testing.assert_close(out, x * 2)
     torch.testing.assert_close(buf, torch.full((3,), 6.0))
+
+
+# ----------------------------------------------------------------------------------------------- naming, CLI
+
+def test_graphs_are_named_after_the_model_or_function():
+    """Reports name the compiled model's class or function; a graph torch.compile hands over is named after the
+    traced function and where it is."""
+    from kiln.report import mark, reports_since
+
+    def scale_sin(x):
+        return x.sin() * 2
+
+    position = mark()
+    with torch.inference_mode():
+        kiln.compile(_model().eval())(torch.randn(3, 8))
+        kiln.compile(scale_sin)(torch.randn(3, 8))
+        torch._dynamo.reset()
+        torch.compile(scale_sin, backend="kiln")(torch.randn(4, 5))
+    names = [r.name for r in reports_since(position)]
+    assert names[0] == type(_model()).__name__ and names[1].endswith("scale_sin"), names
+    assert names[2].startswith("scale_sin (test_api.py:"), names
+
+
+def test_cli_version_and_factories_beside_the_caller(tmp_path, monkeypatch, capsys):
+    """``kiln --version``; ``kiln bisect module:fn`` finds a module in the current directory (as ``python -m``
+    does) and ``path/script.py:fn`` a script anywhere."""
+    from kiln import cli
+    with pytest.raises(SystemExit) as done:
+        cli.main(["--version"])
+    assert done.value.code == 0 and capsys.readouterr().out.strip() == f"kiln {kiln.__version__}"
+    (tmp_path / "beside_me.py").write_text(
+        "import torch\n"
+        "def make():\n"
+        "    return torch.nn.Linear(4, 3).eval(), torch.randn(2, 4)\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", [p for p in sys.path if p not in ("", str(tmp_path))])
+    model, inputs = cli._factory("beside_me:make")
+    assert isinstance(model, torch.nn.Linear) and len(inputs) == 1
+    model, inputs = cli._factory(str(tmp_path / "beside_me.py") + ":make")
+    assert isinstance(model, torch.nn.Linear)
+    with pytest.raises(SystemExit, match="no file"):
+        cli._factory(str(tmp_path / "missing.py") + ":make")
