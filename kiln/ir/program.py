@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+import torch
+
 from kiln.ir.graph import Node
 from kiln.ir.kernel import Kernel
 
@@ -51,3 +53,38 @@ class Plan:
             else:
                 lines.append(f"{k:3d} {type(s).__name__}")
         return "\n".join(lines)
+
+
+@dataclasses.dataclass
+class Allocation:
+    """A per-call buffer made right before its first writer (without an arena, see [Note: arena or allocator])."""
+    node: Node
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+    dtype: torch.dtype
+    reuse: Node | None = None   # an input of the writing kernel that dies there: take its memory
+    reuse_planned: bool = False  # ... and it is one of our own buffers (no need to check its storage)
+
+
+@dataclasses.dataclass
+class Program:
+    plan: Plan
+    arena: bool                                   # planned buffers in one arena (CPU) or allocated per step
+    escaping: set[Node]                           # outputs and the bases of output views: per-call buffers
+    slot_of: dict[str, int]                       # buffer name -> pointer-table slot
+    baked: list[torch.Tensor]                     # tensors baked into native calls: the slots after the buffers
+    native: dict[Node, Any]                       # extern node -> runtime.native.NativeCall
+    segments: list[list[Any]]                     # per segment: kernel names and NativeCalls, in order
+    steps: list[tuple[str, Any]]                  # ("segment", i) | ("extern", node) | ("fused", step)
+    drop_after: list[list[Node]]                  # per step: per-call values no later step reads
+    offsets: dict[Node, int]                      # arena: each planned buffer's byte offset
+    arena_bytes: int
+    planned: set[Node]                            # buffers whose memory is planned (arena or allocations)
+    alloc_before: list[list[Allocation]]          # no arena: per step, the buffers it writes first
+    mutated_inputs: set[Node]                     # graph inputs an in-place extern updates
+    input_slots: list[tuple[int, int, Node]]      # (input position, slot, node)
+    output_slots: list[tuple[Node, int]]          # values the caller gets, filled per call: (node, slot)
+    memory: dict[str, Any]                        # for the report
+
+    def node_of(self) -> dict[str, Node]:
+        return {name: n for n, name in self.plan.buffer_of.items()}

@@ -111,7 +111,7 @@ def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
     kernels = {k.name: k for k in graph.plan.kernels}
     index = 0
     for step, (kind, item) in enumerate(graph.program):
-        if not graph.ARENA:
+        if not graph.arena_mode:
             graph.allocate_step(step, env)
         if kind == "segment":
             for k, entry in enumerate(graph._segments[item]):

@@ -5,7 +5,7 @@ result can take the input's memory instead of a new block: peak memory then hold
 (a convolution's output and the BatchNorm + ReLU after it: 24.5 MiB instead of 49 on ResNet-18 batch 16).
 
 Whether the *kernel* allows it is decided here; whether the input dies there, and the sizes, by the runtime
-(``CompiledGraph._allocations``).  The kernel must read the input only at the element it writes::
+(``schedule/program.py``, ``_allocations``).  The kernel must read the input only at the element it writes::
 
     kernel_3_mul_add_relu  outer=[16, 64, 112, 112]
       loop   buf9[i] = relu(buf7[i] * buf2[c] + buf3[c])      buf9 may take buf7's memory

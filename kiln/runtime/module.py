@@ -1,62 +1,31 @@
-"""Turn an optimized graph into a callable: generated kernels and extern calls over planned buffers.
+"""Run a Program (``schedule/program.py``): generated kernels and extern calls over planned buffers.
 
-Build: partition the graph (``schedule.fuse``), build kernel IR (``schedule.kernel_build``), plan the arena
-(``runtime.memory``), emit one C++ unit (``codegen.cpp``), compile or load it from the cache
-(``runtime.build``).  Run: fill the pointer table with this call's inputs and fresh outputs, then run the
-steps in order - a C++ segment call for each run of kernels, the ATen op for each extern.
+Build: emit one C++ unit for the plan's kernels and segments (``codegen.cpp``), compile or load it from the
+cache (``runtime.build``), make the arena and the constants real.  Run: fill the pointer table with this call's
+inputs and fresh outputs, then run the steps in order - a C++ segment call for each run of kernels (and native
+calls), the ATen op for each extern.  Nothing here decides a step, a layout or a buffer.
 """
 from __future__ import annotations
 
 import ctypes
-import dataclasses
 import sys
 from typing import Any, Callable, Sequence
 
 import torch
 
 from kiln.codegen.cpp import native_calls, translation_unit
-from kiln.frontend.extern import Baked, argument_builder, short_name
-from kiln.ir.graph import Graph, Node, view_root
-from kiln.ir.interp import view_function, view_layout
-from kiln.ir.kernel import Kernel
-from kiln.ir.ops import VIEW, Op, contiguous_strides
-from kiln.ir.graph import mutates
-from kiln.ir.program import ExternStep, Plan
 from kiln import config
+from kiln.frontend.extern import argument_builder, short_name
+from kiln.ir.graph import Graph, Node, view_root
+from kiln.ir.interp import view_function
+from kiln.ir.ops import VIEW, Op, contiguous_strides
+from kiln.ir.program import Allocation, ExternStep, Plan
 from kiln.report import CompileReport
+from kiln.runtime import checking, operand_layout, profiling
 from kiln.runtime.errors import InputMismatch
-from kiln.runtime import checking, cpu_gemm, inplace, memory, native, operand_layout, profiling
 
 
-_C_TYPES = {torch.float32: "float"}  # element types native calls take views of
 RECYCLE_MIN_BYTES = 1 << 16  # below this, malloc serves outputs from its free lists without page faults
-
-
-# library ops whose ``.out`` variant writes into a buffer we provide (so their results live in the arena)
-# (not convolution: its ``.out`` is a generated wrapper that computes into a new tensor and copies)
-_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
-                           cpu_gemm.linear_packed._opoverload.overloadpacket})  # (and its .out: cpu_gemm)
-
-
-def _writes_into_arena(n: Node, escaping: set[Node]) -> bool:
-    """Does extern ``n`` write its result into the arena through a ``.out`` variant?  Not when the caller gets
-    the result or a view of it (``escaping``)."""
-    target = n.attr("target")
-    return (getattr(target, "overloadpacket", None) in _OUT_VARIANTS and n.attr("out_index") is None
-            and n not in escaping and n.dtype.is_floating_point)
-
-
-def _escaping(graph: Graph) -> set[Node]:
-    """The graph's outputs and the nodes they are views of: values the caller holds after the call, which must
-    not live in the arena (the next call would overwrite them)."""
-    out = set(graph.outputs)
-    stack = list(out)
-    while stack:
-        n = stack.pop()
-        if n.op in VIEW and n.inputs[0] not in out:
-            out.add(n.inputs[0])
-            stack.append(n.inputs[0])
-    return out
 
 
 def _storage_uses(t: torch.Tensor) -> int:
@@ -69,120 +38,41 @@ def _made_of_constants(n: Node) -> bool:
     return view_root(n).op is Op.CONSTANT
 
 
-def _base(n: Node, buffer_of: dict[Node, str]) -> Node:
-    """The realized node a view chain starts from."""
-    while n not in buffer_of:
-        n = n.inputs[0]
-    return n
-
-
-@dataclasses.dataclass
-class Allocation:
-    """A per-call buffer made right before its first writer (GPU path, see CompiledGraph.ARENA)."""
-    node: Node
-    shape: tuple[int, ...]
-    strides: tuple[int, ...]
-    dtype: torch.dtype
-    reuse: Node | None = None   # an input of the writing kernel that dies there: take its memory
-    reuse_planned: bool = False  # ... and it is one of our own buffers (no need to check its storage)
-
-
 class CompiledGraph:
     """The callable for one graph: ``module(inputs) -> outputs``."""
 
-    device = torch.device("cpu")
-    # [Note: arena or allocator] On the CPU the planned intermediates live in one arena kept across calls
-    # (fresh pages cost a fault each with glibc's malloc).  On a GPU each planned buffer is taken from
-    # PyTorch's caching allocator when it is first written and handed back after its last reader, in plan
-    # order: between calls the compiled graph then holds no memory, inside a call the allocator reuses blocks
-    # across kiln buffers and library results alike (an arena cannot hold cuDNN's results), and under CUDA
-    # graph capture the same allocations come from the graph's private pool.
-    ARENA = True
+    device = torch.device("cpu")  # (a target's own subclass runs on its device)
+    # (memory: with an arena or per-call allocations, see [Note: arena or allocator] in schedule/program.py)
 
-    def __init__(self, graph: Graph, plan: Plan, report: CompileReport):
+    def __init__(self, graph: Graph, program: Any, report: CompileReport):
+        """``program``: a ``schedule.program.Program`` - every step, slot and buffer decided."""
+        plan = program.plan
         self.graph = graph
         self.name = report.name
         self.plan = plan
+        self.arena_mode = program.arena
         report.kernels = plan.kernels
         report.plan = plan.format()
-        node_of = {name: n for n, name in plan.buffer_of.items()}
-        self.slot_of = {name: k for k, name in enumerate(plan.buffer_of.values())}
-        self._baked: list[torch.Tensor] = []  # tensors baked into native calls: pointer-table slots after the buffers
-        self.escaping = _escaping(graph)
+        node_of = program.node_of()
+        self.slot_of = program.slot_of
+        self._baked = program.baked
+        self.escaping = program.escaping
         self.check_steps = config.get().check  # KILN_CHECK: every step compared with the reference as it runs
-        self.native = self._native_calls(plan)
+        self.native = program.native
         report.externs = [short_name(s.node.attr("target")) for s in plan.steps if isinstance(s, ExternStep)]
         report.native_externs = [short_name(n.attr("target")) for n in self.native]
         dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
-        segments, self.program = self._program(plan)
-        self._segments = segments
-        self._drop_after = self._releases(plan, segments, node_of)
-        self._load_code(plan, segments, dtype_of, outputs, node_of, report)
+        self._segments, self.program = program.segments, program.steps
+        self._drop_after = program.drop_after
+        self._load_code(plan, self._segments, dtype_of, outputs, node_of, report)
         self.ptrs = (ctypes.c_void_p * max(len(self.slot_of) + len(self._baked), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         for k, t in enumerate(self._baked):
             self.ptrs[len(self.slot_of) + k] = t.data_ptr()
-        self._plan_memory(plan, node_of, report)
+        self._bind_memory(program, report)
 
     # ------------------------------------------------------------------ build helpers
-    def _native_calls(self, plan: Plan) -> dict[Node, native.NativeCall]:
-        """Externs of kiln's own libraries that the generated code calls directly (runtime/native.py), with an
-        arena, fp32.  A result the caller gets (or a view of it) is written into the call's output tensor
-        (``output_slots``), one with a layout of the library's into the arena."""
-        if not self.ARENA or not config.get().native_calls:
-            return {}
-        escaping = self.escaping
-        oneDNN_weights = {c.inputs[1] for c in plan.cl_convs}
-        baked_slot: dict[int, int] = {}
-
-        def layout(v: Node) -> tuple[tuple[int, ...], int] | None:
-            """(strides, offset in elements) of ``v`` in its realized base's buffer."""
-            base = _base(v, plan.buffer_of)
-            if base in oneDNN_weights:  # held channels-last for oneDNN (_plan_memory)
-                return None
-            strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
-            chain = []
-            while v is not base:
-                chain.append(v)
-                v = v.inputs[0]
-            return view_layout(base.shape, strides, base.dtype, chain[::-1])  # None: a step copies
-
-        def strides_of(v: Node) -> tuple[int, ...] | None:
-            found = layout(v)
-            return found[0] if found else None
-
-        def pointer(v: Any, out: Node) -> str | None:
-            if v is native.OUT:
-                v = out
-            if isinstance(v, (Baked, torch.Tensor)):  # a prepacked weight: a fixed pointer, in a slot of its own
-                t = v.value if isinstance(v, Baked) else v
-                if id(t) not in baked_slot:
-                    baked_slot[id(t)] = len(self.slot_of) + len(self._baked)
-                    self._baked.append(t)
-                return f"b[{baked_slot[id(t)]}]"
-            found = layout(v)
-            if found is None:
-                return None
-            slot = self.slot_of[plan.buffer_of[_base(v, plan.buffer_of)]]
-            if found[1] == 0:
-                return f"b[{slot}]"
-            return f"(({_C_TYPES[v.dtype]}*)b[{slot}] + {found[1]})"  # a view at an offset (q, k, v of one product)
-
-        calls: dict[Node, native.NativeCall] = {}
-        for s in plan.steps:
-            n = s.node if isinstance(s, ExternStep) else None
-            if n is None or not native.bindable(n) or n.dtype != torch.float32 \
-                    or n not in plan.buffer_of:
-                continue
-            out_strides = plan.strides_of.get(n) or contiguous_strides(n.shape)
-            if n in escaping and out_strides != contiguous_strides(n.shape):
-                continue  # (the caller's result, written into a new or recycled contiguous tensor per call)
-            call = native.bind(n, strides_of, out_strides, lambda v, n=n: pointer(v, n))
-            if call is not None:
-                calls[n] = call
-        return calls
-
     def _load_code(self, plan: Plan, segments: list[list[Any]], dtype_of: dict[str, torch.dtype],
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
@@ -216,42 +106,6 @@ class CompiledGraph:
         self.lib.kiln_set_threads.argtypes = [ctypes.c_int]
         self._threads = -1
 
-    def _releases(self, plan: Plan, segments: list[list[Any]], node_of: dict[str, Node]) -> list[list[Node]]:
-        """Per program step, the per-call values (library results, cached views) no later step reads.
-
-        [Note: releasing library results] Results of extern calls that are not planned into the arena are
-        tensors the library allocated for this call; dropping each after its last reader lets the allocator
-        reuse the memory within the call, so peak memory follows the live set rather than the sum of all
-        results (ResNet-18 batch 16 on the GPU: 77 MiB -> below eager's 61 MiB of transient memory)."""
-        keep = self.escaping  # (views of outputs keep their bases)
-        by_name = {k.name: k for k in plan.kernels}
-        last: dict[Node, int] = {}
-        for step, (kind, item) in enumerate(self.program):
-            if kind in ("segment", "fused"):
-                for k in ([by_name[e] for e in segments[item] if isinstance(e, str)] if kind == "segment"
-                          else [item]):
-                    reads, writes = k.buffers()
-                    for b in reads | writes:
-                        last[node_of[b]] = step
-            if kind in ("extern", "fused", "segment"):
-                if kind == "segment":
-                    inputs = [i for e in native_calls(segments[item:item + 1]) for i in e.node.inputs]
-                else:
-                    inputs = item.inputs if kind == "extern" else item.node_inputs
-                for i in inputs:
-                    while True:  # the input and the view chain down to its realized base
-                        last[i] = step
-                        if i in plan.buffer_of or i.op not in VIEW:
-                            break
-                        i = i.inputs[0]
-        drop: list[list[Node]] = [[] for _ in self.program]
-        for n, step in last.items():
-            if n in keep or n.op in (Op.INPUT, Op.CONSTANT):
-                continue
-            if n.op is Op.EXTERN or n.op in VIEW or not self.ARENA:
-                drop[step].append(n)
-        return drop
-
     def _before_run(self) -> None:
         threads = torch.get_num_threads()
         if threads != self._threads:
@@ -264,76 +118,24 @@ class CompiledGraph:
     def _run_fused(self, step: Any, env: dict[Node, torch.Tensor]) -> None:
         raise NotImplementedError(f"kiln: {type(self).__name__} has no fused steps ({step})")
 
-    def _program(self, plan: Plan) -> tuple[list[list[Any]], list[tuple[str, Any]]]:
-        segments: list[list[Any]] = []
-        program: list[tuple[str, Any]] = []
-        for s in plan.steps:
-            if isinstance(s, Kernel) or (isinstance(s, ExternStep) and s.node in self.native):
-                # with an arena, a run of kernels (and of native calls: only with an arena) is one call into the
-                # library; without one, each kernel is its own step, so buffers are allocated right before their
-                # first writer and freed right after their last reader
-                entry = s.name if isinstance(s, Kernel) else self.native[s.node]
-                if self.ARENA and program and program[-1][0] == "segment":
-                    segments[-1].append(entry)
-                else:
-                    segments.append([entry])
-                    program.append(("segment", len(segments) - 1))
-            elif isinstance(s, ExternStep):
-                program.append(("extern", s.node))
-            else:  # a step of the target's own (a matmul template with its epilogue)
-                program.append(("fused", s))
-        return segments, program
-
-    def _plan_memory(self, plan: Plan, node_of: dict[str, Node], report: CompileReport) -> None:
-        escaping = self.escaping
-        step_index: dict[str, int] = {}
-        last_use: dict[str, int] = {}
-        for k, s in enumerate(plan.steps):
-            if isinstance(s, ExternStep):
-                if _writes_into_arena(s.node, escaping) or (s.node in self.native and s.node not in escaping):
-                    step_index.setdefault(plan.buffer_of[s.node], k)
-                inputs = s.node.inputs
-            else:  # kernels, and fused steps (which also read graph nodes, through views)
-                reads, writes = s.buffers()
-                for w in writes:
-                    step_index.setdefault(w, k)
-                for r in reads:
-                    last_use[r] = k
-                inputs = [] if isinstance(s, Kernel) else s.node_inputs
-            for i in inputs:
-                last_use[plan.buffer_of[_base(i, plan.buffer_of)]] = k
-        intervals = []
-        for name, start in step_index.items():
-            n = node_of[name]
-            if n in escaping:  # the caller holds it (or a view of it) after the call: a per-call buffer
-                continue
-            nbytes = n.numel * torch.empty((), dtype=n.dtype).element_size()
-            intervals.append(memory.Interval(name, nbytes, start, last_use.get(name, start)))
-        mplan = memory.plan(intervals)
-        report.memory = {"arena_bytes": mplan.arena_bytes, "naive_bytes": mplan.naive_bytes,
-                         "buffers": len(intervals), "summary": mplan.describe()}
+    def _bind_memory(self, program: Any, report: CompileReport) -> None:
+        """The program's memory made real: the arena and its views (CPU), the constants, the output pools."""
+        plan = program.plan
+        report.memory = dict(program.memory)
         self.static: dict[Node, torch.Tensor] = {}
-        self.planned = {node_of[name] for name in mplan.offsets}
-        if self.ARENA:
-            self.arena = torch.empty(mplan.arena_bytes, dtype=torch.uint8, device=self.device)
-            for name, off in mplan.offsets.items():
-                n = node_of[name]
+        self.planned = program.planned
+        self._alloc_before = program.alloc_before
+        if program.arena:
+            self.arena = torch.empty(program.arena_bytes, dtype=torch.uint8, device=self.device)
+            for n, off in program.offsets.items():
                 size = n.numel * torch.empty((), dtype=n.dtype).element_size()
                 t = self.arena[off:off + size].view(n.dtype)
                 t = t.as_strided(n.shape, plan.strides_of[n]) if n in plan.strides_of else t.view(n.shape)
                 self.static[n] = t
-                self.ptrs[self.slot_of[name]] = t.data_ptr()
-        else:
-            self._alloc_before = self._allocations(plan, node_of)
-            reused = sum(a.reuse is not None for step in self._alloc_before for a in step)
-            report.memory["peak_bytes"] = self._planned_peak()
-            report.memory["in_place"] = reused
-            report.memory["summary"] += (f"; on this device taken from the caching allocator in plan order, "
-                                         f"{reused} written in place, peak {report.memory['peak_bytes'] / 2**20:.2f}"
-                                         f" MiB per call (kiln buffers and library results)")
+                self.ptrs[self.slot_of[plan.buffer_of[n]]] = t.data_ptr()
         # NHWC copies of weights for the library; on a GPU only in the modes that hold copies: the copy is held
         # beside the model's own weights, while cuDNN converts a weight in the call, into memory it frees at once
-        relayout = self.ARENA or (config.get().gpu_weight_copies and report.mode != "default")
+        relayout = program.arena or (config.get().gpu_weight_copies and report.mode != "default")
         cl_weights = {c.inputs[1] for c in plan.cl_convs} if relayout else set()
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:
@@ -342,81 +144,15 @@ class CompiledGraph:
                     t = t.contiguous(memory_format=torch.channels_last)
                 self.static[n] = t
                 self.ptrs[self.slot_of[name]] = t.data_ptr()
-        # inputs that an in-place extern updates: a contiguous copy made for the kernels is written back
-        self.mutated_inputs = {i for m in self.graph.nodes if mutates(m) for i in m.inputs if i.op is Op.INPUT}
-        self.input_slots = [(k, self.slot_of[plan.buffer_of[n]], n) for k, n in enumerate(self.graph.inputs)
-                            if n in plan.buffer_of]
-        # buffers the caller gets, filled per call: kiln's outputs, and native calls' results the caller gets or
-        # views (an output that is an extern's result is the tensor the library returned)
-        returned = [n for n in dict.fromkeys(self.graph.outputs) if n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN)]
-        returned += [n for n in self.graph.nodes  # bases of output views (in graph order: slots are numbered)
-                     if n in escaping and n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) and n not in returned]
-        returned += [n for n in self.native if n in escaping and n not in returned]
-        self.output_slots = [(n, self.slot_of[plan.buffer_of[n]]) for n in returned if n in plan.buffer_of]
+        self.mutated_inputs = program.mutated_inputs
+        self.input_slots = program.input_slots
+        self.output_slots = program.output_slots
         self._pools: list[list[torch.Tensor]] = [[] for _ in range(len(self.output_slots))]
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
         self._extern_calls: dict[Node, Callable[..., torch.Tensor | None]] = {}
 
-    def _allocations(self, plan: Plan, node_of: dict[str, Node]) -> list[list[Allocation]]:
-        """Per program step, the buffers it writes first (planned intermediates and the graph's outputs), each
-        allocated right before that step, or taking the memory of an input that dies there (``reuse``)."""
-        by_name = {k.name: k for k in plan.kernels}
-        buf_of = plan.buffer_of
-        # outputs (and bases of output views) kiln writes (library results arrive allocated; a fused step writes
-        # its matmul's own result)
-        fused = {s.node for kind, s in self.program if kind == "fused" and s.epilogue is None}
-        outputs = {n for n in self.escaping
-                   if n in buf_of and (n.op not in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in fused)}
-        alloc: list[list[Allocation]] = [[] for _ in self.program]
-        done: set[Node] = set()
-        taken: set[Node] = set()
-        for step, (kind, item) in enumerate(self.program):
-            dying = set(self._drop_after[step])
-            if kind == "segment":
-                kernels = [by_name[name] for name in self._segments[item]]
-                written = [node_of[b] for k in kernels for b in sorted(k.buffers()[1])]
-            elif kind == "fused":
-                # in place only over the epilogue's own inputs, never over the matmul's operands: other
-                # programs read an operand's rows and columns until they finish
-                kernels = [item.epilogue] if item.epilogue is not None else []
-                written = [node_of[b] for b in sorted(item.buffers()[1])]
-                dying -= {_base(i, buf_of) for i in item.node_inputs}
-            else:
-                kernels, written = [], [item]
-            for n in written:
-                if (n not in self.planned and n not in outputs) or n in done:
-                    continue
-                done.add(n)
-                strides = plan.strides_of.get(n) or contiguous_strides(n.shape)
-                reuse = None
-                if len(kernels) == 1:
-                    for b in inplace.overwritable_inputs(kernels[0], buf_of[n]):
-                        m = node_of[b]
-                        if (m in dying and m not in taken and m.op not in (Op.INPUT, Op.CONSTANT)
-                                and m.numel == n.numel and m.dtype.itemsize == n.dtype.itemsize):
-                            reuse = m
-                            taken.add(m)
-                            break
-                alloc[step].append(Allocation(n, n.shape, strides, n.dtype, reuse, reuse in self.planned))
-        return alloc
-
-    def _planned_peak(self) -> int:
-        """Bytes of per-call buffers live at once, walking the program: kiln's buffers and library results
-        (not the libraries' own workspaces)."""
-        live: dict[Node, int] = {}
-        peak = 0
-        for step, (kind, item) in enumerate(self.program):
-            for a in self._alloc_before[step]:
-                live[a.node] = live.pop(a.reuse) if a.reuse is not None else a.node.numel * a.dtype.itemsize
-            if kind == "extern" and item not in self.planned and item.op is Op.EXTERN:
-                live[item] = item.numel * item.dtype.itemsize
-            peak = max(peak, sum(live.values()))
-            for n in self._drop_after[step]:
-                live.pop(n, None)
-        return peak
-
-    def _allocate(self, a: "Allocation", env: dict[Node, torch.Tensor]) -> torch.Tensor:
+    def _allocate(self, a: Allocation, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if a.reuse is not None:
             src = env[a.reuse]
             # a library result may share its storage (a view of another tensor): take it only when this call
@@ -439,7 +175,7 @@ class CompiledGraph:
     def interpret(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         """Run the program: segments, externs and fused steps in order, on this call's inputs."""
         env, write_back = self.start(inputs)
-        alloc_before = None if self.ARENA else self._alloc_before
+        alloc_before = None if self.arena_mode else self._alloc_before
         for step, (kind, item) in enumerate(self.program):
             if alloc_before is not None:
                 self.allocate_step(step, env)
@@ -492,7 +228,7 @@ class CompiledGraph:
                     t = t.contiguous()
             env[n] = t
             ptrs[slot] = t.data_ptr()
-        if self.ARENA:  # (without one, outputs are allocated at their first writer, see _allocations)
+        if self.arena_mode:  # (without one, outputs are allocated at their first writer, see _allocations)
             for k, (n, slot) in enumerate(self.output_slots):
                 t = self._output_buffer(k, n)
                 env[n] = t

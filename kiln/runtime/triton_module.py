@@ -65,11 +65,11 @@ def import_file(path: Path | str) -> Any:
 
 
 class TritonGraph(CompiledGraph):
-    ARENA = False  # buffers from the caching allocator, each kernel its own step (see CompiledGraph.ARENA)
 
-    def __init__(self, graph: Graph, plan: Plan, report: CompileReport, device: torch.device):
+    def __init__(self, graph: Graph, program: Any, report: CompileReport, device: torch.device):
+        """``program``: without an arena (buffers from the caching allocator, each kernel its own step)."""
         self.device = device
-        super().__init__(graph, plan, report)
+        super().__init__(graph, program, report)
         # not in default mode: its memory stays at eager's, and measured algorithms may take workspace that the
         # heuristic's choice does not (ResNet-18 b1: +0.5 MiB of peak in the 512-channel layers)
         self._cudnn_benchmark = device.type == "cuda" and config.get().cudnn_benchmark and \

@@ -39,7 +39,8 @@ from kiln.ir.ops import VIEW, Op, contiguous_strides
 from kiln.runtime.errors import InputMismatch
 
 if TYPE_CHECKING:
-    from kiln.runtime.module import Allocation, CompiledGraph
+    from kiln.ir.program import Allocation
+    from kiln.runtime.module import CompiledGraph
 
 
 def bad_input(k: int, t: torch.Tensor, n: Node, device: torch.device) -> None:
@@ -237,7 +238,7 @@ def build_wrapper(module: "CompiledGraph", launchers: Launchers,
     ``launchers(segment)`` gives the segment's kernels as (callable, argument nodes, takes one tuple, direct),
     where ``direct`` is (runner, trailing constants) of a kernel compiled for 16-byte aligned buffers, or None;
     ``fused(step)`` a fused step's (callable, argument nodes)."""
-    if module.ARENA or module.mutated_inputs:
+    if module.arena_mode or module.mutated_inputs:
         return None
     writer = _Writer(module, launchers, fused)
     source = writer.write()

@@ -23,6 +23,7 @@ from kiln.report import CompileReport
 from kiln.schedule.fuse import Group, partition
 from kiln.schedule.kernel_build import NotFusable, build_kernel
 from kiln.schedule.layout import choose_layouts, library_layouts
+from kiln.schedule.program import build_program
 
 
 def _kernel_name(index: int, group: Group) -> str:
@@ -91,8 +92,10 @@ def make_plan(graph: Graph) -> Plan:
             breaks.add(e.node)
 
 
-def build_cpu(graph: Graph, report: CompileReport) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-    """The CPU module of ``graph``: its plan, each kernel's schedule (tuned in max-autotune), then the runtime."""
+def build_cpu(graph: Graph, report: CompileReport,
+              arena: bool = True) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """The CPU module of ``graph``: its plan, each kernel's schedule (tuned in max-autotune), then the runtime.
+    ``arena=False``: buffers allocated per step, as on a GPU (tests run that path on the CPU)."""
     from kiln.runtime.module import CompiledGraph
     from kiln.tune.cpu import apply_schedules, stats
     plan = make_plan(graph)
@@ -101,7 +104,7 @@ def build_cpu(graph: Graph, report: CompileReport) -> Callable[[list[torch.Tenso
     skipped_before = len(stats.skipped)
     apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
     report.tune_skipped = stats.skipped[skipped_before:]
-    return CompiledGraph(graph, plan, report)
+    return CompiledGraph(graph, build_program(graph, plan, arena=arena), report)
 
 
 def triton_plan(graph: Graph, report: CompileReport, device: torch.device) -> Plan:
@@ -137,4 +140,5 @@ def triton_graph(graph: Graph, report: CompileReport, device: torch.device) -> A
     # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
     with config.scope(layout_optimization=True):
-        return TritonGraph(graph, triton_plan(graph, report, device), report, device)
+        plan = triton_plan(graph, report, device)
+        return TritonGraph(graph, build_program(graph, plan, arena=False), report, device)

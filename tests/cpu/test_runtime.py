@@ -7,7 +7,6 @@ from kiln.ir.graph import GraphBuilder
 from kiln.ir.ops import Op
 from kiln.report import CompileReport, mark, reports_since
 from kiln.runtime.memory import Interval, plan
-from kiln.runtime.module import CompiledGraph
 from kiln.schedule.plan import build_cpu
 
 
@@ -81,19 +80,22 @@ def test_in_place_update_of_a_non_contiguous_input_reaches_the_caller():
     torch.testing.assert_close(x, expected_x)
 
 
-def test_without_an_arena_buffers_are_allocated_per_step(monkeypatch):
-    """``CompiledGraph.ARENA = False`` (what the GPU subclass runs: each buffer allocated before its first writer
-    and freed after its last reader) on the CPU: the generated C++ finds each buffer in its pointer table (it used
-    to read unset entries and crash)."""
-    monkeypatch.setattr(CompiledGraph, "ARENA", False)
+def test_without_an_arena_buffers_are_allocated_per_step():
+    """A program without an arena (what the GPU runs: each buffer allocated before its first writer and freed
+    after its last reader) on the CPU: the generated C++ finds each buffer in its pointer table (it used to read
+    unset entries and crash)."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 4),
                                 torch.nn.Softmax(-1)).eval()
-    torch._dynamo.reset()
-    fn = kiln.compile(model, fallback=False)
+    position = mark()
     with torch.inference_mode():
+        kiln.compile(model, fallback=False)(torch.randn(3, 8))
+        graph = reports_since(position)[-1].optimized
+        report = CompileReport("no arena")
+        module = build_cpu(graph, report, arena=False)
+        assert "arena_bytes" in report.memory and not module.arena_mode and any(module._alloc_before)
         for _ in range(2):
             x = torch.randn(3, 8)
-            torch.testing.assert_close(fn(x), model(x), rtol=1.3e-5, atol=1.5e-5)
+            torch.testing.assert_close(module([x])[0], model(x), rtol=1.3e-5, atol=1.5e-5)
 
 
 def test_base_of_an_output_view_is_not_arena_memory():

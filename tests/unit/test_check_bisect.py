@@ -12,7 +12,9 @@ from kiln.ir.graph import GraphBuilder
 from kiln.ir.ops import Op
 from kiln.passes import pipeline, select_gemm
 from kiln.runtime import cpu_gemm, module
+from kiln.ir.interp import view_function
 from kiln.runtime.checking import StepCheckError
+from kiln.schedule import program
 from kiln.testing.bisect import bisect, check_saved
 
 
@@ -68,9 +70,9 @@ def wrong_native_layout(monkeypatch):
     def layout(shape, strides, dtype, chain):
         t = torch.empty_strided(tuple(shape), tuple(strides), dtype=dtype, device="meta")
         for n in chain:
-            t = module.view_function(n)(t)
+            t = view_function(n)(t)
         return tuple(t.stride()), t.storage_offset()
-    monkeypatch.setattr(module, "view_layout", layout)
+    monkeypatch.setattr(program, "view_layout", layout)  # (the injected bug: where native calls are bound)
     monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: "kiln")
     monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
 
