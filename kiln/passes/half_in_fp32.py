@@ -16,7 +16,7 @@ fp32 implementation as for an fp32 model.
 
 Where the machine has fast half arithmetic (oneDNN's bf16 kernels on AVX-512 BF16 or AMX), ATen's half call
 stays: the choice is measured per op, shape, dtype and thread count - the half call against the fp32 call with
-its conversions, both ATen's - and kept on disk (``runtime/decisions.py``).
+its conversions, both ATen's - and kept on disk (``tune/decisions.py``).
 
 Before::                                                  After (fp32 measured faster)::
 
@@ -39,7 +39,7 @@ from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import HALF, Op
 from kiln.passes.fold_affine import copy_weights
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import decisions
+from kiln.tune import decisions
 
 aten = torch.ops.aten
 _choices = decisions.ShapeChoices("half_in_fp32-v1")

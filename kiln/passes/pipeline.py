@@ -25,7 +25,7 @@ from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
 from kiln.passes.winograd import winograd_conv
 from kiln.report import CompileReport, PassRecord
-from kiln.runtime import decisions
+from kiln.tune import decisions
 
 Pass = Callable[[Graph, RewriteLog], Graph]
 

@@ -20,7 +20,8 @@ from kiln.frontend.extern import Baked, build_extern, checked_source, extern_arg
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_gemm, decisions, native
+from kiln.runtime import cpu_gemm, native
+from kiln.tune import decisions
 from kiln.tune import cpu_gemm as tune_gemm
 
 aten = torch.ops.aten

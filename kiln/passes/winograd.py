@@ -6,7 +6,7 @@ oneDNN's direct convolutions already run near this core's FMA peak (seed model: 
 cheaper algorithm makes them faster: Winograd's F(2x2, 3x3) does 16 multiplications where direct convolution
 does 36 (``codegen/cpp_winograd.py``).  Measured per shape against oneDNN with a prepacked weight (one thread,
 op level): 1.2x (7x7x512) to 1.65x (the seed's 220x220x128).  The choice is measured once per shape and
-machine and kept on disk (``runtime/decisions.py``).
+machine and kept on disk (``tune/decisions.py``).
 
 The implicit GEMM has no arithmetic advantage; it is the generated convolution for the shapes Winograd cannot
 take (1x1, strided, other filter sizes), chosen only where it measures faster.  Depthwise convolutions (one
@@ -43,7 +43,8 @@ from kiln.ir.ops import Op
 from kiln.passes import prepack_conv
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_conv, cpu_conv_dw, decisions, native
+from kiln.runtime import cpu_conv, cpu_conv_dw, native
+from kiln.tune import decisions
 
 aten = torch.ops.aten
 # v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run;

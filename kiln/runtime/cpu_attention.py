@@ -12,11 +12,8 @@ from typing import Callable
 import torch
 
 from kiln.codegen.cpp_attention import attention_source
-from kiln.runtime import decisions, native
+from kiln.runtime import native
 
-# v2: kiln's kernel timed as graphs call it (from C++); v3: the GEMM micro-kernel's k loop unrolled; v4: a win is
-# confirmed by a second measurement (decisions.fastest)
-_choices = decisions.ShapeChoices("attention_choices-v4")
 
 
 @functools.lru_cache(maxsize=None)
@@ -83,23 +80,3 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
             [(native.PTR, Ref(q)), (native.PTR, Ref(k)), (native.PTR, Ref(v)), (native.PTR, Ref(native.OUT))]
             + [(I64, x) for x in (b, h, t, s, d, *strides[0][:3], *strides[1], *strides[2], *out_strides[:3])]
             + [(native.F32, args["scale"]), (native.I32, int(causal)), (native.I32, native.THREADS)])
-
-
-def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
-    """Is kiln's kernel clearly faster than ATen's for this shape (measured once per shape and machine)?"""
-    def calls() -> dict:
-        gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
-        scale = d ** -0.5
-        out = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                                 scale=scale)}
-        if available():  # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
-            op = torch.ops.kiln.attention.default
-            call = native.direct_call(op, native.op_args(op, q, k, v, scale, causal),
-                                      torch.empty(b, t, h, d).permute(0, 2, 1, 3))
-            if call is not None:  # (None: an empty problem)
-                out["kiln"] = call
-        return out
-
-    return _choices.decide((b, h, t, d, int(causal), torch.get_num_threads()), calls, baseline="aten",
-                           what=f"attention {b}x{h}x{t}x{d}{' causal' if causal else ''}") == "kiln"

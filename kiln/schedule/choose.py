@@ -18,7 +18,7 @@ from kiln.ir.graph import Graph
 from kiln.passes.check import random_inputs
 from kiln.schedule.layout import is_conv2d
 from kiln.report import CompileReport
-from kiln.runtime import decisions
+from kiln.tune import decisions
 
 ROUNDS = 3
 

@@ -28,7 +28,7 @@ import torch
 
 from kiln import config
 from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
-from kiln.runtime import decisions
+from kiln.tune import decisions
 from kiln.tune.ranking import fit_log_linear
 
 # 2: timed with cold weights; 3: the micro-kernel prefetches its C tile (K blocks' C re-reads got cheaper)

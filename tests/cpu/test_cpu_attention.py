@@ -4,6 +4,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kiln.passes import attention
 from kiln.runtime import cpu_attention
 
 pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")
@@ -68,7 +69,7 @@ def test_bad_input_is_named():
 
 
 def test_choice_is_measured_once(monkeypatch):
-    cpu_attention._choices.clear()
-    first = cpu_attention.choose(1, 2, 64, 32, True)
-    monkeypatch.setattr(cpu_attention.decisions, "fastest", lambda *a, **k: pytest.fail("measured twice"))
-    assert cpu_attention.choose(1, 2, 64, 32, True) == first
+    attention._choices.clear()
+    first = attention.choose(1, 2, 64, 32, True)
+    monkeypatch.setattr(attention.decisions, "fastest", lambda *a, **k: pytest.fail("measured twice"))
+    assert attention.choose(1, 2, 64, 32, True) == first

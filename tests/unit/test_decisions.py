@@ -1,8 +1,8 @@
-"""Measured choices (kiln/runtime/decisions.py): the statistic that picks a winner on a machine whose speed
+"""Measured choices (kiln/tune/decisions.py): the statistic that picks a winner on a machine whose speed
 drifts."""
 import time
 
-from kiln.runtime import decisions
+from kiln.tune import decisions
 
 
 PRE = 1 + decisions.LANDSLIDE_ROUNDS  # calls of the landslide check (a warm-up and two rounds) before the rounds

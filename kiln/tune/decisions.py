@@ -37,18 +37,14 @@ def save(name: str, data: dict[str, Any]) -> None:
 
 
 def machine_key() -> str:
-    """Measured choices hold for one CPU model and torch build."""
+    """Measured choices hold for one machine (``tune.db.hardware_fingerprint``: the one fingerprint the tuning
+    database keys its records by too) and torch build."""
     import hashlib
-    import platform
 
     import torch
-    cpu = platform.processor() or platform.machine()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
-    except OSError:
-        pass
-    return hashlib.sha256(f"{cpu}|{torch.__version__}".encode()).hexdigest()[:16]
+
+    from kiln.tune.db import hardware_fingerprint
+    return hashlib.sha256(f"{hardware_fingerprint()}|{torch.__version__}".encode()).hexdigest()[:16]
 
 
 class ShapeChoices:
