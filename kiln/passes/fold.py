@@ -59,7 +59,7 @@ def fold_constants(graph: Graph, log: RewriteLog | None = None, max_numel: int =
             return None  # e.g. expand of a weight: cheaper to compute in the kernel than to store
         if not consts and n.shape != ():
             return None  # scalar broadcasts stay symbolic
-        if not all(copy_weights(_value(i)) for i in inputs if i.op is Op.CONSTANT):
+        if not all(copy_weights(_value(i), log) for i in inputs if i.op is Op.CONSTANT):
             return None  # a GPU graph that may hold no tensors of its own: BatchNorm's scale is computed in-kernel
         value = eval_node(n, [_value(i) for i in inputs])
         if log:

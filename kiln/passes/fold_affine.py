@@ -107,13 +107,13 @@ def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Te
     return build_extern(b, aten.addmm.default, [const(bias), x, const(wt)], {}, e.shape, e.dtype)
 
 
-def copy_weights(weight: torch.Tensor) -> bool:
+def copy_weights(weight: torch.Tensor, log: RewriteLog | None) -> bool:
     """May a pass replace this weight by a modified copy?  Always on the CPU; on a GPU only in the modes that
-    trade memory for speed, when ``Config.gpu_weight_copies`` is set (the model keeps its own weight, so the
-    copy doubles its memory)."""
+    trade memory for speed (``log.mode`` not default), when ``Config.gpu_weight_copies`` is set (the model keeps
+    its own weight, so the copy doubles its memory)."""
     from kiln import config
-    from kiln.passes import pipeline
-    return weight.device.type == "cpu" or (config.get().gpu_weight_copies and pipeline.holds_copies())
+    mode = log.mode if log is not None else "default"
+    return weight.device.type == "cpu" or (config.get().gpu_weight_copies and mode != "default")
 
 
 def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
@@ -136,7 +136,7 @@ def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if value is None:
             return None
         weight = args[1] if e.attr("target").overloadpacket is aten.convolution else args[-1]
-        if not copy_weights(_const_value(weight)):
+        if not copy_weights(_const_value(weight), log):
             return None  # a scaled weight (or a new bias) would be held beside the model's own; the next kernel
             #             applies scale and shift at no cost
         if log:

@@ -37,7 +37,6 @@ import torch
 from kiln.frontend.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import HALF, Op
-from kiln.passes.fold_affine import copy_weights
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.tune import decisions
 
@@ -150,7 +149,7 @@ def half_in_fp32(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if kwargs or any(a.dtype != node.dtype for a in tensors) or any(isinstance(a, torch.Tensor) for a in args):
             return None
         weights = [_root(a).attr("value").tensor for a in tensors if _is_weight(a)]
-        if not weights or any(w.device.type != "cpu" or not copy_weights(w) for w in weights):
+        if not weights or any(w.device.type != "cpu" for w in weights):
             return None  # (only products with a weight: a weight-free bmm keeps its run-time layout choice)
         if _flops(packet, args, node.shape) < MIN_FLOPS:
             return None

@@ -40,7 +40,7 @@ def _fold_affine(g: Graph, log: RewriteLog) -> Graph:
 
 
 def _select_gemm(g: Graph, log: RewriteLog) -> Graph:
-    return select_gemm(g, log, tuning=_mode == "max-autotune") if config.get().library_selection else g
+    return select_gemm(g, log, tuning=log.mode == "max-autotune") if config.get().library_selection else g
 
 
 def _half_in_fp32(g: Graph, log: RewriteLog) -> Graph:
@@ -76,18 +76,8 @@ PIPELINE: list[tuple[str, Pass]] = [
 ]
 
 
-_mode = "default"  # the compile's mode while run_pipeline runs: passes that measure tune only in max-autotune
-
-
-def holds_copies(mode: str | None = None) -> bool:
-    """Does this mode (default: the running compile's) hold GPU weight copies?  Not default mode: its memory
-    stays at eager's (``Config.gpu_weight_copies``)."""
-    return (mode or _mode) != "default"
-
-
 def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool = False) -> Graph:
-    global _mode
-    _mode = report.mode if report is not None else "default"
+    mode = report.mode if report is not None else "default"
     from kiln.passes.check import Checker
     checker = Checker(graph) if check else None
     decisions.take_measured()  # (measurements made outside a compile are nobody's report)
@@ -99,7 +89,7 @@ def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool 
     for name, fn in PIPELINE:
         if name in disabled:
             continue
-        log = RewriteLog()
+        log = RewriteLog(mode=mode)
         start = time.perf_counter()
         before = len(graph.nodes)
         graph = fn(graph, log)

@@ -17,7 +17,10 @@ Rule = Callable[[Node, tuple[Node, ...], GraphBuilder], "Node | None"]
 
 @dataclasses.dataclass
 class RewriteLog:
+    """What a pass did (counts of rewrites, for the report), and the compile it runs in: ``mode`` - passes
+    that measure tune only in max-autotune, and GPU weight copies are held only outside default mode."""
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
+    mode: str = "default"
 
     def hit(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1
