@@ -48,32 +48,14 @@ def _db_command(args: argparse.Namespace) -> int:
 
 def _tune_command(args: argparse.Namespace) -> int:
     """Compile the model in max-autotune with a progress line: kernels done, best time so far, time left."""
-    import time
-
     import torch
 
     import kiln
     from kiln.tune import cpu as tune_cpu
     model, inputs = _factory(args.factory)
-    start = time.monotonic()
-    # at once: capture and the passes take seconds before the first kernel is tuned
-    print(f"[{'':<20}] capturing and optimizing the graph (budget {args.budget:.0f} s)", end="", file=sys.stderr,
-          flush=True)
-
-    def show(done: int, total: int, best_s: float | None, left_s: float) -> None:
-        bar = "#" * int(20 * done / max(total, 1))
-        best = f"{best_s * 1e3:.3f} ms" if best_s is not None else "-"
-        print(f"\r[{bar:<20}] kernels {done}/{total}  last best {best}  budget left {left_s:5.0f} s  "
-              f"({time.monotonic() - start:.0f} s)", end="", file=sys.stderr, flush=True)
-
-    tune_cpu.progress = show
     before = (tune_cpu.stats.measured, tune_cpu.stats.from_database)
-    try:
-        with torch.inference_mode():
-            kiln.compile(model, mode="max-autotune", tune_budget_s=args.budget)(*inputs)
-    finally:
-        tune_cpu.progress = None
-    print(file=sys.stderr)
+    with torch.inference_mode():  # (the progress line: tune/progress.py)
+        kiln.compile(model, mode="max-autotune", tune_budget_s=args.budget, tune_progress=True)(*inputs)
     print(f"measured {tune_cpu.stats.measured - before[0]} candidate(s); "
           f"{tune_cpu.stats.from_database - before[1]} kernel(s) already in the database; "
           f"skipped: {tune_cpu.stats.skipped or 'none'}")

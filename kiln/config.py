@@ -157,6 +157,8 @@ class Config:
     target: str = "auto"
     # max-autotune: seconds of measurement per compiled graph (schedules found are kept in the tuning database)
     tune_budget_s: float = 300.0
+    # max-autotune: a progress line on stderr from the start of each graph's compile (tune/progress.py)
+    tune_progress: bool = True
     # Passes of passes/pipeline.py to skip, comma-separated names ("select_gemm,winograd"): how ``kiln bisect``
     # finds a guilty pass.  Every pass may be skipped (each keeps the graph's meaning; later ones cope).
     disabled_passes: str = ""
@@ -182,6 +184,7 @@ class Config:
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
+        "tune_progress": ("KILN_TUNE_PROGRESS", bool),
         "disabled_passes": ("KILN_DISABLED_PASSES", str),
     }
 

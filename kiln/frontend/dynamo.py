@@ -98,6 +98,10 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
         return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm, name), arg_names=arg_names,
                                   examples=examples)
 
+    from kiln.tune import progress
+    if mode == "max-autotune":
+        with config.scope(**(options or {})):
+            progress.begin(f"graph {_graph_name(gm, name)!r}")  # at once: capture and passes take seconds
     try:
         return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
                                      decompositions=decomposition_table(), keep_inference_input_mutations=True)
@@ -105,6 +109,8 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
         if reached_compiler or not cfg.fallback:
             raise
         return _capture_failed(gm, exc, mode, name)
+    finally:
+        progress.end()
 
 
 def _capture_failed(gm: torch.fx.GraphModule, exc: Exception, mode: str | None, owner: str | None) -> Callable:

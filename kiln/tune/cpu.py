@@ -22,7 +22,7 @@ from kiln.codegen.cpp import translation_unit
 from kiln.codegen.cpp_schedule import CppSchedule, candidates, default_schedule, kernel_key
 from kiln.ir.graph import Node
 from kiln.ir.kernel import Kernel
-from kiln.tune import cpu_pointwise
+from kiln.tune import cpu_pointwise, progress
 from kiln.tune.db import TuningDB
 from kiln.tune.measure import Candidate, measure
 
@@ -37,8 +37,6 @@ class TuneStats:
 stats = TuneStats()
 POINTWISE, REDUCTION = "pointwise", "reduction"  # record kinds of the kernels' schedules
 KINDS = (POINTWISE, REDUCTION, cpu_pointwise.SAMPLE_KIND)  # the record kinds this tuner writes and reads
-# ``kiln tune`` installs a callback here: progress(kernels_done, kernels_total, best_s, seconds_left)
-progress = None
 
 
 def _standalone(k: Kernel, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node],
@@ -58,8 +56,8 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
     try:
         deadline = time.monotonic() + (budget_s if budget_s is not None else config.get().tune_budget_s)
         for done, k in enumerate(kernels):
-            if progress is not None:
-                progress(done, len(kernels), None, max(0.0, deadline - time.monotonic()))
+            if tune:
+                progress.update(done, len(kernels), None, max(0.0, deadline - time.monotonic()))
             key = kernel_key(k, dtype_of)
             record = db.get(key)
             if record is not None:
@@ -99,8 +97,7 @@ def _tune(k: Kernel, key: str, dtype_of: dict[str, torch.dtype], node_of: dict[s
         k.schedule = CppSchedule.from_trace(best.trace)
         kind = REDUCTION if k.is_reduction else POINTWISE
         db.put(key, kind, best.trace, best.median_s, best.spread_s or 0.0, structure=f"cpp:{kind}")
-        if progress is not None:
-            progress(done + 1, total, best.median_s, max(0.0, deadline - time.monotonic()))
+        progress.update(done + 1, total, best.median_s, max(0.0, deadline - time.monotonic()))
 
 
 def _ranked(space: list[CppSchedule], k: Kernel, nbytes: int, db: TuningDB) -> list[CppSchedule]:

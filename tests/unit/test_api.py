@@ -276,3 +276,17 @@ def test_cli_version_and_factories_beside_the_caller(tmp_path, monkeypatch, caps
     assert isinstance(model, torch.nn.Linear)
     with pytest.raises(SystemExit, match="no file"):
         cli._factory(str(tmp_path / "missing.py") + ":make")
+
+
+def test_max_autotune_shows_its_progress_from_the_start(capsys):
+    """max-autotune says at once what it is doing (capture and the passes take seconds before any kernel is
+    tuned) and when it is done; ``tune_progress=False`` keeps stderr quiet."""
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval()
+    with torch.inference_mode():
+        kiln.compile(model, mode="max-autotune", tune_budget_s=2)(torch.randn(2, 8))
+        err = capsys.readouterr().err
+        assert "kiln max-autotune: graph 'Sequential': capturing and optimizing" in err, err
+        assert "done in" in err
+        torch._dynamo.reset()
+        kiln.compile(model, mode="max-autotune", tune_budget_s=2, tune_progress=False)(torch.randn(3, 8))
+    assert "kiln max-autotune" not in capsys.readouterr().err
