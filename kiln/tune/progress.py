@@ -19,6 +19,7 @@ class ProgressLine:
         self.start = time.monotonic()
         self.live = sys.stderr.isatty()
         self.last = ""
+        self.kernels = ""  # "3/5 kernels", once the tuner has reported
         self._write(f"kiln max-autotune: {what}: capturing and optimizing the graph (budget {budget_s:.0f} s)",
                     force=True)
 
@@ -30,13 +31,15 @@ class ProgressLine:
             print(text, file=sys.stderr, flush=True)
 
     def update(self, done: int, total: int, best_s: float | None, left_s: float) -> None:
+        self.kernels = f"{done}/{total} kernels tuned"
         bar = "#" * int(20 * done / max(total, 1))
         best = f"{best_s * 1e3:.3f} ms" if best_s is not None else "-"
         self._write(f"kiln max-autotune: {self.what}: [{bar:<20}] kernels {done}/{total}  last best {best}  "
                     f"budget left {left_s:4.0f} s  ({time.monotonic() - self.start:.0f} s)")
 
     def end(self) -> None:
-        text = f"kiln max-autotune: {self.what}: done in {time.monotonic() - self.start:.1f} s"
+        text = f"kiln max-autotune: {self.what}: done in {time.monotonic() - self.start:.1f} s" + \
+            (f", {self.kernels}" if self.kernels else "")
         if self.live:
             print("\r" + text + " " * 40, file=sys.stderr, flush=True)
         else:
