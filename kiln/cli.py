@@ -92,7 +92,7 @@ def _bisect_command(args: argparse.Namespace) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    from kiln import __version__
+    from kiln.version import __version__
     p = argparse.ArgumentParser(prog="kiln", description="kiln, a deep-learning compiler for PyTorch")
     p.add_argument("--version", action="version", version=f"kiln {__version__}")
     sub = p.add_subparsers(dest="command", required=True)

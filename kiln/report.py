@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 from typing import Any
 
 
@@ -41,8 +42,75 @@ class CompileReport:
     matmuls: Any = None           # GPU: matmul template choices (kiln.schedule.matmul_fusion.Stats)
 
     def format(self, *, source: bool = True) -> str:
-        from kiln.explaining import format_report
         return format_report(self, source=source)
+
+
+def format_report(r: CompileReport, *, source: bool = True) -> str:
+    """The report as ``kiln.explain`` prints it."""
+    from kiln.ir.graph import format_graph
+    out = [f"=== kiln report: graph {r.name!r}, mode {r.mode}, target {r.target}, compiled in "
+           f"{r.compile_seconds:.2f} s{' (module from cache)' if r.from_cache else ''}"]
+    if r.phases:
+        out.append("--- compile phases: " + ", ".join(
+            f"{k.replace('_', ' ')} {v:.2f} s" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+            for k, v in r.phases.items()))
+    if r.fallback:
+        out.append(f"!!! fell back to eager: {r.fallback}")
+    for line in r.tune_skipped:
+        out.append(f"--- tuning skipped {line}")
+    if r.captured is not None:
+        out += ["", "--- graph IR after capture", format_graph(r.captured)]
+    if r.passes:
+        out += ["", "--- passes"]
+        for p in r.passes:
+            notes = f"  [{', '.join(p.notes)}]" if p.notes else ""
+            line = f"  {p.name:<16} {p.nodes_before:>4} -> {p.nodes_after:<4} nodes {p.seconds * 1e3:7.2f} ms"
+            out.append(line + notes)
+    if r.optimized is not None:
+        out += ["", "--- graph IR after the passes", format_graph(r.optimized)]
+    if r.kernels:
+        out += ["", f"--- {len(r.kernels)} generated kernels"]
+        for k in r.kernels:
+            out.append(k.format())
+            out.append(f"  why: {k.reason}")
+    if r.plan:
+        out += ["", f"--- plan: {r.plan.count(chr(10)) + 1} steps in order (kernels and library calls, the buffers "
+                    f"each reads and writes)", r.plan]
+    out += ["", f"--- extern calls ({len(r.externs)}): " + (", ".join(r.externs) if r.externs else "none")]
+    if r.native_externs:
+        out.append(f"    {len(r.native_externs)} of them called from the generated C++, not through Python: "
+                   + ", ".join(r.native_externs))
+    m = r.matmuls
+    if m is not None and m.candidates:
+        out.append(f"--- matmuls: {m.candidates} candidates for the Triton template, {m.from_database} decided by "
+                   f"the tuning database, {m.measured} variants measured ({m.seconds:.1f} s); "
+                   f"{len(m.fused)} run as templates, {len(m.kept_extern)} stay on cuBLAS")
+        out += [f"  template {line}" for line in m.fused]
+    if r.memory:
+        out.append(f"--- memory: {r.memory.get('summary', '')}")
+        for key in ("layout", "cuda_graph"):
+            if key in r.memory:
+                out.append(f"--- {key.replace('_', ' ')}: {r.memory[key]}")
+    if source and r.source:
+        title = "generated Triton" if r.target == "triton" else "generated C++ (without the math prelude)"
+        out += ["", f"--- {title}", _strip_prelude(r.source)]
+    if source and r.wrapper:
+        out += ["", "--- generated call (kiln.runtime.wrapper: the program as straight-line Python)", r.wrapper]
+    return "\n".join(out)
+
+
+_TIMED_TWIN = re.compile(r'extern "C" void kiln_segment_\d+_timed\(.*?\n\}\n*', re.DOTALL)
+
+
+def _strip_prelude(src: str) -> str:
+    """The generated source without the shared prelude, and without the segments' timed twins (kiln.profile's
+    copies of each segment, which only note the time between the same calls)."""
+    from kiln.codegen.cpp import HELPERS
+    from kiln.codegen.cpp_prelude import PRELUDE
+    shared = "\n\n".join([PRELUDE, HELPERS])
+    if src.startswith(shared):  # (a graph with no generated kernel has only library calls after it)
+        src = src[len(shared):].lstrip("\n")
+    return _TIMED_TWIN.sub("", src)
 
 
 _reports: list[tuple[int, CompileReport]] = []

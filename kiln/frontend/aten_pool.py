@@ -20,7 +20,7 @@ import torch
 
 from kiln.frontend.aten import out_dtype, out_shape, register
 from kiln.frontend.aten_movement import slice_node
-from kiln.frontend.extern import build_extern
+from kiln.ir.extern import build_extern
 from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val
 from kiln.ir.graph import ConstRef, Node
 from kiln.ir.ops import Op

@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx
 
-from kiln.frontend.extern import build_extern
+from kiln.ir.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.ops import Op, broadcast_shapes, numel, reduced_shape
 

@@ -76,7 +76,7 @@ def _pad(n: Node, x: torch.Tensor) -> torch.Tensor:
 
 def run_extern(n: Node, args: Sequence[torch.Tensor]) -> torch.Tensor:
     """Call an EXTERN node's ATen op on concrete tensors."""
-    from kiln.frontend.extern import call_extern
+    from kiln.ir.extern import call_extern
     return call_extern(n, args)
 
 

@@ -33,7 +33,7 @@ import math
 
 import torch
 
-from kiln.frontend.extern import build_extern
+from kiln.ir.extern import build_extern
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.frontend.extern import build_extern, extern_args
+from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import VIEW, Op

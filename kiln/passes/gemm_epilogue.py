@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from kiln.frontend.extern import build_extern, extern_args
+from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.dce import dce

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.frontend.extern import build_extern, extern_args
+from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import HALF, Op
 from kiln.passes.rewrite import RewriteLog, rewrite

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.frontend.extern import Baked, build_extern, checked_source, extern_args
+from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite

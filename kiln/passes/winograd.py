@@ -37,7 +37,7 @@ import torch
 
 from kiln import config
 from kiln.codegen.cpp_conv_gemm import DIRECT_MAX_CHANNELS
-from kiln.frontend.extern import Baked, build_extern, checked_source, extern_args
+from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes import prepack_conv

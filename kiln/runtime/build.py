@@ -184,12 +184,8 @@ def compiler_info(cfg: config.Config | None = None) -> dict[str, Any]:
 
 
 def _kiln_version() -> str:
-    try:
-        import kiln
-
-        return str(getattr(kiln, "__version__", "0"))
-    except Exception:  # pragma: no cover - kiln is importable whenever this module is
-        return "0"
+    from kiln.version import __version__
+    return __version__
 
 
 def _cache_key(source: str, compiler: tuple[str, str], flags: tuple[str, ...]) -> str:

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from kiln.codegen.cpp_conv_dw import conv_dw_source
-from kiln.frontend.extern import Baked
+from kiln.ir.extern import Baked
 from kiln.runtime import native
 from kiln.runtime.cpu_conv import (_check_input, _gatherable, _output, native_prefix, output_hw,
                                    result_like)

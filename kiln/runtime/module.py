@@ -15,7 +15,7 @@ import torch
 
 from kiln.codegen.cpp import native_calls, translation_unit
 from kiln import config
-from kiln.frontend.extern import argument_builder, short_name
+from kiln.ir.extern import argument_builder, short_name
 from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.interp import view_function
 from kiln.ir.ops import VIEW, Op, contiguous_strides

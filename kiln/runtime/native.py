@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.frontend.extern import Baked, extern_args
+from kiln.ir.extern import Baked, extern_args
 from kiln.ir.graph import Node
 from kiln.ir.ops import contiguous_strides
 

@@ -178,7 +178,7 @@ def tensor_bytes(shape: Any, dtype: torch.dtype) -> float:
 
 
 def library_flops(name: str, args: dict[str, Any], out_shape: tuple[int, ...]) -> float:
-    """FLOPs of a library call (``name``: ``frontend.extern.short_name`` of its op) from its arguments by schema
+    """FLOPs of a library call (``name``: ``ir.extern.short_name`` of its op) from its arguments by schema
     name (tensors or graph nodes; only shapes are read); 0 for ops that only move or compare data."""
     shape = {k: tuple(v.shape) for k, v in args.items() if hasattr(v, "shape")}
     out = float(math.prod(out_shape))
@@ -206,7 +206,7 @@ def library_flops(name: str, args: dict[str, Any], out_shape: tuple[int, ...]) -
 
 def step_costs(m: Any) -> dict[Any, list[tuple[int, str, str, float, float]]]:
     """Per program step of compiled graph ``m`` (``runtime/module.py``): its entries' names, kinds and work."""
-    from kiln.frontend.extern import short_name
+    from kiln.ir.extern import short_name
     from kiln.ir.graph import Node
     from kiln.runtime import native
     node_of = {name: n for n, name in m.plan.buffer_of.items()}

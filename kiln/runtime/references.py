@@ -14,7 +14,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from kiln.frontend.extern import Baked, substitute
+from kiln.ir.extern import Baked, substitute
 
 Reference = Callable[[dict[str, Any]], torch.Tensor | None]
 _REFERENCES: dict[Any, Reference] = {}

@@ -30,7 +30,7 @@ import torch
 
 from kiln import config
 from kiln.codegen.cpp import native_calls
-from kiln.frontend.extern import Baked
+from kiln.ir.extern import Baked
 from kiln.ir.graph import Graph, Node, mutates
 from kiln.ir.interp import view_layout
 from kiln.ir.kernel import Kernel

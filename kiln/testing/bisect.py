@@ -109,13 +109,13 @@ class _Outcome:
 
 def _attempt(fn: Callable, inputs: tuple, expected: Any, options: dict[str, Any], rtol: float,
              atol: float) -> _Outcome:
-    import kiln
+    from kiln.api import compile as kiln_compile
     from kiln.report import mark, reports_since
     torch._dynamo.reset()
     position = mark()
     try:
         with torch.inference_mode():
-            got = kiln.compile(fn, fallback=False, **options)(*_clone(inputs))
+            got = kiln_compile(fn, fallback=False, **options)(*_clone(inputs))
     except Exception as e:  # noqa: BLE001 - a crash is an outcome like a wrong value
         return _Outcome(f"{type(e).__name__}: {_first_line(e)}", e, reports_since(position))
     return _Outcome(compare(got, expected, rtol, atol), None, reports_since(position))

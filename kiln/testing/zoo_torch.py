@@ -25,6 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from kiln.testing.zoo_base import SEED, Spec, finish, text_shape
+
 FAST_OPS = frozenset({"_native_multi_head_attention", "_transformer_encoder_layer_fwd"})
 # (width, heads, feed-forward width, key width, value width) per size: CI, and a transformer-base layer
 DIMS = {"ci": (64, 4, 128, 48, 40), "full": (512, 8, 2048, 384, 256)}
@@ -115,7 +117,6 @@ def _padding(batch: int, seq: int, lengths: list[int]) -> Tensor:
 
 def _inputs(name: str, size: str, seed: int) -> tuple[Tensor, ...]:
     """Inputs for the torch.nn entries: CI batch 2 x 16 with one row padded (as ``zoo.text_shape``); full 1 x 64."""
-    from kiln.testing.zoo import text_shape
     g = torch.Generator().manual_seed(seed)
     batch, seq, lengths = text_shape(size, seed)
     dim, _, _, kdim, vdim = DIMS[size]
@@ -144,9 +145,8 @@ FACTORIES: dict[str, tuple[Callable[[str], nn.Module], bool, str | None]] = {
 }
 
 
-def specs(spec: type) -> list[Any]:
-    """The zoo entries (``spec`` is ``zoo.Spec``; passed in to keep the import one-way)."""
-    from kiln.testing.zoo import SEED, finish
+def specs() -> list[Spec]:
+    """The zoo entries."""
 
     def entry(name: str) -> Any:
         factory, fast, compiled_op = FACTORIES[name]
@@ -154,5 +154,5 @@ def specs(spec: type) -> list[Any]:
         def build(size: str, attn: str | None, input_seed: int) -> tuple[nn.Module, tuple[Tensor, ...]]:
             torch.manual_seed(SEED)
             return finish(factory(size), _inputs(name, size, input_seed))
-        return spec(name, "torch.nn", build, (None,), fast, compiled_op)
+        return Spec(name, "torch.nn", build, (None,), fast, compiled_op)
     return [entry(name) for name in FACTORIES]

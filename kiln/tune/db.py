@@ -91,8 +91,8 @@ def hardware_fingerprint() -> str:
 @lru_cache(maxsize=None)
 def software_versions() -> str:
     """kiln, the C++ compiler, torch and triton: a schedule measured under other versions may not hold."""
-    import kiln
-    parts = [f"kiln {kiln.__version__}"]
+    from kiln.version import __version__
+    parts = [f"kiln {__version__}"]
     try:
         out = subprocess.run([config.get().cxx, "--version"], capture_output=True, text=True, timeout=10)
         parts.append(out.stdout.splitlines()[0] if out.stdout else "cxx ?")

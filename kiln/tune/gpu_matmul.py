@@ -24,7 +24,7 @@ import torch
 
 from kiln.codegen.triton import TritonKernelWriter, module_source, schedule_for
 from kiln.codegen.triton_matmul import MatmulConfig, MatmulSpec, candidate_configs
-from kiln.frontend.extern import argument_builder
+from kiln.ir.extern import argument_builder
 from kiln.ir.graph import Node
 from kiln.ir.interp import view_function
 from kiln.ir.kernel import Kernel

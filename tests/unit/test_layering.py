@@ -1,4 +1,5 @@
-"""The layers' direction: compile builds a Plan (passes/, schedule/, tune/), the runtime runs it.
+"""The layers' direction: compile builds a Program (passes/, schedule/, tune/), the runtime runs it; no two
+files and no two packages import each other, directly or around a loop.
 
 Every import in a file counts, the ones inside functions too (they hide a dependency, they do not remove it)."""
 import ast
@@ -9,14 +10,16 @@ import kiln
 ROOT = Path(kiln.__file__).parent
 
 
-def _imports(path: Path) -> set[str]:
-    """Modules ``path`` imports (absolute names; ``from kiln.x import y`` gives both kiln.x and kiln.x.y)."""
+def _imports(path: Path, bases: bool = True) -> set[str]:
+    """Modules ``path`` imports (absolute names; ``from kiln.x import y`` gives both kiln.x and kiln.x.y, or only
+    kiln.x.y without ``bases``: ``from kiln import config`` depends on kiln.config, not on the package root)."""
     out: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):
             out.update(a.name for a in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            out.add(node.module)
+            if bases:
+                out.add(node.module)
             out.update(f"{node.module}.{a.name}" for a in node.names)
     return out
 
@@ -35,7 +38,62 @@ def test_runtime_imports_no_compile_stage():
 
 
 def test_ir_imports_no_later_layer():
-    assert _breaks("ir", ("passes", "schedule", "tune", "runtime", "codegen", "compiler")) == []
+    assert _breaks("ir", ("frontend", "passes", "schedule", "tune", "runtime", "codegen", "compiler")) == []
+
+
+def _module_graph() -> dict[str, set[str]]:
+    """kiln's modules (``kiln.ir.graph``; a package by its ``__init__``: ``kiln.tune``) -> the kiln modules each
+    imports (a name resolves to its longest module prefix: ``kiln.ir.graph.Node`` -> ``kiln.ir.graph``)."""
+    names = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+
+    def resolve(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    return {m: {r for r in map(resolve, _imports(p, bases=False)) if r and r != m} for m, p in names.items()}
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Groups of nodes that reach each other (strongly connected, more than one node), each sorted."""
+    reach = {}
+    for start in graph:
+        seen, todo = set(), list(graph[start])
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(graph.get(n, ()))
+        reach[start] = seen
+    groups = {tuple(sorted({m} | {n for n in reach[m] if m in reach.get(n, ())})) for m in graph}
+    return sorted(list(g) for g in groups if len(g) > 1)
+
+
+def _package(module: str) -> str | None:
+    """The subpackage a module belongs to (``kiln.ir.graph`` -> ``ir``); None for top-level modules and
+    package ``__init__``s, which stand above the layers (``kiln.compile``, ``kiln.tune.kinds``)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 else None
+
+
+def test_no_import_cycle_between_files():
+    assert _cycles(_module_graph()) == []
+
+
+def test_no_import_cycle_between_packages():
+    packages: dict[str, set[str]] = {}
+    for m, targets in _module_graph().items():
+        if _package(m):
+            packages.setdefault(_package(m), set()).update(
+                p for p in map(_package, targets) if p and p != _package(m))
+    assert _cycles(packages) == []
+
+
+def test_the_cycle_check_finds_a_loop():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
 
 
 def test_the_check_sees_imports_inside_functions(tmp_path):

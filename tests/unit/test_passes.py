@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kiln import config
-from kiln.frontend.extern import build_extern
+from kiln.ir.extern import build_extern
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node, format_graph, verify
 from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
