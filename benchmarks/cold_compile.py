@@ -1,11 +1,13 @@
-"""Cold compile time on the GPU, each (model, backend) in a fresh process with empty caches, and where kiln's
-time goes (its compile phases).
+"""Cold compile time on the GPU or the CPU, each (model, backend) in a fresh process with empty caches (kiln's
+module cache and tuning database, Inductor's and Triton's caches), and where kiln's time goes (its compile
+phases).
 
 The figure is the first call's wall time (TorchDynamo, AOTAutograd, the backend's compile, the first run),
 as in the runner's compile column, but with nothing warm in the process: no worker pool, no imported Triton
 module, no cache.
 
     python -m benchmarks.cold_compile --models mlp,gpt --backends kiln,inductor [--kiln-workers 0,8]
+    python -m benchmarks.cold_compile --device cpu --threads 1 --dtype fp32 --models seed,mlp,resnet18,gpt,chain
 """
 from __future__ import annotations
 
@@ -18,20 +20,23 @@ import tempfile
 import time
 
 
-def one(model_name: str, backend: str, mode: str, dtype: str) -> dict:
+def one(model_name: str, backend: str, mode: str, dtype: str, device: str = "cuda", threads: int = 0) -> dict:
     import torch
     from benchmarks import models
     from benchmarks.gpu_memory import DTYPES
     from benchmarks.runner import make_backend
     from kiln.report import mark, reports_since
-    model, inputs = models.build(model_name, device="cuda", dtype=getattr(torch, DTYPES[dtype]))
+    if threads:
+        torch.set_num_threads(threads)
+    model, inputs = models.build(model_name, device=device, dtype=getattr(torch, DTYPES[dtype]))
+    sync = torch.cuda.synchronize if device == "cuda" else (lambda: None)
     with torch.inference_mode():
-        torch.cuda.synchronize()
+        sync()
         position = mark()
         start = time.perf_counter()
         fn = make_backend(backend, model, mode, inputs)
         fn(*inputs)
-        torch.cuda.synchronize()
+        sync()
         seconds = time.perf_counter() - start
     phases: dict = {}
     for r in reports_since(position):
@@ -47,11 +52,13 @@ def main() -> None:
     p.add_argument("--backends", default="kiln,inductor")
     p.add_argument("--kiln-workers", default="", help="comma list of KILN_COMPILE_WORKERS values to compare")
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
+    p.add_argument("--threads", type=int, default=0, help="torch threads (CPU; 0: torch's default)")
     p.add_argument("--json")
     p.add_argument("--one", nargs=2, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.one:
-        print(json.dumps(one(*args.one, "default", args.dtype)))
+        print(json.dumps(one(*args.one, "default", args.dtype, args.device, args.threads)))
         return
     variants = []
     for backend in args.backends.split(","):
@@ -68,6 +75,7 @@ def main() -> None:
                 if workers is not None:
                     env["KILN_COMPILE_WORKERS"] = workers
                 proc = subprocess.run([sys.executable, "-m", "benchmarks.cold_compile", "--dtype", args.dtype,
+                                       "--device", args.device, "--threads", str(args.threads),
                                        "--one", model_name, backend], capture_output=True, text=True, env=env)
             try:
                 row = json.loads(proc.stdout.strip().splitlines()[-1])

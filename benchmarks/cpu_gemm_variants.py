@@ -2,7 +2,7 @@
 
 Each variant is kiln's GEMM source (``codegen/cpp_gemm.py``) built with one compile-time switch changed, called
 through ctypes with the rule's schedule; every call takes the next of several copies of the weight, so B comes
-from memory as in a model (``runtime/decisions.cold_copies``).  Reported per shape: each variant's median
+from memory as in a model (``tune/timing.cold_copies``).  Reported per shape: each variant's median
 GFLOP/s and the median over rounds of its time relative to the first variant's.
 
     python -m benchmarks.cpu_gemm_variants [--shapes 64x1024x4096,256x768x2304] [--rounds 15]
@@ -34,14 +34,15 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
-    from kiln.runtime import cpu_gemm, decisions
+    from kiln.runtime import cpu_gemm
+    from kiln.tune import timing
     from kiln.runtime.build import load_module
     libs = {name: cpu_gemm.bind_gemm(load_module(switch + gemm_source(GemmSchedule()), name="kiln_gemm_variant").lib)
             for name, switch in VARIANTS.items()}
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
         x, bias = torch.randn(m, k), torch.randn(n)
-        packs = [cpu_gemm.pack_weight(torch.randn(n, k)) for _ in range(decisions.cold_copies(4 * n * k))]
+        packs = [cpu_gemm.pack_weight(torch.randn(n, k)) for _ in range(timing.cold_copies(4 * n * k))]
         out = torch.empty(m, n)
         s = schedule_for(m, k)
         s = GemmSchedule(mr=s.mr, kc=args.kc or s.kc, mc=args.mc or s.mc)

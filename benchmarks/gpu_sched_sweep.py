@@ -15,7 +15,6 @@ from benchmarks.gpu_profile import profile
 def main() -> None:
     import kiln
     from benchmarks import models
-    from kiln.codegen import triton as tgen
     p = argparse.ArgumentParser()
     p.add_argument("--model", default="chain")
     p.add_argument("--dtype", default="bf16")
@@ -24,16 +23,14 @@ def main() -> None:
     model, inputs = models.build(args.model, device="cuda", dtype=dtype)
     for xblock in (1, 2, 4):
         for warps in (4, 8, 16, 32):
-            tgen.OVERRIDE["persistent"] = (xblock, warps)
             torch._dynamo.reset()
             try:
-                rows = profile(kiln.compile(model), inputs)
+                rows = profile(kiln.compile(model, triton_persistent_schedule=f"{xblock},{warps}"), inputs)
                 kern = [r for r in rows if r[0].startswith("kernel_")]
                 print(f"xblock {xblock:2d} warps {warps:2d}: kernels {sum(r[2] for r in kern):8.1f} us  "
                       f"all {sum(r[2] for r in rows):8.1f} us", flush=True)
             except Exception as exc:  # noqa: BLE001
                 print(f"xblock {xblock} warps {warps}: {type(exc).__name__}: {str(exc)[:100]}")
-    tgen.OVERRIDE.clear()
 
 
 if __name__ == "__main__":

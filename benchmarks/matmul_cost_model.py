@@ -24,17 +24,18 @@ def main() -> None:
     os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-costmodel-")
     import kiln
     from benchmarks import models
+    from kiln import config
     from kiln.codegen.triton_matmul import MatmulConfig
+    from kiln.report import mark, reports_since
     from kiln.tune import gpu_matmul
-    seen = []
-    gpu_matmul.OBSERVERS.append(seen.append)
-    top = gpu_matmul.MEASURED
-    gpu_matmul.MEASURED = 1000
+    top = config.get().matmul_measured_configs  # (what max-autotune compiles; here every configuration is timed)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
+    position = mark()
     for name in args.models.split(","):
         model, inputs = models.build(name, device="cuda", dtype=torch.bfloat16)
         with torch.inference_mode():
-            kiln.compile(model, mode="max-autotune")(*inputs)
+            kiln.compile(model, mode="max-autotune", matmul_measured_configs=1000)(*inputs)
+    seen = [p for r in reports_since(position) if r.matmuls is not None for p in r.matmuls.problems]
     rhos, hits, ranks = [], 0, []
     for prob in seen:
         s = prob.spec

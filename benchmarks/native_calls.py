@@ -19,12 +19,13 @@ import torch
 
 def cold_call(rounds: int) -> None:
     from kiln.codegen.cpp_gemm import schedule_for
-    from kiln.runtime import cpu_gemm, decisions
+    from kiln.runtime import cpu_gemm
+    from kiln.tune import timing
     lib = cpu_gemm.library()
     m, k, n = 64, 1024, 4096
     s = schedule_for(m, k)
     x, bias, out = torch.randn(m, k), torch.randn(n), torch.empty(m, n)
-    packs = [cpu_gemm.pack_weight(torch.randn(n, k)) for _ in range(decisions.cold_copies(4 * n * k))]
+    packs = [cpu_gemm.pack_weight(torch.randn(n, k)) for _ in range(timing.cold_copies(4 * n * k))]
     xs, bs, outs = torch.randn(4, 16), torch.randn(16), torch.empty(4, 16)
     ps = cpu_gemm.pack_weight(torch.randn(16, 16))
 

@@ -32,6 +32,7 @@ def compile(model_or_fn: Callable, *, mode: str = "default", target: str = "auto
     if target != "auto":
         options = {**options, "target": target}
     config.get().with_options(**options)  # validate option names and values now, not at the first call
+    _check_choices(options.get("choices", config.get().choices))
 
     owner = type(model_or_fn).__name__ if isinstance(model_or_fn, torch.nn.Module) else \
         getattr(model_or_fn, "__qualname__", None) or getattr(model_or_fn, "__name__", None)
@@ -57,3 +58,12 @@ def _on_gpu(model_or_fn: Callable) -> bool:
     if not callable(params) or not torch.cuda.is_available():
         return False
     return any(p.is_cuda for p in params())
+
+
+def _check_choices(text: str) -> None:
+    """``choices`` names kinds and answers the choosing passes declare: checked now, not at the first call."""
+    if text:
+        from kiln.passes import pipeline  # noqa: F401  (its passes declare the kinds they choose)
+        from kiln.schedule import choose  # noqa: F401  (the layout kind)
+        from kiln.tune.choices import parse_forced
+        parse_forced(text)

@@ -51,14 +51,16 @@ def _tune_command(args: argparse.Namespace) -> int:
     import torch
 
     import kiln
-    from kiln.tune import cpu as tune_cpu
+    from kiln.report import mark, reports_since
     model, inputs = _factory(args.factory)
-    before = (tune_cpu.stats.measured, tune_cpu.stats.from_database)
+    position = mark()
     with torch.inference_mode():  # (the progress line: tune/progress.py)
         kiln.compile(model, mode="max-autotune", tune_budget_s=args.budget, tune_progress=True)(*inputs)
-    print(f"measured {tune_cpu.stats.measured - before[0]} candidate(s); "
-          f"{tune_cpu.stats.from_database - before[1]} kernel(s) already in the database; "
-          f"skipped: {tune_cpu.stats.skipped or 'none'}")
+    tuned = [r.tuning for r in reports_since(position) if r.tuning is not None]
+    skipped = [line for t in tuned for line in t.skipped]
+    print(f"measured {sum(t.measured for t in tuned)} candidate(s); "
+          f"{sum(t.from_database for t in tuned)} kernel(s) already in the database; "
+          f"skipped: {skipped or 'none'}")
     return 0
 
 

@@ -121,6 +121,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     from kiln.passes.pipeline import run_pipeline
     from kiln.schedule.choose import build_best
     from kiln.schedule.plan import build_cpu, build_triton
+    from kiln.tune.choices import Choices
 
     _check_devices(fx_gm, frozen)
     device = _device_of(fx_gm, frozen)
@@ -129,14 +130,18 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES)
     report.captured = graph
     report.phases["lower"] = time.perf_counter() - start
-    graph = run_pipeline(graph, report, check=cfg.check)
-    report.optimized = graph
-    report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
-    if triton:
-        report.target = "triton"
-        module = build_triton(graph, report, device, report.mode)
-    else:
-        module = build_best(graph, report, build_cpu, _example_inputs(graph, examples))
+    choices = Choices.for_compile(report.mode)
+    try:
+        graph = run_pipeline(graph, report, check=cfg.check, choices=choices)
+        report.optimized = graph
+        report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
+        if triton:
+            report.target = "triton"
+            module = build_triton(graph, report, device, report.mode)
+        else:
+            module = build_best(graph, report, build_cpu, _example_inputs(graph, examples), choices)
+    finally:
+        choices.close()
     return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
 
 

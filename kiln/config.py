@@ -21,7 +21,8 @@ from typing import Any, Callable, Iterator
 # "triton" is Triton on the inputs' device (CPU tensors: Triton's interpreter, how CI tests the GPU generator).
 TARGETS = ("auto", "cpu", "cuda", "triton")
 _CHOICES = {"target": TARGETS}
-_NON_NEGATIVE = ("max_folded_numel", "compile_workers", "tune_budget_s")
+_NON_NEGATIVE = ("max_folded_numel", "compile_workers", "tune_budget_s", "choice_budget_s",
+                 "matmul_measured_configs")
 _ENV_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
               "off": False, "": False}
 
@@ -76,6 +77,12 @@ def _checked(name: str, value: Any, label: str) -> Any:
         # (which sizes kiln's kernels have is the Winograd pass's business, passes/winograd.py: tiles())
         raise ValueError(f"kiln: {label} expects comma-separated tile sizes such as '2' or '2,4' ('' turns "
                          f"Winograd off), got {value!r}")
+    if name == "choices" and not re.fullmatch(r"\s*(\w+\s*=\s*\w+\s*(,\s*\w+\s*=\s*\w+\s*)*)?,?\s*", value):
+        # (which kinds and answers exist is the choosing passes' business: tune/choices.py checks them)
+        raise ValueError(f"kiln: {label} expects comma-separated kind=answer pairs such as 'gemm=kiln,conv=winograd2'"
+                         f", got {value!r}")
+    if name == "triton_persistent_schedule" and value and not re.fullmatch(r"\s*[0-9]+\s*,\s*[0-9]+\s*", value):
+        raise ValueError(f"kiln: {label} expects two comma-separated ints (xblock,num_warps) or '', got {value!r}")
     if name == "matmul_template_config" and value and not re.fullmatch(r"\s*[0-9]+(\s*,\s*[0-9]+){5}\s*", value):
         raise ValueError(f"kiln: {label} expects six comma-separated ints (block_m,block_n,block_k,group_m,"
                          f"num_warps,num_stages) or '', got {value!r}")
@@ -137,6 +144,12 @@ class Config:
     # configuration, "block_m,block_n,block_k,group_m,num_warps,num_stages"; nothing is measured or recorded.
     # For tests and experiments: under TRITON_INTERPRET=1 it is how CI runs the template on CPU tensors.
     matmul_template_config: str = ""
+    # GPU: persistent reductions run with this "xblock,num_warps" instead of the rule's (experiments:
+    # benchmarks/gpu_sched_sweep.py); "" keeps the rule.
+    triton_persistent_schedule: str = ""
+    # GPU max-autotune: how many of the matmul template's best-ranked tile configurations are compiled and timed
+    # per problem (benchmarks/matmul_cost_model.py times them all to check the ranking).
+    matmul_measured_configs: int = 2
     # GPU: calls run the generated straight-line Python wrapper of the plan (runtime/wrapper.py, [Note: generated
     # wrapper]); False: the interpreted plan, step by step (what benchmarks/call_latency.py compares it with and
     # benchmarks/memory_steps.py measures step by step).
@@ -157,6 +170,16 @@ class Config:
     target: str = "auto"
     # max-autotune: seconds of measurement per compiled graph (schedules found are kept in the tuning database)
     tune_budget_s: float = 300.0
+    # Default and reduce-overhead modes: seconds per compiled graph that choosing implementations (GEMM library,
+    # convolution algorithm, attention kernel, layout) may spend measuring; past it each choice is predicted by its
+    # pass's rule and measured by a later compile (what is measured is kept in the tuning database, so warm
+    # compiles measure nothing).  max-autotune measures every choice.
+    choice_budget_s: float = 3.0
+    # Fix choices instead of measuring them: comma-separated kind=answer, e.g. "gemm=kiln,conv=winograd2" (kinds:
+    # gemm kiln|onednn|aten, conv onednn|gemm|direct|dw|winograd<m>, attention kiln|aten, half_in_fp32 half|fp32,
+    # layout contiguous|channels-last).  A forced kind applies wherever the machine and problem allow, also to
+    # problems too small to measure.  For experiments, bug hunts and tests.
+    choices: str = ""
     # max-autotune: a progress line on stderr from the start of each graph's compile (tune/progress.py)
     tune_progress: bool = True
     # Passes of passes/pipeline.py to skip, comma-separated names ("select_gemm,winograd"): how ``kiln bisect``
@@ -181,9 +204,13 @@ class Config:
         "matmul_templates": ("KILN_MATMUL_TEMPLATES", bool),
         "matmul_template_config": ("KILN_MATMUL_TEMPLATE_CONFIG", str),
         "compile_workers": ("KILN_COMPILE_WORKERS", int),
+        "triton_persistent_schedule": ("KILN_TRITON_PERSISTENT_SCHEDULE", str),
+        "matmul_measured_configs": ("KILN_MATMUL_MEASURED_CONFIGS", int),
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
+        "choice_budget_s": ("KILN_CHOICE_BUDGET_S", float),
+        "choices": ("KILN_CHOICES", str),
         "tune_progress": ("KILN_TUNE_PROGRESS", bool),
         "disabled_passes": ("KILN_DISABLED_PASSES", str),
     }

@@ -40,6 +40,8 @@ class CompileReport:
     check_failures: list[str] = dataclasses.field(default_factory=list)
     tune_skipped: list[str] = dataclasses.field(default_factory=list)  # max-autotune: candidates/kernels skipped
     matmuls: Any = None           # GPU: matmul template choices (kiln.schedule.matmul_fusion.Stats)
+    choices: list[Any] = dataclasses.field(default_factory=list)  # implementation choices (tune/choices.Made)
+    tuning: Any = None            # CPU: kernel schedules measured or found (kiln.tune.cpu.TuneStats)
 
     def format(self, *, source: bool = True) -> str:
         return format_report(self, source=source)
@@ -74,12 +76,20 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
             out.append(k.format())
             out.append(f"  why: {k.reason}")
     if r.plan:
-        out += ["", f"--- plan: {r.plan.count(chr(10)) + 1} steps in order (kernels and library calls, the buffers "
-                    f"each reads and writes)", r.plan]
+        out += ["", f"--- program: {r.plan.count(chr(10)) + 1} steps in order (kernels and library calls, the buffers "
+                    f"each reads and writes, where each buffer it writes lives)", r.plan]
     out += ["", f"--- extern calls ({len(r.externs)}): " + (", ".join(r.externs) if r.externs else "none")]
     if r.native_externs:
         out.append(f"    {len(r.native_externs)} of them called from the generated C++, not through Python: "
                    + ", ".join(r.native_externs))
+    if r.choices:
+        out += ["", f"--- implementation choices ({len(r.choices)}; forced, stored in the tuning database, measured "
+                    f"now or predicted by rule)"]
+        counts: dict[str, int] = {}
+        for made in r.choices:  # (the same problem in every layer: one line with its count)
+            line = made.format()
+            counts[line] = counts.get(line, 0) + 1
+        out += [f"  {line}" + (f"  [x{n}]" if n > 1 else "") for line, n in counts.items()]
     m = r.matmuls
     if m is not None and m.candidates:
         out.append(f"--- matmuls: {m.candidates} candidates for the Triton template, {m.from_database} decided by "

@@ -34,6 +34,7 @@ import re
 
 import torch
 
+from kiln import config
 from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
 from kiln.ir.tiling import plan_tiles
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
@@ -81,10 +82,6 @@ def _warps(elements: int) -> int:
     return 1 if elements <= 128 else 2 if elements <= 512 else 4 if elements <= 2048 else 8
 
 
-# Experiments (benchmarks/gpu_sched_sweep.py) override the persistent-reduction choice: (xblock, num_warps).
-OVERRIDE: dict[str, tuple[int, int]] = {}
-
-
 def schedule_for(k: Kernel) -> TritonSchedule:
     """Heuristic block sizes (the autotuner's starting point)."""
     rows = max(numel(k.outer), 1)
@@ -93,8 +90,9 @@ def schedule_for(k: Kernel) -> TritonSchedule:
         others = rows // (tiles.a.size * tiles.b.size)
         return TritonSchedule(TILE_X, TILE_Y, True, 4, -(-tiles.b.size // TILE_X), -(-tiles.a.size // TILE_Y),
                               others)
-    if k.is_reduction and k.rsize <= PERSISTENT_MAX and "persistent" in OVERRIDE:
-        xblock, warps = OVERRIDE["persistent"]
+    forced = config.get().triton_persistent_schedule.strip()  # (experiments: benchmarks/gpu_sched_sweep.py)
+    if k.is_reduction and k.rsize <= PERSISTENT_MAX and forced:
+        xblock, warps = (int(v) for v in forced.split(","))
         return TritonSchedule(xblock, max(2, _pow2(k.rsize)), True, warps, -(-rows // xblock))
     if not k.is_reduction:
         xblock = max(16, min(POINTWISE_BLOCK, _pow2(rows)))

@@ -88,3 +88,52 @@ class Program:
 
     def node_of(self) -> dict[str, Node]:
         return {name: n for n, name in self.plan.buffer_of.items()}
+
+    def format(self) -> str:
+        """The plan's steps (``Plan.format``), each followed by the memory of the buffers it writes first: its
+        place in the arena, a per-call tensor (outputs, and the buffers of views the caller gets), or a per-call
+        allocation (without an arena, maybe taking a dead input's memory).
+
+            0 extern kiln.linear_packed.default(buf1, buf0) -> buf4        buf4: arena @0, 64 KiB
+            2 kernel kernel_0_relu: reads buf4; writes buf6                buf6: per call (graph output), 8 KiB
+        """
+        allocated = {a.node: a for step in self.alloc_before for a in step}
+        node_of = self.node_of()
+        seen: set[str] = set()
+        lines = []
+        for line, step in zip(self.plan.format().split("\n"), self.plan.steps):
+            notes = []
+            for name in _written(step, self.plan):
+                n = node_of.get(name)
+                if n is None or name in seen:
+                    continue
+                seen.add(name)
+                notes.append(f"{name}: {self._memory(n, allocated)}, {_size(n)}")
+            lines.append(f"{line:<72} {'; '.join(notes)}" if notes else line)
+        return "\n".join(lines)
+
+    def _memory(self, n: Node, allocated: dict[Node, Allocation]) -> str:
+        if n in self.escaping:
+            return "per call (graph output)"
+        if n in self.offsets:
+            return f"arena @{self.offsets[n]}"
+        if n in allocated:
+            reuse = allocated[n].reuse
+            return "allocated" + (f" in {self.plan.buffer_of.get(reuse, 'a dead input')}'s memory" if reuse else "")
+        return "per call"
+
+
+def _written(step: Any, plan: Plan) -> list[str]:
+    """Buffers a step writes, in name order."""
+    if isinstance(step, Kernel):
+        return sorted(step.buffers()[1])
+    node = getattr(step, "node", None)
+    return [plan.buffer_of[node]] if node is not None and node in plan.buffer_of else []
+
+
+def _size(n: Node) -> str:
+    numel = 1
+    for d in n.shape:
+        numel *= d
+    nbytes = numel * n.dtype.itemsize
+    return f"{nbytes / 1024:.0f} KiB" if nbytes >= 1024 else f"{nbytes} B"

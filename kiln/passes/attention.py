@@ -30,6 +30,7 @@ Applied on CUDA and on the CPU: ATen has flash-attention kernels for both (CPU, 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
@@ -39,7 +40,7 @@ from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_attention, native
-from kiln.tune import decisions
+from kiln.tune.choices import Choices, Kind, measuring_s
 
 aten = torch.ops.aten
 
@@ -47,6 +48,14 @@ aten = torch.ops.aten
 def _is_bmm(n: Node) -> bool:
     return n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) is aten.bmm \
         and n.attr("out_index") is None
+
+
+def libraries(graph: Graph) -> dict[str, Any]:
+    """kiln's libraries this pass may use on ``graph`` (built in the background from the compile's start): the
+    CPU attention kernel, where fp32 batched products on the CPU may be an attention's."""
+    if any(_is_bmm(n) and n.dtype == torch.float32 and _on(n, ("cpu",)) for n in graph.nodes):
+        return {"kiln_attention": cpu_attention.library}
+    return {}
 
 
 def _strip(n: Node, op: Op) -> Node | None:
@@ -115,6 +124,8 @@ def _heads(flat: Node, b: int, h: int) -> Node | None:
 
 
 def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[str, ...] = ("cuda", "cpu")) -> Graph:
+    choices = log.choices if log is not None else Choices()
+
     def rule(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder) -> Node | None:
         if not _is_bmm(node) or len(inputs) != 2:
             return None
@@ -139,7 +150,7 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
             return None
         k4 = bld.add(Op.PERMUTE, (kt4,), dims=(0, 1, 3, 2))
         shape = tuple(v4.shape[:3]) + (v4.shape[3],)
-        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and choose(b, h, t, q4.shape[3], causal):
+        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and choose(choices, b, h, t, q4.shape[3], causal):
             out4 = build_extern(bld, torch.ops.kiln.attention.default, [q4, k4, v4, scale, causal], {}, shape,
                                 node.dtype)
             what = "kiln attention"
@@ -191,20 +202,20 @@ def _on(n: Node, devices: tuple[str, ...]) -> bool:
     return False
 
 
-# v2: kiln's kernel timed as graphs call it (from C++); v3: the GEMM micro-kernel's k loop unrolled; v4: a win is
-# confirmed by a second measurement (decisions.fastest)
-_choices = decisions.ShapeChoices("attention_choices-v4")
+ATTENTION = Kind("attention", 5, ("kiln", "aten"))  # CPU fp32: kiln's kernel or ATen's SDPA
 
 
-def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
+def choose(choices: Choices, b: int, h: int, t: int, d: int, causal: bool) -> bool:
     """Is kiln's kernel clearly faster than ATen's for this shape (measured once per shape and machine)?"""
+    kiln = cpu_attention.available()
+
     def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
         scale = d ** -0.5
         out = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
                                                                                  scale=scale)}
-        if cpu_attention.available():  # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
+        if kiln:  # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
             op = torch.ops.kiln.attention.default
             call = native.direct_call(op, native.op_args(op, q, k, v, scale, causal),
                                       torch.empty(b, t, h, d).permute(0, 2, 1, 3))
@@ -212,5 +223,6 @@ def choose(b: int, h: int, t: int, d: int, causal: bool) -> bool:
                 out["kiln"] = call
         return out
 
-    return _choices.decide((b, h, t, d, int(causal), torch.get_num_threads()), calls, baseline="aten",
-                           what=f"attention {b}x{h}x{t}x{d}{' causal' if causal else ''}") == "kiln"
+    return choices.decide(ATTENTION, (b, h, t, d, int(causal), torch.get_num_threads()), calls, baseline="aten",
+                          what=f"attention {b}x{h}x{t}x{d}{' causal' if causal else ''}",
+                          estimate_s=measuring_s(2, 4 * b * h * t * t * d)) == "kiln"

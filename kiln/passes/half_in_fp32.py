@@ -16,7 +16,8 @@ fp32 implementation as for an fp32 model.
 
 Where the machine has fast half arithmetic (oneDNN's bf16 kernels on AVX-512 BF16 or AMX), ATen's half call
 stays: the choice is measured per op, shape, dtype and thread count - the half call against the fp32 call with
-its conversions, both ATen's - and kept on disk (``tune/decisions.py``).
+its conversions, both ATen's - and kept in the tuning database (``tune/choices.py``).  Past the compile's
+measuring budget the rule predicts it: fp32 unless the CPU has native half-precision dot products.
 
 Before::                                                  After (fp32 measured faster)::
 
@@ -38,10 +39,12 @@ from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import HALF, Op
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.tune import decisions
+from kiln.tune import timing
+from kiln.tune.choices import Choices, Kind, measuring_s
+from kiln.tune.db import cpu_model_and_flags
 
 aten = torch.ops.aten
-_choices = decisions.ShapeChoices("half_in_fp32-v1")
+HALF_IN_FP32 = Kind("half_in_fp32", 2, ("half", "fp32"))
 # the ops whose half-precision ATen kernels accumulate in fp32 and round once (so fp32 compute matches them)
 TARGETS = (aten.addmm, aten.mm, aten.bmm, aten.baddbmm, aten.convolution)
 MIN_FLOPS = 1 << 18  # below this a call's overhead, not its arithmetic, decides: the half call stays
@@ -97,7 +100,15 @@ def _key(packet: Any, args: list[Any], dtype: torch.dtype) -> tuple[int, ...]:
     return tuple(key)
 
 
-def choose(target: Any, args: list[Any], dtype: torch.dtype, out_shape: tuple[int, ...]) -> str:
+def native_half(dtype: torch.dtype) -> bool:
+    """Does the CPU have dot-product instructions for ``dtype`` (AVX-512 BF16 / AMX for bf16, AVX-512 FP16 / AMX
+    for fp16), which oneDNN's half kernels use?  Without them ATen's half products convert inside the call."""
+    flags = cpu_model_and_flags()[1]
+    wanted = {"avx512_bf16", "amx_bf16"} if dtype == torch.bfloat16 else {"avx512_fp16", "amx_fp16"}
+    return bool(flags & wanted)
+
+
+def choose(choices: Choices, target: Any, args: list[Any], dtype: torch.dtype, out_shape: tuple[int, ...]) -> str:
     """'fp32' or 'half' for one call of ``target`` on ``args`` (graph nodes and plain arguments), measured once
     per problem and machine."""
     packet = target.overloadpacket
@@ -106,7 +117,8 @@ def choose(target: Any, args: list[Any], dtype: torch.dtype, out_shape: tuple[in
         gen = torch.Generator().manual_seed(0)
         nbytes = sum(2 * a.numel for a in args if isinstance(a, Node) and _is_weight(a))
         half_sets, f32_sets = [], []
-        for _ in range(decisions.cold_copies(2 * max(nbytes, 1))):  # weights come from memory, as in a model
+        # weights come from memory, as in a model: enough copies for the fp32 weights (twice the half bytes)
+        for _ in range(timing.cold_copies(2 * max(nbytes, 1))):
             half = [_sample(a, dtype, gen) if isinstance(a, Node) else a for a in args]
             half_sets.append(half)
             f32_sets.append([a.float() if isinstance(a, torch.Tensor) and _is_weight(n) else a
@@ -119,12 +131,16 @@ def choose(target: Any, args: list[Any], dtype: torch.dtype, out_shape: tuple[in
                 return target(*real).to(dtype)
             return call
 
-        return {"half": decisions.cycling([lambda h=h: target(*h) for h in half_sets]),
-                "fp32": decisions.cycling([in_fp32(h, f) for h, f in zip(half_sets, f32_sets)])}
+        return {"half": timing.cycling([lambda h=h: target(*h) for h in half_sets]),
+                "fp32": timing.cycling([in_fp32(h, f) for h, f in zip(half_sets, f32_sets)])}
 
-    return _choices.decide(_key(packet, args, dtype), calls, baseline="half",
-                           what=f"{packet.__name__} {str(dtype).replace('torch.', '')} "
-                                f"{'x'.join(map(str, out_shape))} half vs fp32")
+    return choices.decide(HALF_IN_FP32, _key(packet, args, dtype), calls, baseline="half",
+                          predict=lambda: "half" if native_half(dtype) else "fp32",
+                          # (ATen's half call runs at a fraction of the fp32 rate where it is slow, which two
+                          # rounds settle: about three times two candidates' estimate)
+                          estimate_s=3 * measuring_s(2, _flops(packet, args, out_shape)),
+                          what=f"{packet.__name__} {str(dtype).replace('torch.', '')} "
+                               f"{'x'.join(map(str, out_shape))} half vs fp32")
 
 
 def _to_fp32(n: Node, b: GraphBuilder) -> Node:
@@ -137,6 +153,9 @@ def _to_fp32(n: Node, b: GraphBuilder) -> Node:
 
 
 def half_in_fp32(graph: Graph, log: RewriteLog | None = None) -> Graph:
+    choices = log.choices if log is not None else Choices()
+    forced = choices.forced_value(HALF_IN_FP32)
+
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         if node.op is not Op.EXTERN or node.dtype not in HALF or node.attr("out_index") is not None:
             return None
@@ -151,9 +170,9 @@ def half_in_fp32(graph: Graph, log: RewriteLog | None = None) -> Graph:
         weights = [_root(a).attr("value").tensor for a in tensors if _is_weight(a)]
         if not weights or any(w.device.type != "cpu" for w in weights):
             return None  # (only products with a weight: a weight-free bmm keeps its run-time layout choice)
-        if _flops(packet, args, node.shape) < MIN_FLOPS:
+        if forced is None and _flops(packet, args, node.shape) < MIN_FLOPS:
             return None
-        if choose(target, args, node.dtype, node.shape) != "fp32":
+        if choose(choices, target, args, node.dtype, node.shape) != "fp32":  # (forced, stored or measured)
             return None
         if log:
             log.hit(f"{packet.__name__} {str(node.dtype).replace('torch.', '')} -> fp32")

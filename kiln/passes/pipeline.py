@@ -11,6 +11,7 @@ from typing import Callable
 from kiln import config
 from kiln.ir.graph import Graph, verify
 from kiln.passes.attention import fuse_attention
+from kiln.passes.attention import libraries as attention_libraries
 from kiln.passes.conv_bias import split_conv_bias
 from kiln.passes.cse import cse
 from kiln.passes.dce import dce
@@ -21,11 +22,14 @@ from kiln.passes.rewrite import RewriteLog
 from kiln.passes.prepack_conv import prepack_conv
 from kiln.passes.gemm_epilogue import fuse_gemm_gelu
 from kiln.passes.half_in_fp32 import half_in_fp32
+from kiln.passes.select_gemm import libraries as select_gemm_libraries
 from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
+from kiln.passes.winograd import libraries as winograd_libraries
 from kiln.passes.winograd import winograd_conv
 from kiln.report import CompileReport, PassRecord
-from kiln.tune import decisions
+from kiln.runtime.build import start_builds
+from kiln.tune.choices import Choices
 
 Pass = Callable[[Graph, RewriteLog], Graph]
 
@@ -76,27 +80,35 @@ PIPELINE: list[tuple[str, Pass]] = [
 ]
 
 
-def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool = False) -> Graph:
+def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool = False,
+                 choices: Choices | None = None, passes: list[tuple[str, Pass]] | None = None) -> Graph:
+    """The passes (``PIPELINE``, or ``passes``) in order over ``graph``; ``choices``: the compile's measured-choice
+    service (else one for this run), whose answers go into ``report.choices``."""
+    passes = PIPELINE if passes is None else passes
     mode = report.mode if report is not None else "default"
     from kiln.passes.check import Checker
     checker = Checker(graph) if check else None
-    decisions.take_measured()  # (measurements made outside a compile are nobody's report)
+    choices = choices if choices is not None else Choices.for_compile(mode)
+    if config.get().library_selection:  # kiln's libraries the graph may need build in parallel, from now on
+        start_builds({**select_gemm_libraries(graph), **winograd_libraries(graph), **attention_libraries(graph)})
     disabled = {name.strip() for name in config.get().disabled_passes.split(",") if name.strip()}
-    unknown = disabled - {name for name, _ in PIPELINE}
+    unknown = disabled - {name for name, _ in passes}
     if unknown:
         raise ValueError(f"kiln: disabled_passes names unknown passes {sorted(unknown)}; the passes are "
-                         f"{[name for name, _ in PIPELINE]}")
-    for name, fn in PIPELINE:
+                         f"{[name for name, _ in passes]}")
+    for name, fn in passes:
         if name in disabled:
             continue
-        log = RewriteLog(mode=mode)
+        log = RewriteLog(mode=mode, choices=choices)
         start = time.perf_counter()
         before = len(graph.nodes)
         graph = fn(graph, log)
         verify(graph)
         if report is not None:
             report.passes.append(PassRecord(name, time.perf_counter() - start, before, len(graph.nodes),
-                                            log.notes() + decisions.take_measured()))
+                                            log.notes() + choices.take_lines()))
         if checker is not None:
             checker.check(name, graph)
+    if report is not None:
+        report.choices = choices.made
     return graph

@@ -11,6 +11,7 @@ import dataclasses
 from typing import Callable
 
 from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.tune.choices import Choices
 
 Rule = Callable[[Node, tuple[Node, ...], GraphBuilder], "Node | None"]
 
@@ -18,9 +19,11 @@ Rule = Callable[[Node, tuple[Node, ...], GraphBuilder], "Node | None"]
 @dataclasses.dataclass
 class RewriteLog:
     """What a pass did (counts of rewrites, for the report), and the compile it runs in: ``mode`` - passes
-    that measure tune only in max-autotune, and GPU weight copies are held only outside default mode."""
+    that measure tune only in max-autotune, and GPU weight copies are held only outside default mode - and
+    ``choices``, the compile's measured-choice service (``tune/choices.py``)."""
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     mode: str = "default"
+    choices: Choices = dataclasses.field(default_factory=Choices)
 
     def hit(self, what: str) -> None:
         self.counts[what] = self.counts.get(what, 0) + 1

@@ -4,8 +4,8 @@ On CPUs the GEMM, not the rest of the compiler, decides GEMM-heavy models (see s
 CPUs we run on, oneDNN's fp32 GEMM is well ahead of MKL's, which is what ``aten.addmm`` calls).  For each
 ``addmm(b, x, W.t())`` / ``mm(x, W.t())`` with a frozen weight, the candidates - MKL, oneDNN, and kiln's own
 GEMM (``codegen/cpp_gemm.py``, on a weight packed at compile time) - run a few times on random inputs of the
-real shape, and kiln's is kept unless another is clearly (3%) faster; the choice is memoised per shape and
-thread count.
+real shape, and kiln's is kept unless another is clearly (3%) faster; the choice is kept in the tuning
+database per shape and thread count (``tune/choices.py``).
 
 Before::                                                     After (when oneDNN measured faster)::
 
@@ -14,6 +14,8 @@ Before::                                                     After (when oneDNN 
 """
 from __future__ import annotations
 
+from typing import Any, Callable
+
 import torch
 
 from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
@@ -21,14 +23,12 @@ from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_gemm, native
-from kiln.tune import decisions
 from kiln.tune import cpu_gemm as tune_gemm
+from kiln.tune import timing
+from kiln.tune.choices import Choices, Kind, measuring_s
 
 aten = torch.ops.aten
-# v4: timed with cold weights (decisions.cold_copies); v5: kiln's micro-kernel prefetches its C tile; v6: kiln's
-# GEMM timed as graphs call it (from C++, runtime/native.py), and a gelu after the product timed with it; v7: kiln
-# is the baseline; v8: the micro-kernel's k loop unrolled; v9: a win is confirmed by a second measurement
-_choices = decisions.ShapeChoices("gemm_choices-v9")
+GEMM = Kind("gemm", 10, ("kiln", "onednn", "aten"))  # (a new version when the candidates or their timing change)
 # below this the call overhead decides, not the library.  (Was 1 << 22; ResNet's 1x512x1000 classifier then ran
 # in MKL through Python at 0.42-0.51 ms, where kiln's GEMM called from C++ measured 0.26-0.34 ms on Zen 3.)
 MIN_FLOPS = 1 << 19
@@ -38,31 +38,33 @@ def onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
 
 
-def choose(m: int, k: int, n: int, gelu: bool = False) -> str:
+def choose(choices: Choices, m: int, k: int, n: int, gelu: bool = False) -> str:
     """'kiln', 'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape and
-    machine (kept on disk beside the module cache, so a new process measures nothing).  ``gelu``: the product
+    machine (kept in the tuning database, so a new process measures nothing).  ``gelu``: the product
     feeds an exact gelu, which kiln's GEMM and oneDNN then apply in their epilogue (``gemm_epilogue.py``) and
     ATen leaves to a kernel of its own: each candidate is timed with it (oneDNN's erf post-op cost GPT's
     256x768x3072 linear 4.6 ms on Zen 3, where kiln's epilogue and ORT's separate gelu cost ~1.3 ms or less)."""
+    kiln = cpu_gemm.available()
+
     def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
         x = torch.randn(m, k, generator=gen)
         b = torch.randn(n, generator=gen)
         # each call on another copy of the weight, so it comes from memory as in a model
-        ws = [torch.randn(n, k, generator=gen) for _ in range(decisions.cold_copies(4 * n * k))]
+        ws = [torch.randn(n, k, generator=gen) for _ in range(timing.cold_copies(4 * n * k))]
         after = torch.empty(m, n)
-        out = {"aten": decisions.cycling([lambda w=w: torch.addmm(b, x, w.t()) for w in ws])}
+        out = {"aten": timing.cycling([lambda w=w: torch.addmm(b, x, w.t()) for w in ws])}
         if gelu:
-            out["aten"] = decisions.cycling([lambda w=w: aten.gelu.out(torch.addmm(b, x, w.t()), out=after)
+            out["aten"] = timing.cycling([lambda w=w: aten.gelu.out(torch.addmm(b, x, w.t()), out=after)
                                              for w in ws])
         if onednn_available():
             post = ("gelu", [], "none") if gelu else ("none", [], "")
-            out["onednn"] = decisions.cycling([lambda w=w: torch.ops.mkldnn._linear_pointwise(x, w, b, *post)
+            out["onednn"] = timing.cycling([lambda w=w: torch.ops.mkldnn._linear_pointwise(x, w, b, *post)
                                                for w in ws])
-        if cpu_gemm.available():
+        if kiln:
             # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
             op, y = torch.ops.kiln.linear_packed.default, torch.empty(m, n)
-            out["kiln"] = decisions.cycling([native.direct_call(op, native.op_args(
+            out["kiln"] = timing.cycling([native.direct_call(op, native.op_args(
                 op, x, cpu_gemm.pack_weight(w), b, n, gelu=gelu), y) for w in ws])
         return out
 
@@ -70,8 +72,20 @@ def choose(m: int, k: int, n: int, gelu: bool = False) -> str:
     # call goes through Python, whose code runs cache-cold after a GEMM (runtime/native.py) - a cost an isolated
     # measurement does not see.  (Without it: ATen, the default path users know.)
     key = (m, k, n, torch.get_num_threads()) + ((1,) if gelu else ())
-    return _choices.decide(key, calls, baseline="kiln" if cpu_gemm.available() else "aten",
-                           what=f"linear {m}x{k}x{n}" + (" + gelu" if gelu else ""))
+    return choices.decide(GEMM, key, calls, baseline="kiln" if kiln else "aten",
+                          what=f"linear {m}x{k}x{n}" + (" + gelu" if gelu else ""),
+                          estimate_s=measuring_s(3, 2 * m * k * n))
+
+
+def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
+    """kiln's libraries this pass may use on ``graph`` (the pipeline starts their builds in the background at the
+    compile's start): the GEMM, where a product has a constant CPU weight."""
+    for n in graph.nodes:
+        if n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) in (aten.addmm, aten.mm) \
+                and any(_weight(i) is not None and _weight(i).attr("value").tensor.device.type == "cpu"
+                        for i in n.inputs):
+            return {"kiln_gemm": cpu_gemm.library}
+    return {}
 
 
 def _gelu_fed(graph: Graph) -> set[Node]:
@@ -96,6 +110,7 @@ def _weight(n: Node) -> Node | None:
 
 def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = False) -> Graph:
     """``tuning`` (max-autotune): kiln's GEMM gets a measured schedule where the database has none."""
+    choices = log.choices if log is not None else Choices()
     if not onednn_available() and not cpu_gemm.available():
         return graph
 
@@ -118,12 +133,16 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
             return None
         m, k = x.shape
         n = node.shape[1]
-        choice = choose(m, k, n, node in gelu_fed) if 2 * m * k * n >= MIN_FLOPS else "aten"
+        forced = choices.forced_value(GEMM)
+        big = 2 * m * k * n >= MIN_FLOPS
+        choice = choose(choices, m, k, n, node in gelu_fed) if big or forced else "aten"  # (forced: any size)
+        if choice == "kiln" and not cpu_gemm.available() or choice == "onednn" and not onednn_available():
+            return None  # (forced to a library this machine lacks)
         if choice == "kiln":
             if log:
                 log.hit(f"{packet.__name__} -> kiln GEMM")
             packed = cpu_gemm.pack_weight(w.attr("value").tensor.float())
-            tuned = tune_gemm.schedule(m, k, n, tune=tuning)
+            tuned = tune_gemm.schedule(m, k, n, tune=tuning, note=choices.note)
             if tuned is not None and log:
                 log.hit("kiln GEMM schedule from tuning")
             extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []

@@ -6,7 +6,7 @@ oneDNN's direct convolutions already run near this core's FMA peak (seed model: 
 cheaper algorithm makes them faster: Winograd's F(2x2, 3x3) does 16 multiplications where direct convolution
 does 36 (``codegen/cpp_winograd.py``).  Measured per shape against oneDNN with a prepacked weight (one thread,
 op level): 1.2x (7x7x512) to 1.65x (the seed's 220x220x128).  The choice is measured once per shape and
-machine and kept on disk (``tune/decisions.py``).
+machine and kept in the tuning database (``tune/choices.py``).
 
 The implicit GEMM has no arithmetic advantage; it is the generated convolution for the shapes Winograd cannot
 take (1x1, strided, other filter sizes), chosen only where it measures faster.  Depthwise convolutions (one
@@ -31,7 +31,9 @@ Before (BN already folded into ``%w``, ``%b``)::        After::
 """
 from __future__ import annotations
 
-from typing import Any
+import functools
+import math
+from typing import Any, Callable
 
 import torch
 
@@ -44,15 +46,11 @@ from kiln.passes import prepack_conv
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import cpu_conv, cpu_conv_dw, native
-from kiln.tune import decisions
+from kiln.tune import timing
+from kiln.tune.choices import Choices, Kind, measuring_s
 
 aten = torch.ops.aten
-# v2: the implicit GEMM is a candidate; v3: cold weights; v4: timed with the epilogue each candidate would run;
-# v5: the depthwise kernel and the pack-free direct kernel (few input channels) are candidates; v6: kiln's kernels
-# timed as graphs call them (from C++, runtime/native.py); v7: the direct kernel's flat tap loop; v8: Winograd writes
-# V packed for the GEMM; v9: the direct kernel copies a padded input; v10: the GEMM micro-kernel's k loop unrolled;
-# v11: a win is confirmed by a second measurement (decisions.fastest)
-_choices = decisions.ShapeChoices("conv_choices-v11")
+CONV = Kind("conv", 12, ("onednn", "gemm", "direct", "dw", *(f"winograd{m}" for m in cpu_conv.TILE_SIZES)))
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"
@@ -106,8 +104,8 @@ def writes_channels_last(n: Node) -> bool:
     return is_kiln_conv(n) and bool(_args(n)["channels_last"])
 
 
-def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int], padding: list[int],
-           epilogue: str = "", groups: int = 1) -> str:
+def choose(choices: Choices, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int],
+           padding: list[int], epilogue: str = "", groups: int = 1, use_forced: bool = True) -> str:
     """``"onednn"``, ``"winograd<m>"``, ``"gemm"`` or (depthwise, ``groups`` = channels) ``"dw"`` for this
     convolution; measured once per shape, epilogue, thread count and allowed tile sizes on random data
     (channels-last, as kiln's graphs feed it).
@@ -122,6 +120,7 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
     key = (n, c, h, w, k, kh, kw, *stride, *padding, torch.get_num_threads(), EPILOGUES.index(epilogue), *allowed) \
         + ((groups,) if groups > 1 else ())
     add, relu = epilogue.startswith("add"), epilogue.endswith("relu")
+    candidates = 2 if groups > 1 else len(allowed) + 3  # (oneDNN, the implicit GEMM and maybe the direct kernel)
 
     def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
@@ -139,27 +138,27 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
             return torch.clamp_min(y, 0.0, out=after) if relu else y
         # each call on another copy of the weight, so it comes from memory as in a model
         ws = [torch.randn(w_shape, generator=gen) / (kh * kw * cg) ** 0.5
-              for _ in range(decisions.cold_copies(4 * k * cg * kh * kw))]
+              for _ in range(timing.cold_copies(4 * k * cg * kh * kw))]
         if prepack_conv.available():
             packs = [torch.ops.mkldnn._reorder_convolution_weight(w, padding, stride, [1, 1], groups, list(x_shape))
                      for w in ws]
-            out = {ONEDNN: decisions.cycling([lambda p=p: separate(torch.ops.mkldnn._convolution_pointwise(
+            out = {ONEDNN: timing.cycling([lambda p=p: separate(torch.ops.mkldnn._convolution_pointwise(
                 x, p, bias, padding, stride, [1, 1], groups, "none", [], "")) for p in packs])}
         else:
-            out = {ONEDNN: decisions.cycling([lambda w=w: separate(torch.ops.aten.convolution(
+            out = {ONEDNN: timing.cycling([lambda w=w: separate(torch.ops.aten.convolution(
                 x, w, bias, stride, padding, [1, 1], False, [0, 0], groups)) for w in ws])}
         # kiln's convolutions as a compiled graph runs them: called from C++ into its buffer (runtime/native.py)
         y = torch.empty(out_shape).contiguous(memory_format=torch.channels_last)
 
         def kiln_calls(op: Any, packed: list[torch.Tensor], **extra: Any) -> Any:
-            return decisions.cycling([native.direct_call(op, native.op_args(
+            return timing.cycling([native.direct_call(op, native.op_args(
                 op, x, p, bias, r, k, padding=padding, relu=relu, stride=stride, kernel=[kh, kw], **extra), y)
                 for p in packed])
         if groups > 1:  # depthwise: kiln's direct kernel is the only other candidate
             if cpu_conv_dw.available():
                 out[DEPTHWISE] = kiln_calls(torch.ops.kiln.conv_dw.default, [cpu_conv_dw.pack_weight(w) for w in ws])
             return out
-        for m in allowed:
+        for m in (m for m in allowed if cpu_conv.available(m)):
             out[f"winograd{m}"] = kiln_calls(torch.ops.kiln.conv_winograd.default,
                                              [cpu_conv.transform_weight(w, m) for w in ws], tile=m)
         if cpu_conv.gemm_available():
@@ -169,12 +168,30 @@ def choose(x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int]
                 out[DIRECT] = kiln_calls(torch.ops.kiln.conv_gemm.default, gs, direct=True)
         return out
 
-    return str(_choices.decide(key, calls, baseline=ONEDNN, what=f"conv {list(x_shape)} x {list(w_shape)} stride "
-                               f"{list(stride)}" + (f" groups {groups}" if groups > 1 else "")
-                               + (f" + {epilogue}" if epilogue else "")))
+    return str(choices.decide(CONV, key, calls, baseline=ONEDNN, what=_what(x_shape, w_shape, stride, groups, epilogue),
+                              use_forced=use_forced, estimate_s=measuring_s(
+                                  candidates, 2 * n * k * cg * kh * kw
+                                  * math.prod(cpu_conv.output_hw(h, w, [kh, kw], stride, padding)))))
 
 
-def _candidate(node: Node) -> list | None:
+def _what(x_shape: Any, w_shape: Any, stride: Any, groups: int, epilogue: str) -> str:
+    return f"conv {list(x_shape)} x {list(w_shape)} stride {list(stride)}" + (
+        f" groups {groups}" if groups > 1 else "") + (f" + {epilogue}" if epilogue else "")
+
+
+def possible(choice: str, x_shape: tuple[int, ...], w_shape: tuple[int, ...], stride: list[int],
+             groups: int) -> bool:
+    """Can ``choice`` (a forced one: ``Config.choices``) compute this convolution on this machine?"""
+    if choice == ONEDNN:
+        return True
+    if choice.startswith("winograd"):
+        return groups == 1 and cpu_conv.available() and cpu_conv.supports(w_shape, stride, [1, 1], groups)
+    if choice == DEPTHWISE:
+        return cpu_conv_dw.available() and cpu_conv_dw.supports(x_shape[1], w_shape, stride, [1, 1], groups)
+    return groups == 1 and cpu_conv.gemm_available() and (choice == GEMM or x_shape[1] <= DIRECT_MAX_CHANNELS)
+
+
+def _candidate(node: Node, min_flops: int = MIN_FLOPS) -> list | None:
     """The convolution's arguments when a kiln kernel can compute it: fp32 2-D on the CPU, no groups or dilation,
     a constant weight, big enough that the algorithm, not the call, decides."""
     if node.op is not Op.EXTERN or node.dtype != torch.float32 or node.attr("out_index") is not None \
@@ -190,9 +207,22 @@ def _candidate(node: Node) -> list | None:
                     or cpu_conv_dw.supports(x.shape[1], tuple(w.shape), stride, dilation, groups)) \
             or (bias is not None and (not isinstance(bias, Node) or bias.dtype != torch.float32)) \
             or w.attr("value").tensor.device.type != "cpu" \
-            or 2 * node.numel * w.shape[1] * w.shape[2] * w.shape[3] < MIN_FLOPS:
+            or 2 * node.numel * w.shape[1] * w.shape[2] * w.shape[3] < min_flops:
         return None
     return args
+
+
+def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
+    """kiln's convolution libraries this pass may use on ``graph`` (the pipeline starts their builds in the
+    background at the compile's start, so that they build in parallel)."""
+    convs = [args for n in graph.nodes if (args := _candidate(n)) is not None]
+    out: dict[str, Callable[[], Any]] = {}
+    if any(args[8] == 1 for args in convs):
+        out["kiln_conv_gemm"] = cpu_conv.gemm_library
+        out.update({f"kiln_winograd{m}": functools.partial(cpu_conv.library, m) for m in tiles()})
+    if any(args[8] > 1 for args in convs):
+        out["kiln_conv_dw"] = cpu_conv_dw.library
+    return out
 
 
 def epilogue_of(conv: Node, users: dict[Node, list[Node]], outputs: set[Node]) -> str:
@@ -212,14 +242,21 @@ def epilogue_of(conv: Node, users: dict[Node, list[Node]], outputs: set[Node]) -
 
 
 def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: RewriteLog | None,
-                  epilogue: str = "") -> Node | None:
-    args = _candidate(Node(node.op, inputs, node.attrs, node.shape, node.dtype))
+                  choices: Choices, epilogue: str = "") -> Node | None:
+    forced = choices.forced_value(CONV)
+    args = _candidate(Node(node.op, inputs, node.attrs, node.shape, node.dtype), 0 if forced else MIN_FLOPS)
     if args is None:
         return None
     x, w, bias, stride, padding = args[:5]
     groups = args[8]
     weight = w.attr("value").tensor.float()
-    choice = choose(tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue, groups)
+    if forced and possible(forced, tuple(x.shape), tuple(w.shape), list(stride), groups):
+        choice = choices.known(CONV, (), _what(x.shape, w.shape, stride, groups, epilogue))  # (reported as forced)
+    elif 2 * node.numel * w.shape[1] * w.shape[2] * w.shape[3] < MIN_FLOPS:
+        return None  # (forced to what this convolution cannot run, and too small to measure)
+    else:  # (measured as usual where the forced answer cannot run this convolution)
+        choice = choose(choices, tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue, groups,
+                        use_forced=False)
     common = dict(x=x, bias=bias, residual=None, out_channels=node.shape[1], padding=list(padding), relu=False,
                   channels_last=True, relu_input=False)
     if choice.startswith("winograd"):
@@ -282,13 +319,14 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
 
 
 def winograd_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
-    if not any(_candidate(n) for n in graph.nodes) or not (cpu_conv.gemm_available() or tiles() and
-                                                           cpu_conv.available() or cpu_conv_dw.available()):
-        return graph  # (available() builds the libraries: only for graphs with a CPU convolution to give them)
+    choices = log.choices if log is not None else Choices()
+    min_flops = 0 if choices.forced_value(CONV) else MIN_FLOPS
+    if not any(_candidate(n, min_flops) for n in graph.nodes):
+        return graph  # (before asking for the libraries, which builds them: only for graphs that could use them)
     # dead nodes first (folding leaves the unfolded convolutions behind): not converted, and not counted as uses
     graph = dce(graph)
     users, outputs = graph.users(), set(graph.outputs)
-    graph = dce(rewrite(graph, lambda node, inputs, b: _to_kiln_conv(node, inputs, b, log,
+    graph = dce(rewrite(graph, lambda node, inputs, b: _to_kiln_conv(node, inputs, b, log, choices,
                                                                      epilogue_of(node, users, outputs))))
     if not any(is_kiln_conv(n) for n in graph.nodes):
         return graph

@@ -466,34 +466,41 @@ def load_module(source: str, *, name: str = "kiln_module", cfg: config.Config | 
     never loads a corrupt or half-written cache entry (it is moved aside and rebuilt). Raises
     :class:`KilnBuildError` when the compiler fails.
     """
-    cfg = cfg or config.get()
+    cache, key, compiler, flags = _where(source, cfg or config.get(), extra_flags)
+    module = _loaded_or_cached(cache, key, name)
+    if module is None:
+        with _FileLock(cache / "locks" / f"{key}.lock"):
+            module = _load_or_build_locked(cache, cache / key[:2] / key, key, source, compiler, flags, name)
+    with _memo_lock:
+        return _memo.setdefault((str(cache), key), module)
+
+
+def _where(source: str, cfg: config.Config, extra_flags: tuple[str, ...]
+           ) -> tuple[Path, str, tuple[str, str], tuple[str, ...]]:
+    """(cache directory, cache key, compiler identity, flags) of ``source`` under ``cfg``."""
     compiler = _compiler_identity(cfg.cxx)
     flags = tuple(cfg.cxx_flags) + tuple(extra_flags)
     flags += workaround_flags(compiler[1], flags)
-    key = _cache_key(source, compiler, flags)
-    cache = Path(os.path.abspath(os.path.expanduser(cfg.cache_dir)))
-    memo_key = (str(cache), key)
+    return Path(os.path.abspath(os.path.expanduser(cfg.cache_dir))), _cache_key(source, compiler, flags), compiler, \
+        flags
+
+
+def _loaded_or_cached(cache: Path, key: str, name: str) -> CompiledModule | None:
+    """The module loaded in this process, or a complete entry of the disk cache (loaded now; no lock needed to
+    read one); None when it would have to be built."""
     with _memo_lock:
-        hit = _memo.get(memo_key)
+        hit = _memo.get((str(cache), key))
     if hit is not None:
         build_stats.memo_hits += 1
         return hit
-
-    entry = cache / key[:2] / key
-    module: CompiledModule | None = None
-    try:  # fast path: no lock needed to read a complete entry
-        module = _try_load(entry, key, name)
+    try:
+        module = _try_load(cache / key[:2] / key, key, name)
     except (FileNotFoundError, _Invalid):
-        module = None
-
-    if module is None:
-        with _FileLock(cache / "locks" / f"{key}.lock"):
-            module = _load_or_build_locked(cache, entry, key, source, compiler, flags, name)
-    else:
-        build_stats.cache_hits += 1
-
+        return None
+    build_stats.cache_hits += 1
     with _memo_lock:
-        return _memo.setdefault(memo_key, module)
+        return _memo.setdefault((str(cache), key), module)
+
 
 
 def _load_or_build_locked(cache: Path, entry: Path, key: str, source: str, compiler: tuple[str, str],
@@ -548,3 +555,22 @@ def builds(load: Any) -> bool:
         return True
     except Exception:  # noqa: BLE001 - any build or load failure means "not here"
         return False
+
+
+_background: dict[tuple[str, str], Any] = {}  # (cache dir, library) -> the Future of its build, once per process
+_background_lock = threading.Lock()
+
+
+def start_builds(loads: dict[str, Any]) -> None:
+    """Start ``builds(load)`` for each of kiln's libraries (by name) in background threads and return at once: g++
+    runs in its own process, so several libraries build in parallel, and a later ``available()`` waits only for
+    what is not yet built (the module cache's file lock makes it wait for the background build, not start
+    another)."""
+    from concurrent.futures import ThreadPoolExecutor
+    cache = config.get().cache_dir
+    with _background_lock:
+        for name, load in loads.items():
+            if (cache, name) not in _background:
+                pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"kiln-build-{name}")
+                _background[(cache, name)] = pool.submit(builds, load)
+                pool.shutdown(wait=False)

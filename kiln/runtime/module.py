@@ -52,7 +52,7 @@ class CompiledGraph:
         self.plan = plan
         self.arena_mode = program.arena
         report.kernels = plan.kernels
-        report.plan = plan.format()
+        report.plan = program.format()
         node_of = program.node_of()
         self.slot_of = program.slot_of
         self._baked = program.baked
@@ -166,28 +166,38 @@ class CompiledGraph:
 
     # ------------------------------------------------------------------ run
     def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        if profiling.active is not None:  # kiln.profile: each step timed
-            return profiling.active.run(self, inputs)
+        profile = profiling.current()
+        if profile is not None:  # kiln.profile: each step timed
+            return profile.run(self, inputs)
         if self.check_steps:  # KILN_CHECK: each step compared with the reference as it runs
             return checking.run_checked(self, inputs)
         return self.interpret(inputs)
 
-    def interpret(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        """Run the program: segments, externs and fused steps in order, on this call's inputs."""
+    def interpret(self, inputs: Sequence[torch.Tensor], around: Callable[..., None] | None = None
+                  ) -> list[torch.Tensor]:
+        """Run the program: segments, externs and fused steps in order, on this call's inputs.  ``around(kind,
+        item, run)`` (kiln.profile's timer) is called for each step instead of ``run()``, which runs it."""
         env, write_back = self.start(inputs)
         alloc_before = None if self.arena_mode else self._alloc_before
         for step, (kind, item) in enumerate(self.program):
             if alloc_before is not None:
                 self.allocate_step(step, env)
-            if kind == "segment":
-                self._run_segment(item, env)
-            elif kind == "fused":
-                self._run_fused(item, env)
+            if around is None:
+                self.run_step(kind, item, env)
             else:
-                self._run_extern(item, env)
+                around(kind, item, lambda kind=kind, item=item: self.run_step(kind, item, env))
             for n in self._drop_after[step]:
                 env.pop(n, None)
         return self.finish(env, write_back)
+
+    def run_step(self, kind: str, item: Any, env: dict[Node, torch.Tensor]) -> None:
+        """One program step: a segment (by index), a fused step, or an extern call (its node)."""
+        if kind == "segment":
+            self._run_segment(item, env)
+        elif kind == "fused":
+            self._run_fused(item, env)
+        else:
+            self._run_extern(item, env)
 
     def run_entry(self, segment: int, k: int, env: dict[Node, torch.Tensor]) -> None:
         """Entry ``k`` of a segment alone (a kernel or a native call; KILN_CHECK's step checker)."""

@@ -23,6 +23,7 @@ algorithm's: Winograd, which multiplies less, can show more than 100%.)
 """
 from __future__ import annotations
 
+import contextvars
 import ctypes
 import dataclasses
 import math
@@ -34,7 +35,14 @@ import torch
 
 from kiln.runtime import peaks
 
-active: "Profile | None" = None
+# The profile of the ``with`` block the current thread (or task) is in: a context, as torch.autocast's state is,
+# which the runtime reads at each call; not a switch anyone flips.
+_ACTIVE: contextvars.ContextVar["Profile | None"] = contextvars.ContextVar("kiln_profile", default=None)
+
+
+def current() -> "Profile | None":
+    """The ``Profile`` whose ``with`` block the caller is in, or None."""
+    return _ACTIVE.get()
 _SLEEP_CYCLES_PER_S = 2.0e9  # GPU clock for torch.cuda._sleep (about the H200's; more only lengthens the lead)
 
 
@@ -61,17 +69,15 @@ class Profile:
         self.calls: dict[int, list[float]] = {}   # graph -> wall time of each call
         self.names: dict[int, str] = {}
         self.peaks: peaks.Peaks | None = None
-        self._previous: Profile | None = None
+        self._token: Any = None
         self._host_s: dict[int, float] = {}  # GPU: the host's time for the last call of each graph
 
     def __enter__(self) -> "Profile":
-        global active
-        self._previous, active = active, self
+        self._token = _ACTIVE.set(self)
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        global active
-        active = self._previous
+        _ACTIVE.reset(self._token)
 
     # ------------------------------------------------------------------ recording
     def run(self, graph: Any, inputs: Any) -> list[torch.Tensor]:
@@ -82,7 +88,6 @@ class Profile:
         if self.peaks is None:
             self.peaks = graph.peaks()
         cuda = graph.device.type == "cuda"
-        run_segment, run_extern, run_fused = graph._run_segment, graph._run_extern, graph._run_fused
         timed_twins = getattr(graph, "_timed_segment_fns", None)
         pending: list[tuple[Any, Any, Any]] = []  # (step key, start event, end event) on the GPU
 
@@ -105,40 +110,34 @@ class Profile:
             fn()
             note(step_key, [time.perf_counter() - begin])
 
-        def segment(index: int, env: dict) -> None:
-            entries = costs[("segment", index)]
-            if timed_twins is not None:
-                stamps = (ctypes.c_double * (len(entries) + 1))()
-                timed_twins[index](graph.ptrs_addr, stamps)
-                note(("segment", index), [b - a for a, b in zip(stamps, stamps[1:])])
+        def around(kind: str, item: Any, run: Callable[[], None]) -> None:
+            """One program step, timed (a C++ segment by its timed twin: each entry's own time)."""
+            if kind == "segment" and timed_twins is not None:
+                stamps = (ctypes.c_double * (len(costs[("segment", item)]) + 1))()
+                timed_twins[item](graph.ptrs_addr, stamps)
+                note(("segment", item), [b - a for a, b in zip(stamps, stamps[1:])])
                 return
-            timed(("segment", index), lambda: run_segment(index, env))
+            timed((kind, id(item) if kind == "fused" else item), run)
 
-        graph._run_segment = segment
-        graph._run_extern = lambda n, env: timed(("extern", n), lambda: run_extern(n, env))
-        graph._run_fused = lambda s, env: timed(("fused", id(s)), lambda: run_fused(s, env))
-        try:
-            if not cuda:
-                start = time.perf_counter()
-                out = graph.interpret(inputs)
-                self.calls.setdefault(key, []).append(time.perf_counter() - start)
-                return out
-            # The interpreted program launches slower than the GPU runs small kernels, and an event pair would
-            # then time the wait for the launch.  So the GPU first sleeps while the host queues the whole call
-            # (twice the host's last time for it): the events time the steps back to back, as a replay runs them.
-            torch.cuda.synchronize(graph.device)
-            torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * max(0.005, 2 * self._host_s.get(key, 0.05))))
+        if not cuda:
             start = time.perf_counter()
-            out = graph.interpret(inputs)
-            self._host_s[key] = time.perf_counter() - start
-            torch.cuda.synchronize(graph.device)
-            for step_key, begin, end in pending:
-                note(step_key, [begin.elapsed_time(end) / 1e3])
-            if pending:
-                self.calls.setdefault(key, []).append(pending[0][1].elapsed_time(pending[-1][2]) / 1e3)
+            out = graph.interpret(inputs, around)
+            self.calls.setdefault(key, []).append(time.perf_counter() - start)
             return out
-        finally:
-            del graph._run_segment, graph._run_extern, graph._run_fused
+        # The interpreted program launches slower than the GPU runs small kernels, and an event pair would then
+        # time the wait for the launch.  So the GPU first sleeps while the host queues the whole call (twice the
+        # host's last time for it): the events time the steps back to back, as a replay runs them.
+        torch.cuda.synchronize(graph.device)
+        torch.cuda._sleep(int(_SLEEP_CYCLES_PER_S * max(0.005, 2 * self._host_s.get(key, 0.05))))
+        start = time.perf_counter()
+        out = graph.interpret(inputs, around)
+        self._host_s[key] = time.perf_counter() - start
+        torch.cuda.synchronize(graph.device)
+        for step_key, begin, end in pending:
+            note(step_key, [begin.elapsed_time(end) / 1e3])
+        if pending:
+            self.calls.setdefault(key, []).append(pending[0][1].elapsed_time(pending[-1][2]) / 1e3)
+        return out
 
     # ------------------------------------------------------------------ report
     def format(self) -> str:

@@ -92,8 +92,9 @@ class TritonGraph(CompiledGraph):
             torch.backends.cudnn.benchmark = before
 
     def _run(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-        if profiling.active is not None:  # kiln.profile: the interpreted program, each step timed
-            return profiling.active.run(self, inputs)
+        profile = profiling.current()
+        if profile is not None:  # kiln.profile: the interpreted program, each step timed
+            return profile.run(self, inputs)
         if self.check_steps:  # KILN_CHECK: the interpreted program, each step compared with the reference
             return checking.run_checked(self, inputs)
         if self._wrapped is not None:
@@ -278,7 +279,7 @@ class GraphReplay:
                     return self.module(inputs)  # a strided input: the plain module copies it
                 raise InputMismatch(k, dtype, shape, "cuda", x)
         self.calls += 1
-        if self.calls <= self.WARMUP_CALLS or profiling.active is not None:  # (kiln.profile: step by step)
+        if self.calls <= self.WARMUP_CALLS or profiling.current() is not None:  # (kiln.profile: step by step)
             return self.module(inputs)
         key = tuple(x.data_ptr() for x in inputs)
         entry = self.graphs.get(key)

@@ -16,70 +16,66 @@ import torch
 from kiln import config
 from kiln.ir.graph import Graph
 from kiln.passes.check import random_inputs
-from kiln.schedule.layout import is_conv2d
 from kiln.report import CompileReport
-from kiln.tune import decisions
+from kiln.schedule.layout import is_conv2d
+from kiln.tune.choices import Choices, Kind
 
-ROUNDS = 3
-
-
-def _best_time(module: Callable, inputs: list[torch.Tensor]) -> float:
-    start = time.perf_counter()
-    module(inputs)
-    return time.perf_counter() - start
-
-
-STORE = "layout_choices.json"
-
-
-def _save_decision(key: str, choice: str) -> None:
-    known = decisions.load(STORE)
-    known[key] = choice
-    decisions.save(STORE, known)
+LAYOUT = Kind("layout", 2, ("contiguous", "channels-last"))
+BUILD_S = 2.0  # about what building the other plan costs (g++), for the measuring budget
 
 
 def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, CompileReport], Callable],
-               examples: Callable[[], list[torch.Tensor]] | None = None) -> Callable:
+               examples: Callable[[], list[torch.Tensor]] | None = None, choices: Choices | None = None) -> Callable:
     """Build the graph's module; with convolutions and ``layout_autotune``, the faster of both layouts, measured
     on ``examples()`` (copies of the call's inputs) where given, else on random inputs.
 
-    The decision is kept on disk, keyed by the contiguous plan's source, so a warm compile builds (loads)
-    only the chosen plan and measures nothing."""
+    The choice goes through ``choices`` (the compile's service: forced, stored, measured or predicted), keyed by
+    the contiguous plan's source, so a warm compile builds (loads) only the chosen plan and measures nothing."""
     cfg = config.get()
     if cfg.layout_optimization or not cfg.layout_autotune or not any(is_conv2d(n) for n in graph.nodes):
         return build(graph, report)
+    choices = choices if choices is not None else Choices()
     plain = build(graph, report)
-    key = hashlib.sha256(f"{report.source}|{torch.get_num_threads()}".encode()).hexdigest()
-    known = decisions.load(STORE).get(key)
+    key = (hashlib.sha256(report.source.encode()).hexdigest()[:32], torch.get_num_threads())
+    what = f"graph {report.name!r}"
+    known = choices.known(LAYOUT, key, what)
     if known == "contiguous":
-        report.memory["layout"] = "contiguous (measured earlier)"
+        report.memory["layout"] = "contiguous (" + ("forced)" if choices.forced_value(LAYOUT) else "measured earlier)")
         return plain
     plain_state = (report.kernels, report.externs, report.native_externs, dict(report.memory), report.source,
                    report.from_cache)
+
+    def keep_plain(why: str) -> Callable:
+        (report.kernels, report.externs, report.native_externs, report.memory, report.source,
+         report.from_cache) = plain_state
+        report.memory["layout"] = f"contiguous ({why})"
+        return plain
+
+    inputs = examples() if examples is not None else random_inputs(graph)
+    if known is None:
+        with torch.inference_mode():
+            start = time.perf_counter()
+            plain(inputs)
+            once_s = time.perf_counter() - start
+        if not choices.can_measure(BUILD_S + 22 * once_s):  # (the other plan's build and ~22 calls of each)
+            choices.predicted(LAYOUT, what, "contiguous", f"measuring budget of {choices.budget_s:g} s too small")
+            return keep_plain("predicted: measuring budget too small")
     with config.scope(layout_optimization=True):
         nhwc = build(graph, report)
     if known == "channels-last":
-        report.memory["layout"] = "channels-last (measured earlier)"
+        report.memory["layout"] = "channels-last (" + ("forced)" if choices.forced_value(LAYOUT) else
+                                                       "measured earlier)")
         return nhwc
-    inputs = examples() if examples is not None else random_inputs(graph)
     with torch.inference_mode():
         first, second = plain(inputs), nhwc(inputs)
         if not all(torch.allclose(b, a, rtol=1e-3, atol=1e-4, equal_nan=True) for a, b in zip(first, second)):
             # never trade correctness for speed: keep the contiguous plan and say why
-            (report.kernels, report.externs, report.native_externs, report.memory, report.source,
-             report.from_cache) = plain_state
-            report.memory["layout"] = "contiguous (the channels-last plan disagreed on random inputs)"
-            return plain
-        t_plain = t_nhwc = float("inf")
-        for _ in range(ROUNDS):
-            t_plain = min(t_plain, _best_time(plain, inputs))
-            t_nhwc = min(t_nhwc, _best_time(nhwc, inputs))
-    if t_nhwc < 0.97 * t_plain:
-        _save_decision(key, "channels-last")
-        report.memory["layout"] = f"channels-last ({t_nhwc * 1e3:.1f} ms vs {t_plain * 1e3:.1f} ms contiguous)"
+            return keep_plain("the channels-last plan disagreed on random inputs")
+    choice = choices.decide(LAYOUT, key, lambda: {"contiguous": lambda: plain(inputs),
+                                                  "channels-last": lambda: nhwc(inputs)},
+                            baseline="contiguous", what=what)
+    how = choices.made[-1]
+    if choice == "channels-last":
+        report.memory["layout"] = f"channels-last ({how.how}: {how.note})"
         return nhwc
-    _save_decision(key, "contiguous")
-    (report.kernels, report.externs, report.native_externs, report.memory, report.source,
-     report.from_cache) = plain_state
-    report.memory["layout"] = f"contiguous ({t_plain * 1e3:.1f} ms vs {t_nhwc * 1e3:.1f} ms channels-last)"
-    return plain
+    return keep_plain(f"{how.how}: {how.note}" if how.note else how.how)

@@ -131,6 +131,7 @@ class Stats:
     fused: list[str] = dataclasses.field(default_factory=list)
     kept_extern: list[str] = dataclasses.field(default_factory=list)
     seconds: float = 0.0
+    problems: list[Any] = dataclasses.field(default_factory=list)  # measured (tune.gpu_matmul.Problem, timings)
 
 
 def forced_config() -> MatmulConfig | None:
@@ -184,6 +185,7 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
                 problems.setdefault(key, Problem(key, spec, source, node, epilogue)).members.append(i)
         if problems:
             for p in measure_problems(list(problems.values()), dtype_of, node_of, strides_of, device):
+                stats.problems.append(p)
                 stats.measured += p.measured
                 db.put(p.key, KIND, p.choice, p.median_s, p.spread_s, structure=f"{KIND}:{p.spec.bias}")
                 for i in p.members:

@@ -97,13 +97,12 @@ def build_cpu(graph: Graph, report: CompileReport,
     """The CPU module of ``graph``: its plan, each kernel's schedule (tuned in max-autotune), then the runtime.
     ``arena=False``: buffers allocated per step, as on a GPU (tests run that path on the CPU)."""
     from kiln.runtime.module import CompiledGraph
-    from kiln.tune.cpu import apply_schedules, stats
+    from kiln.tune.cpu import apply_schedules
     plan = make_plan(graph)
     dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
     node_of = {name: n for n, name in plan.buffer_of.items()}
-    skipped_before = len(stats.skipped)
-    apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
-    report.tune_skipped = stats.skipped[skipped_before:]
+    report.tuning = apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
+    report.tune_skipped = list(report.tuning.skipped)
     return CompiledGraph(graph, build_program(graph, plan, arena=arena), report)
 
 

@@ -29,12 +29,12 @@ from kiln.tune.measure import Candidate, measure
 
 @dataclasses.dataclass
 class TuneStats:
-    measured: int = 0        # candidates measured (in this process)
+    """What ``apply_schedules`` did for one graph (the report's ``tuning``)."""
+    measured: int = 0        # candidates measured
     from_database: int = 0   # kernels whose schedule came from the database
     skipped: list[str] = dataclasses.field(default_factory=list)  # "name: status" of failed candidates
 
 
-stats = TuneStats()
 POINTWISE, REDUCTION = "pointwise", "reduction"  # record kinds of the kernels' schedules
 KINDS = (POINTWISE, REDUCTION, cpu_pointwise.SAMPLE_KIND)  # the record kinds this tuner writes and reads
 
@@ -50,8 +50,9 @@ def _standalone(k: Kernel, dtype_of: dict[str, torch.dtype], node_of: dict[str, 
 
 
 def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], node_of: dict[str, Node],
-                    tune: bool, budget_s: float | None = None) -> None:
-    """Set ``k.schedule`` on every kernel (see the module docstring)."""
+                    tune: bool, budget_s: float | None = None) -> TuneStats:
+    """Set ``k.schedule`` on every kernel (see the module docstring); what was measured or found."""
+    stats = TuneStats()
     db = TuningDB.open()
     try:
         deadline = time.monotonic() + (budget_s if budget_s is not None else config.get().tune_budget_s)
@@ -68,16 +69,17 @@ def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], nod
             if not tune or time.monotonic() > deadline:
                 continue
             try:
-                _tune(k, key, dtype_of, node_of, db, deadline, done, len(kernels))
+                _tune(k, key, dtype_of, node_of, db, deadline, done, len(kernels), stats)
             except Exception as e:  # noqa: BLE001 - tuning one kernel must never fail the compile
                 k.schedule = default_schedule(k)
                 stats.skipped.append(f"{k.name}: tuning failed ({type(e).__name__}: {e}); heuristic schedule")
     finally:
         db.close()
+    return stats
 
 
 def _tune(k: Kernel, key: str, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node], db: TuningDB,
-          deadline: float, done: int, total: int) -> None:
+          deadline: float, done: int, total: int, stats: TuneStats) -> None:
     """Measure kernel ``k``'s candidates; keep the fastest in ``k.schedule`` and the database."""
     space = candidates(k)
     nbytes = cpu_pointwise.kernel_bytes(k, node_of, dtype_of)

@@ -13,8 +13,8 @@ of A packed at once.  For one problem ``[m, k] @ [k, n]``:
    the B micro-panel overflow L2 and L1), ``w`` fitted by ridge least squares to log(measured / estimated) over
    the samples this machine's database holds.
 3. **Measurement** (max-autotune): the ``MEASURED`` best-ranked candidates run alternately on random data, each
-   call on another copy of the weight so B comes from memory as in a model (``decisions.cold_copies``), their
-   times corrected for the machine's drift between rounds (``decisions.drift_corrected``); every timing is kept
+   call on another copy of the weight so B comes from memory as in a model (``timing.cold_copies``), their
+   times corrected for the machine's drift between rounds (``timing.drift_corrected``); every timing is kept
    as a sample (what the next fit learns from), the fastest as the problem's record, so a second compile
    measures nothing and default mode uses it too.  A problem whose measurement the model puts above
    ``BUDGET_SHARE`` of ``Config.tune_budget_s`` keeps the rule.
@@ -23,19 +23,20 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import Callable
 
 import torch
 
 from kiln import config
 from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
-from kiln.tune import decisions
+from kiln.tune import timing
 from kiln.tune.ranking import fit_log_linear
 
 # 2: timed with cold weights; 3: the micro-kernel prefetches its C tile (K blocks' C re-reads got cheaper)
 KIND, SAMPLE_KIND = "cpu_gemm4", "cpu_gemm4_sample"
 KINDS = (KIND, SAMPLE_KIND)
 MEASURED = 8        # candidates measured per problem
-ROUNDS = 7          # alternating rounds (decisions.drift_corrected)
+ROUNDS = 7          # alternating rounds (timing.drift_corrected)
 KC_LIMITS = (256, 512, 1024, 2048)
 A_BLOCK_FRACTIONS = (0.25, 0.5, 0.75, 1.5)
 FEATURES = ("bias", "log_kc", "log_mc", "tall_tile", "a_over_l2", "b_over_l1")
@@ -60,8 +61,8 @@ class Machine:
     def here() -> "Machine":
         from kiln.runtime import cpu_gemm
         nr = cpu_gemm.library().kiln_gemm_nr()
-        return Machine(l1=decisions.cache_bytes(1, 32 * 1024), l2=decisions.cache_bytes(2, 1024 * 1024),
-                       l3=decisions.cache_bytes(3, 32 * 1024 * 1024), nr=nr,
+        return Machine(l1=timing.cache_bytes(1, 32 * 1024), l2=timing.cache_bytes(2, 1024 * 1024),
+                       l3=timing.cache_bytes(3, 32 * 1024 * 1024), nr=nr,
                        tile_heights=(8, 12) if nr == 32 else (6,))
 
 
@@ -160,21 +161,22 @@ def _samples(db) -> list[tuple[GemmSchedule, int, int, int, float]]:
 
 def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int, rounds: int = ROUNDS) -> list[float]:
     """Seconds per schedule on random data over ``rounds`` alternating rounds, corrected for the machine's drift
-    between rounds (``decisions.drift_corrected``), each call on another copy of the weight so that B comes from
-    memory, as in a model (``decisions.cold_copies``)."""
+    between rounds (``timing.drift_corrected``), each call on another copy of the weight so that B comes from
+    memory, as in a model (``timing.cold_copies``)."""
     from kiln.runtime import cpu_gemm
     gen = torch.Generator().manual_seed(0)
     x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
-    packs = [cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)) for _ in range(decisions.cold_copies(4 * n * k))]
-    calls = [decisions.cycling([lambda s=s, p=p: cpu_gemm.linear_packed_impl(x, p, bias, n, s) for p in packs])
+    packs = [cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)) for _ in range(timing.cold_copies(4 * n * k))]
+    calls = [timing.cycling([lambda s=s, p=p: cpu_gemm.linear_packed_impl(x, p, bias, n, s) for p in packs])
              for s in schedules]
-    return decisions.drift_corrected(decisions.round_times(calls, rounds))
+    return timing.drift_corrected(timing.round_times(calls, rounds))
 
 
-def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> GemmSchedule | None:
+def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all,
+             note: Callable[[str], None] = lambda line: None) -> GemmSchedule | None:
     """The database's schedule for this problem; else, when ``tune``, the fastest of the ``MEASURED``
-    best-ranked candidates (stored with every sample); else None (the rule, ``schedule_for``)."""
-    from kiln.tune.cpu import stats
+    best-ranked candidates (stored with every sample; ``note`` gets a line for the report); else None (the
+    rule, ``schedule_for``)."""
     from kiln.tune.db import TuningDB
     own = db is None
     db = db or TuningDB.open()
@@ -182,7 +184,6 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> 
         key = problem_key(m, k, n)
         record = db.get(key)
         if record is not None:
-            stats.from_database += 1
             return GemmSchedule(**{f: record.trace[f] for f in ("mr", "kc", "mc")})
         if not tune:
             return None
@@ -196,7 +197,6 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> 
         if cost_s > BUDGET_SHARE * config.get().tune_budget_s:
             return None  # a product too big to time within its share of the budget keeps the rule
         times = measure(chosen, m, k, n)
-        stats.measured += len(chosen)
         for s, t in zip(chosen, times):
             db.put(f"{key}:{s.mr}/{s.kc}/{s.mc}", SAMPLE_KIND, s.trace(), t, 0.0, structure=SAMPLE_KIND)
         best = min(range(len(chosen)), key=lambda i: times[i])
@@ -205,7 +205,7 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all) -> 
             f" {times[best] * 1e3:.3f} ms"
         if rule in chosen:
             line += f", the rule's {times[chosen.index(rule)] * 1e3:.3f} ms"
-        decisions.note_measured(line)
+        note(line)
         db.put(key, KIND, chosen[best].trace(), times[best], max(times) - min(times), structure=KIND)
         return chosen[best]
     finally:

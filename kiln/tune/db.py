@@ -65,17 +65,24 @@ class Record:
 
 
 @lru_cache(maxsize=None)
-def hardware_fingerprint() -> str:
-    """CPU model, vector ISA and core count; GPU name and compute capability when CUDA is available."""
-    cpu, flags = platform.processor() or platform.machine(), set()
+def cpu_model_and_flags() -> tuple[str, frozenset[str]]:
+    """The CPU's model name and feature flags (Linux ``/proc/cpuinfo``; elsewhere the platform's name, no flags)."""
+    cpu, flags = platform.processor() or platform.machine(), frozenset()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu = line.split(":", 1)[1].strip()
             elif line.startswith("flags"):
-                flags = set(line.split(":", 1)[1].split())
+                flags = frozenset(line.split(":", 1)[1].split())
     except OSError:
         pass
+    return cpu, flags
+
+
+@lru_cache(maxsize=None)
+def hardware_fingerprint() -> str:
+    """CPU model, vector ISA and core count; GPU name and compute capability when CUDA is available."""
+    cpu, flags = cpu_model_and_flags()
     isa = "+".join(f for f in ("avx512f", "avx512_bf16", "avx2", "fma", "neon") if f in flags) or "base"
     parts = [cpu, isa, f"{os.cpu_count()} cores"]
     try:

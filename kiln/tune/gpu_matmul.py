@@ -4,8 +4,8 @@ A *problem* is one template text (shapes, dtypes, fused epilogue) with its opera
 model share problems, so each is measured once per graph and once per machine (the tuning database keeps the
 answer, see ``runtime/matmul_step.py``).  For each problem:
 
-1. a cost model ranks the template's tile configurations and only the best ``MEASURED`` are compiled: the
-   estimate is the number of waves of programs over the SMs (programs resident per SM limited by shared
+1. a cost model ranks the template's tile configurations and only the best ``Config.matmul_measured_configs``
+   are compiled: the estimate is the number of waves of programs over the SMs (programs resident per SM limited by shared
    memory) times the time of one program's K loop, at a tensor-core rate that drops for small tiles (less
    operand reuse per load);
 2. all problems' candidates compile at once, in threads (LLVM and ptxas run outside the GIL; Triton's front end
@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln import config
 from kiln.codegen.triton import TritonKernelWriter, module_source, schedule_for
 from kiln.codegen.triton_matmul import MatmulConfig, MatmulSpec, candidate_configs
 from kiln.ir.extern import argument_builder
@@ -34,8 +35,6 @@ from kiln.ir.ops import VIEW, Op, contiguous_strides
 # process: 3.45 s for MLP's one problem at 4), and on the suite's epilogue problems the first configuration
 # within 5% of the exhaustive best ranked 2, 5 and 2 (H200, benchmarks/matmul_cost_model.py): the top 2 find what
 # the top 4 find, in half the compile time.
-MEASURED = 2
-OBSERVERS: list[Callable[["Problem"], None]] = []  # called with each measured problem (benchmarks)
 SHARED_MEMORY = 227 * 1024  # bytes per SM a program may use on Hopper
 
 
@@ -166,7 +165,7 @@ def _prepare(p: Problem, dtype_of: dict[str, torch.dtype], node_of: dict[str, No
             target(*ext_args, **ext_kwargs)
     module, _ = _import_source(matmul_module_text(p.source))
     return _Prepared(p, extern_path, getattr(module, spec.name), launch_args(spec, ext_args, ep_tensors),
-                     rank_configs(spec, sms)[:MEASURED])
+                     rank_configs(spec, sms)[:config.get().matmul_measured_configs])
 
 
 def _compile(job: tuple[_Prepared, MatmulConfig]) -> bool:
@@ -208,6 +207,4 @@ def measure_problems(problems: list[Problem], dtype_of: dict[str, torch.dtype], 
         p.median_s, p.spread_s, p.choice = min(results, key=lambda r: r[0])
         p.measured = len(results)
         p.timings = [(choice, median) for median, _, choice in results]
-        for observe in OBSERVERS:
-            observe(p)
     return problems

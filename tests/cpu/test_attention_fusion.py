@@ -10,7 +10,6 @@ import torch.nn.functional as F
 from torch import nn
 
 import kiln
-from kiln.passes import attention, pipeline
 from kiln.report import mark, reports_since
 
 
@@ -33,23 +32,15 @@ class Attn(nn.Module):
         return self.proj(y.transpose(1, 2).contiguous().view(b, t, c))
 
 
-@pytest.fixture
-def on_cpu(monkeypatch):
-    steps = [(n, (lambda g, log: attention.fuse_attention(g, log, devices=("cpu",))) if n == "fuse_attention"
-              else f) for n, f in pipeline.PIPELINE]
-    monkeypatch.setattr(pipeline, "PIPELINE", steps)
-
-
 @pytest.mark.parametrize("kernel,extern", [("aten", "scaled_dot_product_attention"), ("kiln", "attention")])
 @pytest.mark.parametrize("kind,fused", [("causal", True), ("none", True), ("random", False)])
-def test_attention_fusion(on_cpu, monkeypatch, kind, fused, kernel, extern):
-    monkeypatch.setattr(attention, "choose", lambda *shape: kernel == "kiln")
+def test_attention_fusion(kind, fused, kernel, extern):
     torch.manual_seed(0)
     model = Attn(mask=kind).eval()
     x = torch.randn(2, 16, 64)
     position = mark()
     with torch.inference_mode():
-        got = kiln.compile(model, fallback=False)(x)
+        got = kiln.compile(model, fallback=False, choices=f"attention={kernel}")(x)
         torch.testing.assert_close(got, model(x), rtol=1e-5, atol=1e-5)
     report = reports_since(position)[-1]
     assert (extern in report.externs) == fused, report.externs

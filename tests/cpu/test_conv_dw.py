@@ -87,30 +87,25 @@ class _Inverted(nn.Module):
         return x + self.project(self.dw(self.expand(x)))
 
 
-def test_pass_runs_a_depthwise_layer_with_its_epilogue(monkeypatch):
-    seen = []
-
-    def pick(x_shape, w_shape, stride, padding, epilogue="", groups=1):
-        seen.append((groups, epilogue))
-        return "dw" if groups > 1 else "onednn"
-    monkeypatch.setattr(winograd, "choose", pick)
+def test_pass_runs_a_depthwise_layer_with_its_epilogue():
     model = _Inverted().eval()
     x = torch.randn(2, 16, 56, 56)
     position = mark()
-    with torch.inference_mode():
-        out = kiln.compile(model, fallback=False)(x)
+    with torch.inference_mode():  # (the other convolutions cannot run depthwise: chosen as usual)
+        out = kiln.compile(model, fallback=False, choices="conv=dw")(x)
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     report = reports_since(position)[-1]
-    assert (64, "relu") in seen, seen
+    forced = [m.what for m in report.choices if m.how == "forced"]
+    assert len(forced) == 1 and forced[0].endswith("groups 64 + relu"), report.choices
     assert "conv_dw" in report.externs, report.externs
     notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
     assert "convolution -> kiln depthwise: 1" in notes and "relu -> depthwise epilogue: 1" in notes, notes
 
 
-def test_choice_measures_onednn_against_the_depthwise_kernel(monkeypatch):
-    calls = {}
-    monkeypatch.setattr(winograd._choices, "decide", lambda key, make, **kw: calls.update(make()) or "onednn")
-    winograd.choose((1, 24, 20, 20), (24, 1, 3, 3), [2, 2], [1, 1], "relu", 24)
+def test_choice_measures_onednn_against_the_depthwise_kernel(candidate_recorder):
+    recorder = candidate_recorder("onednn")
+    winograd.choose(recorder, (1, 24, 20, 20), (24, 1, 3, 3), [2, 2], [1, 1], "relu", 24)
+    (calls,) = recorder.candidates.values()
     assert set(calls) == {"onednn", "dw"}, list(calls)
     results = {name: fn() for name, fn in calls.items()}
     torch.testing.assert_close(results["dw"], results["onednn"], rtol=1e-4, atol=1e-4)

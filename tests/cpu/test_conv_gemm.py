@@ -106,38 +106,36 @@ class _DownBlock(nn.Module):
         return torch.relu(self.bn2(self.conv2(y)) + self.down(x))
 
 
-def test_pass_offers_the_direct_kernel_for_few_input_channels(monkeypatch):
+def test_pass_offers_the_direct_kernel_for_few_input_channels(candidate_recorder):
     """A first layer (3 channels) may run pack-free; the candidates agree, and a graph runs it with its ReLU."""
-    calls = {}
-    monkeypatch.setattr(winograd._choices, "decide", lambda key, make, **kw: calls.update(make()) or "onednn")
-    winograd.choose((1, 3, 30, 30), (16, 3, 7, 7), [2, 2], [3, 3], "relu")
+    recorder = candidate_recorder("onednn")
+    winograd.choose(recorder, (1, 3, 30, 30), (16, 3, 7, 7), [2, 2], [3, 3], "relu")
+    (calls,) = recorder.candidates.values()
     assert {"onednn", "gemm", "direct"} <= set(calls), list(calls)
     results = {name: fn() for name, fn in calls.items()}
     for name, y in results.items():
         torch.testing.assert_close(y, results["onednn"], rtol=1e-4, atol=1e-4, msg=name)
-    calls.clear()
-    winograd.choose((1, 16, 30, 30), (16, 16, 3, 3), [2, 2], [1, 1], "relu")
-    assert "direct" not in calls  # (16 channels: the packed GEMM's case)
+    recorder = candidate_recorder("onednn")
+    winograd.choose(recorder, (1, 16, 30, 30), (16, 16, 3, 3), [2, 2], [1, 1], "relu")
+    assert "direct" not in list(recorder.candidates.values())[0]  # (16 channels: the packed GEMM's case)
 
-    monkeypatch.undo()
-    monkeypatch.setattr(winograd, "choose", lambda *args: "direct")
     stem = nn.Sequential(nn.Conv2d(3, 24, 7, 2, 3), nn.ReLU()).eval()
     x = torch.randn(2, 3, 64, 64)
     position = mark()
     with torch.inference_mode():
-        torch.testing.assert_close(kiln.compile(stem, fallback=False)(x), stem(x), rtol=1e-4, atol=1e-5)
+        compiled = kiln.compile(stem, fallback=False, choices="conv=direct")
+        torch.testing.assert_close(compiled(x), stem(x), rtol=1e-4, atol=1e-5)
     notes = " ".join(note for p in reports_since(position)[-1].passes if p.name == "winograd" for note in p.notes)
     assert "convolution -> kiln direct (few channels): 1" in notes and "relu -> implicit-GEMM epilogue: 1" in notes, \
         notes
 
 
-def test_pass_runs_a_downsampling_block_with_its_epilogues(monkeypatch):
-    monkeypatch.setattr(winograd, "choose", lambda *shapes: "gemm")
+def test_pass_runs_a_downsampling_block_with_its_epilogues():
     model = _DownBlock().eval()
     x = torch.randn(2, 32, 48, 48)  # every convolution above the pass's MIN_FLOPS
     position = mark()
     with torch.inference_mode():
-        out = kiln.compile(model, fallback=False)(x)
+        out = kiln.compile(model, fallback=False, choices="conv=gemm")(x)
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     assert out.is_contiguous()
     report = reports_since(position)[-1]

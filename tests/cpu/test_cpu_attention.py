@@ -4,7 +4,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from kiln import config
 from kiln.passes import attention
+from kiln.tune.choices import Choices
 from kiln.runtime import cpu_attention
 
 pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")
@@ -68,8 +70,10 @@ def test_bad_input_is_named():
         torch.ops.kiln.attention(q, torch.randn(1, 2, 9, 16), torch.randn(1, 2, 9, 16), 1.0, True)
 
 
-def test_choice_is_measured_once(monkeypatch):
-    attention._choices.clear()
-    first = attention.choose(1, 2, 64, 32, True)
-    monkeypatch.setattr(attention.decisions, "fastest", lambda *a, **k: pytest.fail("measured twice"))
-    assert attention.choose(1, 2, 64, 32, True) == first
+def test_choice_is_measured_once(tmp_path):
+    with config.scope(cache_dir=str(tmp_path)):
+        first = Choices()
+        choice = attention.choose(first, 1, 2, 64, 32, True)
+        assert first.made[-1].how == "measured"
+        later = Choices()  # (another compile: the tuning database has the answer)
+        assert attention.choose(later, 1, 2, 64, 32, True) == choice and later.made[-1].how == "stored"

@@ -12,11 +12,10 @@ from kiln.report import mark, reports_since
 from kiln.runtime import cpu_gemm
 
 
-def _compile_and_check(fn, x, choice, monkeypatch):
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: choice)
+def _compile_and_check(fn, x, choice):
     position = mark()
     with torch.inference_mode():
-        out = kiln.compile(fn, fallback=False)(x)
+        out = kiln.compile(fn, fallback=False, choices=f"gemm={choice}")(x)
         torch.testing.assert_close(out, fn(x), rtol=1.3e-5, atol=1.5e-5)
     report = reports_since(position)[-1]
     notes = " ".join(note for p in report.passes if p.name == "gemm_epilogue" for note in p.notes)
@@ -24,22 +23,22 @@ def _compile_and_check(fn, x, choice, monkeypatch):
 
 
 @pytest.mark.parametrize("choice", ["kiln", "onednn"])
-def test_gelu_after_linear_runs_in_the_gemm(choice, monkeypatch):
+def test_gelu_after_linear_runs_in_the_gemm(choice):
     if choice == "kiln" and not cpu_gemm.available() or choice == "onednn" and not select_gemm.onednn_available():
         pytest.skip(f"{choice} GEMM not available here")
     mlp = nn.Sequential(nn.Linear(256, 520), nn.GELU(), nn.Linear(520, 64)).eval()  # above select_gemm's MIN_FLOPS
-    report, notes = _compile_and_check(mlp, torch.randn(40, 256) * 2, choice, monkeypatch)
+    report, notes = _compile_and_check(mlp, torch.randn(40, 256) * 2, choice)
     assert f"gelu -> {choice} GEMM epilogue: 1" in notes, notes
     assert not report.kernels, [k.name for k in report.kernels]  # nothing left for a generated kernel
 
 
 @pytest.mark.parametrize("choice", ["kiln", "onednn"])
-def test_gelu_after_a_linear_on_3d_activations(choice, monkeypatch):
+def test_gelu_after_a_linear_on_3d_activations(choice):
     """A transformer's MLP: the linear runs on [B*T, C] and its result is viewed as [B, T, N] before the gelu."""
     if choice == "kiln" and not cpu_gemm.available() or choice == "onednn" and not select_gemm.onednn_available():
         pytest.skip(f"{choice} GEMM not available here")
     mlp = nn.Sequential(nn.Linear(96, 520), nn.GELU(), nn.Linear(520, 96)).eval()
-    report, notes = _compile_and_check(mlp, torch.randn(2, 40, 96) * 2, choice, monkeypatch)
+    report, notes = _compile_and_check(mlp, torch.randn(2, 40, 96) * 2, choice)
     assert f"gelu -> {choice} GEMM epilogue: 1" in notes, notes
     assert not any(n.op.name == "ERFC" for k in report.kernels for n in k.nodes), [k.name for k in report.kernels]
 
@@ -60,17 +59,16 @@ def test_epilogue_matches_the_generated_gelu_kernel():
 
 
 @pytest.mark.skipif(not cpu_gemm.available(), reason="kiln's CPU GEMM does not build here")
-def test_not_fused_when_the_linear_result_is_used_again_or_the_gelu_is_tanh(monkeypatch):
+def test_not_fused_when_the_linear_result_is_used_again_or_the_gelu_is_tanh():
     lin = nn.Linear(256, 512)
 
     def both(x):
         y = lin(x)
         return F.gelu(y), y.sum(0)
 
-    report, notes = _compile_and_check(both, torch.randn(32, 256), "kiln", monkeypatch)
+    report, notes = _compile_and_check(both, torch.randn(32, 256), "kiln")
     assert "gelu ->" not in notes and report.externs == ["linear_packed"], report.externs
-    report, notes = _compile_and_check(lambda x: F.gelu(lin(x), approximate="tanh"), torch.randn(32, 256), "kiln",
-                                       monkeypatch)
+    report, notes = _compile_and_check(lambda x: F.gelu(lin(x), approximate="tanh"), torch.randn(32, 256), "kiln")
     assert "gelu ->" not in notes
 
 
@@ -84,25 +82,23 @@ def test_gelu_vanishes_for_very_negative_inputs():
 
 
 @pytest.mark.skipif(not cpu_gemm.available(), reason="kiln's CPU GEMM does not build here")
-def test_gemm_results_live_in_the_arena(monkeypatch):
+def test_gemm_results_live_in_the_arena():
     """kiln::linear_packed.out writes into the planned buffer, so intermediate GEMM results are not new tensors
     each call (as aten.mm's are not); the graph's output is still its own tensor."""
-    from kiln.runtime.module import CompiledGraph
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: "kiln")
     mlp = nn.Sequential(nn.Linear(256, 512), nn.GELU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 64)).eval()
-    modules = []
-    original = CompiledGraph.__call__
-    monkeypatch.setattr(CompiledGraph, "__call__", lambda self, inputs: modules.append(self) or original(self, inputs))
     x = torch.randn(32, 256)
+    position = mark()
     with torch.inference_mode():
-        compiled = kiln.compile(mlp, fallback=False)
+        compiled = kiln.compile(mlp, fallback=False, choices="gemm=kiln")
         first = compiled(x)
         torch.testing.assert_close(first, mlp(x), rtol=1.3e-5, atol=1.5e-5)
         second = compiled(x * 2)
         torch.testing.assert_close(second, mlp(x * 2), rtol=1.3e-5, atol=1.5e-5)
         torch.testing.assert_close(first, mlp(x), rtol=1.3e-5, atol=1.5e-5)  # not overwritten by the second call
-    planned = [n for n in modules[0].planned if n.op.value == "extern"]
-    assert len(planned) == 2, planned  # the two inner GEMMs; the last one writes the graph's output
+    gemms = [line for line in reports_since(position)[-1].plan.splitlines() if "linear_packed" in line]
+    # the two inner GEMMs write the arena; the last one writes the graph's output
+    assert ["arena @" in line for line in gemms] == [True, True, False], gemms
+    assert "graph output" in gemms[-1], gemms
     with pytest.raises(ValueError, match="unit column stride"):
         torch.ops.kiln.linear_packed.out(x, cpu_gemm.pack_weight(torch.randn(8, 256)), None, 8,
                                          out=torch.empty(8, 32).t())

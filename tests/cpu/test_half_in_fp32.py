@@ -9,17 +9,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
+from kiln import config
 from kiln.passes import half_in_fp32
+from kiln.tune.choices import Choices
 from kiln.report import mark, reports_since
 
 HALF = [torch.bfloat16, torch.float16]
 IDS = ["bf16", "fp16"]
 
 
-def _compiled(fn, *inputs):
+def _compiled(fn, *inputs, **options):
     position = mark()
     with torch.inference_mode():
-        got = kiln.compile(fn, fallback=False)(*inputs)
+        got = kiln.compile(fn, fallback=False, **options)(*inputs)
     return got, reports_since(position)[-1]
 
 
@@ -67,9 +69,7 @@ def _inputs(layout, dtype):
 
 @pytest.mark.parametrize("dtype", HALF, ids=IDS)
 @pytest.mark.parametrize("layout", ["contiguous", "transposed", "sliced", "expanded", "channels_last"])
-def test_products_in_fp32_match_eager(monkeypatch, dtype, layout):
-    monkeypatch.setattr(half_in_fp32, "choose", lambda *a: "fp32")
-    monkeypatch.setattr(half_in_fp32, "MIN_FLOPS", 0)
+def test_products_in_fp32_match_eager(dtype, layout):
     torch.manual_seed(0)
     model = _Layers().eval()
     with torch.no_grad():
@@ -79,7 +79,7 @@ def test_products_in_fp32_match_eager(monkeypatch, dtype, layout):
     inputs = _inputs(layout, dtype)
     with torch.inference_mode():
         expected = model(*inputs)
-    got, report = _compiled(model, *inputs)
+    got, report = _compiled(model, *inputs, choices="half_in_fp32=fp32")
     _assert_eager_close(got, expected, dtype)
     notes = " ".join(n for p in report.passes if p.name == "half_in_fp32" for n in p.notes)
     for op in ("mm", "bmm", "baddbmm", "convolution"):  # (a linear on a non-contiguous 3-d input is mm + add)
@@ -89,28 +89,25 @@ def test_products_in_fp32_match_eager(monkeypatch, dtype, layout):
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=IDS)
-def test_half_call_kept_where_it_is_chosen(monkeypatch, dtype):
-    monkeypatch.setattr(half_in_fp32, "choose", lambda *a: "half")
-    monkeypatch.setattr(half_in_fp32, "MIN_FLOPS", 0)
+def test_half_call_kept_where_it_is_chosen(dtype):
     model = nn.Sequential(nn.Linear(64, 80), nn.ReLU(), nn.Linear(80, 16)).eval().to(dtype)
     x = torch.randn(32, 64).to(dtype)
-    got, report = _compiled(model, x)
+    got, report = _compiled(model, x, choices="half_in_fp32=half")
     with torch.inference_mode():
         _assert_eager_close([got], [model(x)], dtype)
     assert set(report.externs) <= {"addmm"}, report.externs
 
 
-def test_products_without_weights_stay_half(monkeypatch):
+def test_products_without_weights_stay_half():
     """Two activations: nothing converts at compile time, and the half bmm keeps its run-time layout choice."""
-    monkeypatch.setattr(half_in_fp32, "choose", lambda *a: pytest.fail("nothing to choose"))
-    monkeypatch.setattr(half_in_fp32, "MIN_FLOPS", 0)
     a, b = torch.randn(4, 16, 32).bfloat16(), torch.randn(4, 32, 8).bfloat16()
-    got, _ = _compiled(torch.bmm, a, b)
+    got, report = _compiled(torch.bmm, a, b, choices="half_in_fp32=fp32")
     _assert_eager_close([got], [torch.bmm(a, b)], torch.bfloat16)
+    assert not report.choices and report.externs == ["bmm"], (report.choices, report.externs)
 
 
 @pytest.mark.parametrize("dtype", HALF, ids=IDS)
-def test_candidates_compute_the_same_product(monkeypatch, dtype):
+def test_candidates_compute_the_same_product(candidate_recorder, tmp_path, dtype):
     """Both timed candidates return the layer's half result (fp32 rounded once = the half call, to an ulp), and the
     choice is measured once per problem."""
     from kiln.ir.graph import ConstRef, GraphBuilder
@@ -120,17 +117,27 @@ def test_candidates_compute_the_same_product(monkeypatch, dtype):
     w = b.add(Op.CONSTANT, (), value=ConstRef(torch.randn(56, 40).to(dtype)))
     bias = b.add(Op.CONSTANT, (), value=ConstRef(torch.randn(56).to(dtype)))
     args = [bias, x, b.add(Op.PERMUTE, (w,), dims=(1, 0))]
-    calls = {}
-    monkeypatch.setattr(half_in_fp32._choices, "decide", lambda key, make, **kw: calls.update(make()) or "half")
-    half_in_fp32.choose(torch.ops.aten.addmm.default, args, dtype, (24, 56))
+    recorder = candidate_recorder("half")
+    half_in_fp32.choose(recorder, torch.ops.aten.addmm.default, args, dtype, (24, 56))
+    (calls,) = recorder.candidates.values()
     assert set(calls) == {"half", "fp32"}
     half, f32 = calls["half"](), calls["fp32"]()
     assert half.dtype == f32.dtype == dtype
     _assert_eager_close([f32], [half], dtype)
 
-    monkeypatch.undo()
-    half_in_fp32._choices.clear()
-    first = half_in_fp32.choose(torch.ops.aten.addmm.default, args, dtype, (24, 56))
-    assert first in ("half", "fp32")
-    monkeypatch.setattr(half_in_fp32.decisions, "fastest", lambda *a, **k: pytest.fail("measured twice"))
-    assert half_in_fp32.choose(torch.ops.aten.addmm.default, args, dtype, (24, 56)) == first
+    with config.scope(cache_dir=str(tmp_path)):
+        first = Choices()
+        choice = half_in_fp32.choose(first, torch.ops.aten.addmm.default, args, dtype, (24, 56))
+        assert choice in ("half", "fp32") and first.made[-1].how == "measured"
+        later = Choices()  # (another compile: the tuning database has the answer)
+        assert half_in_fp32.choose(later, torch.ops.aten.addmm.default, args, dtype, (24, 56)) == choice
+        assert later.made[-1].how == "stored"
+
+
+def test_past_the_budget_the_rule_predicts_by_the_cpu(tmp_path):
+    """With no measuring budget left, fp32 is predicted unless the CPU has native half dot products."""
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU()).eval().bfloat16()
+    with config.scope(cache_dir=str(tmp_path)):
+        _, report = _compiled(model, torch.randn(64, 256).bfloat16(), choice_budget_s=0.0)
+    (made,) = [m for m in report.choices if m.kind == "half_in_fp32"]
+    assert made.how == "predicted" and made.choice == ("half" if half_in_fp32.native_half(torch.bfloat16) else "fp32")

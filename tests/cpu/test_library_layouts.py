@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.passes import attention, select_gemm, winograd
+from kiln.passes import select_gemm
 from kiln.runtime import cpu_attention, cpu_conv, cpu_gemm
 
 
@@ -41,17 +41,15 @@ def _linear_layouts(lin):
 
 @pytest.mark.parametrize("native_calls", [True, False])
 @pytest.mark.parametrize("library", ["kiln", "onednn", "aten"])
-def test_linear_on_every_layout(monkeypatch, library, native_calls):
+def test_linear_on_every_layout(library, native_calls):
     if library == "kiln" and not cpu_gemm.available():
         pytest.skip("kiln's GEMM does not build here")
     if library == "onednn" and not select_gemm.onednn_available():
         pytest.skip("no oneDNN")
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: library)
-    monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
     torch.manual_seed(0)
     lin = torch.nn.Linear(24, 40)
     inputs = (torch.randn(3, 7, 24), torch.randn(1, 5, 24), torch.randn(6, 48), torch.randn(5, 6, 24).permute(1, 2, 0))
-    _compare(_linear_layouts(lin), *inputs, native_calls=native_calls)
+    _compare(_linear_layouts(lin), *inputs, native_calls=native_calls, choices=f"gemm={library}")
 
 
 def test_linear_on_transposed_input_regression():
@@ -75,22 +73,19 @@ def _conv_layouts(conv):
 
 @pytest.mark.parametrize("native_calls", [True, False])
 @pytest.mark.parametrize("algorithm", ["onednn", "winograd2", "gemm", "direct"])
-def test_convolution_on_every_layout(monkeypatch, algorithm, native_calls):
+def test_convolution_on_every_layout(algorithm, native_calls):
     if algorithm != "onednn" and not (cpu_conv.gemm_available() and cpu_gemm.available()):
         pytest.skip("kiln's convolutions do not build here")
-    monkeypatch.setattr(winograd, "choose", lambda *a, **k: algorithm)
-    monkeypatch.setattr(winograd, "MIN_FLOPS", 0)
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(6, 8, 3, padding=1)
-    _compare(_conv_layouts(conv), torch.randn(2, 6, 9, 11), torch.randn(2, 12, 13, 12), native_calls=native_calls)
+    _compare(_conv_layouts(conv), torch.randn(2, 6, 9, 11), torch.randn(2, 12, 13, 12), native_calls=native_calls,
+             choices=f"conv={algorithm}")
 
 
-def test_depthwise_convolution_on_every_layout(monkeypatch):
-    monkeypatch.setattr(winograd, "choose", lambda *a, **k: "dw")
-    monkeypatch.setattr(winograd, "MIN_FLOPS", 0)
+def test_depthwise_convolution_on_every_layout():
     torch.manual_seed(0)
     conv = torch.nn.Conv2d(6, 6, 3, padding=1, groups=6)
-    _compare(_conv_layouts(conv), torch.randn(2, 6, 9, 11), torch.randn(2, 12, 13, 12))
+    _compare(_conv_layouts(conv), torch.randn(2, 6, 9, 11), torch.randn(2, 12, 13, 12), choices="conv=dw")
 
 
 def _attention_layouts(q, k, v, mask):
@@ -112,11 +107,10 @@ def _attention_layouts(q, k, v, mask):
 
 
 @pytest.mark.parametrize("kiln_attention", [True, False])
-def test_attention_on_every_layout(monkeypatch, kiln_attention):
+def test_attention_on_every_layout(kiln_attention):
     if kiln_attention and not cpu_attention.available():
         pytest.skip("kiln's attention does not build here")
-    monkeypatch.setattr(attention, "choose", lambda *a, **k: kiln_attention)
     torch.manual_seed(0)
     q, k, v = (torch.randn(2, 10, 32) for _ in range(3))
     mask = torch.randn(2, 1, 10, 10)
-    _compare(_attention_layouts, q, k, v, mask)
+    _compare(_attention_layouts, q, k, v, mask, choices=f"attention={'kiln' if kiln_attention else 'aten'}")

@@ -8,7 +8,8 @@ import torch
 import torch.nn as nn
 
 import kiln
-from kiln.passes import select_gemm, winograd
+from kiln import config
+from kiln.passes import winograd
 from kiln.report import mark, reports_since
 from kiln.runtime import cpu_conv, cpu_gemm
 from test_winograd import _Block as _WinogradBlock  # (pytest puts this folder on sys.path)
@@ -18,16 +19,15 @@ pytestmark = pytest.mark.skipif(not (cpu_gemm.available() and cpu_conv.gemm_avai
 
 
 @pytest.fixture(autouse=True)
-def _kiln_gemm_for_every_linear(monkeypatch):
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: "kiln")
-    monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
-    monkeypatch.setattr(winograd, "MIN_FLOPS", 0)
+def _kiln_gemm_for_every_linear():
+    with config.scope(choices="gemm=kiln"):  # (forced: also the linears too small to measure)
+        yield
 
 
-def _compile_report(model, *inputs):
+def _compile_report(model, *inputs, **options):
     position = mark()
     with torch.inference_mode():
-        out = kiln.compile(model, fallback=False)(*inputs)
+        out = kiln.compile(model, fallback=False, **options)(*inputs)
         torch.testing.assert_close(out, model(*inputs), rtol=1e-4, atol=1e-4)
     return reports_since(position)[-1]
 
@@ -59,15 +59,14 @@ def test_graph_output_is_written_into_the_callers_tensor():
 
 
 @pytest.mark.parametrize("library", ["kiln", "aten"])
-def test_results_outlive_the_next_call(monkeypatch, library):
+def test_results_outlive_the_next_call(library):
     """The last linear's result reaches the caller as a view ([B*T, N] -> [B, T, N]): it must not be written into
     the arena, where the next call would overwrite it (addmm's ``.out`` into the arena once did that), and a
     recycled output tensor must be one the caller dropped."""
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: library)
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).eval()
     x1, x2 = torch.randn(2, 5, 32), torch.randn(2, 5, 32)
     with torch.inference_mode():
-        compiled = kiln.compile(model, fallback=False)
+        compiled = kiln.compile(model, fallback=False, choices=f"gemm={library}")
         first = compiled(x1)
         for _ in range(3):  # (outputs nobody holds are recycled)
             second = compiled(x2)
@@ -100,18 +99,20 @@ def test_convolutions_after_kernels_and_python_externs(monkeypatch, choices):
     """The second convolution reads the first one's result: an arena buffer (native), or oneDNN's tensor (a
     Python extern), and the block's input as its residual."""
     picks = itertools.cycle(choices)
+    # (patched: Config.choices forces one answer for every convolution, this test needs one per convolution)
     monkeypatch.setattr(winograd, "choose", lambda *a, **k: next(picks))
     channels = 6 if "direct" in choices else 16  # the direct kernel takes few input channels
-    report = _compile_report(_Block(channels).eval(), torch.randn(2, channels, 12, 10))
+    size = (80, 64) if "direct" in choices else (48, 40)  # (both convolutions big enough to be chosen for)
+    report = _compile_report(_Block(channels).eval(), torch.randn(2, channels, *size))
     kiln_convs = [c for c in choices if c != "onednn"]
     assert len(report.native_externs) == len(kiln_convs), (report.externs, report.native_externs)
 
 
-def test_depthwise_convolution_is_called_from_cpp(monkeypatch):
-    monkeypatch.setattr(winograd, "choose", lambda *a, **k: "dw")
+def test_depthwise_convolution_is_called_from_cpp():
     model = nn.Sequential(nn.Conv2d(8, 8, 3, padding=1, groups=8), nn.ReLU(), nn.Conv2d(8, 8, 3, stride=2,
                                                                                        padding=1, groups=8)).eval()
-    report = _compile_report(nn.Sequential(model, nn.Flatten(), nn.Softplus()).eval(), torch.randn(2, 8, 9, 9))
+    report = _compile_report(nn.Sequential(model, nn.Flatten(), nn.Softplus()).eval(), torch.randn(2, 8, 9, 9),
+                             choices="gemm=kiln,conv=dw")
     assert "conv_dw" in report.native_externs, (report.externs, report.native_externs)
 
 

@@ -9,6 +9,7 @@ from kiln.codegen.cpp_loops import candidate_traces
 from kiln.tune import cpu as tune_cpu
 from kiln.tune import cpu_pointwise as pw
 from kiln.tune.db import TuningDB
+from kiln.report import mark, reports_since
 
 
 def _space(extents):
@@ -58,11 +59,11 @@ def test_max_autotune_measures_the_models_first_candidates_once_it_has_samples(t
 
     def fn(a, b, c):
         return torch.sigmoid(a) * b + torch.tanh(a - c)
-    before = tune_cpu.stats.measured
+    position = mark()
     with torch.inference_mode():
         got = kiln.compile(fn, mode="max-autotune", fallback=False, cache_dir=str(tmp_path))(x, y, z)
     torch.testing.assert_close(got, fn(x, y, z), rtol=1.3e-5, atol=1.5e-5)
-    assert tune_cpu.stats.measured - before == pw.TOP  # of the kernel's 4 candidates
+    assert reports_since(position)[-1].tuning.measured == pw.TOP  # of the kernel's 4 candidates
     db = TuningDB.open(tmp_path / "tuning.sqlite")
     assert len(pw.samples_in(db)) >= pw.MIN_SAMPLES + pw.TOP  # what was measured became samples
     db.close()
@@ -94,7 +95,7 @@ def test_reductions_are_tuned_beside_the_pointwise_samples_and_a_failing_tuner_n
     assert len(pw.samples_in(db)) == samples  # the reduction's timings are not pointwise samples
     db.close()
 
-    from kiln.report import mark, reports_since
+    # (patched: injects a tuner failure)
     monkeypatch.setattr(tune_cpu, "candidates", lambda k: (_ for _ in ()).throw(RuntimeError("injected")))
     position = mark()
     with torch.inference_mode():

@@ -12,6 +12,7 @@ from kiln.codegen.cpp_winograd import winograd_matrices
 from kiln.passes import winograd
 from kiln.report import mark, reports_since
 from kiln.runtime import cpu_conv
+from kiln.tune.choices import Choices
 
 pytestmark = pytest.mark.skipif(not cpu_conv.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")
 CL = torch.channels_last
@@ -106,13 +107,12 @@ class _Block(nn.Module):
         return torch.relu(self.bn2(self.conv2(y)) + x)
 
 
-def test_pass_takes_block_with_epilogues(monkeypatch):
-    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
+def test_pass_takes_block_with_epilogues():
     model = _Block().eval()
     x = torch.randn(2, 32, 16, 16)
     position = mark()
     with torch.inference_mode():
-        out = kiln.compile(model, fallback=False)(x)
+        out = kiln.compile(model, fallback=False, choices="conv=winograd2")(x)
         torch.testing.assert_close(out, model(x), rtol=1e-4, atol=1e-5)
     assert out.is_contiguous()  # the graph output is written NCHW, eager's layout
     report = reports_since(position)[-1]
@@ -122,8 +122,7 @@ def test_pass_takes_block_with_epilogues(monkeypatch):
     assert not report.kernels  # BN folded, add and both ReLUs in the epilogues: nothing left to generate
 
 
-def test_relu_used_twice_is_not_absorbed(monkeypatch):
-    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
+def test_relu_used_twice_is_not_absorbed():
     conv = nn.Conv2d(8, 8, 3, padding=1)
 
     def fn(x):
@@ -132,18 +131,20 @@ def test_relu_used_twice_is_not_absorbed(monkeypatch):
 
     x = torch.randn(1, 8, 10, 10)
     with torch.inference_mode():
-        a, b = kiln.compile(fn, fallback=False)(x)
+        a, b = kiln.compile(fn, fallback=False, choices="conv=winograd2")(x)
         torch.testing.assert_close(a, torch.relu(conv(x)), rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(b, conv(x) * 2, rtol=1e-4, atol=1e-5)
 
 
-def test_choice_is_measured_once_and_can_be_turned_off(monkeypatch):
-    winograd._choices.clear()
-    first = winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1])
-    assert first in ("onednn", "winograd2", "gemm")
-    monkeypatch.setattr(winograd.decisions, "fastest", lambda *a, **k: pytest.fail("measured twice"))
-    assert winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1]) == first
-    monkeypatch.undo()  # (turning Winograd off still measures the implicit GEMM against oneDNN)
+def test_choice_is_measured_once_and_can_be_turned_off(tmp_path):
+    with config.scope(cache_dir=str(tmp_path)):
+        first = Choices()
+        choice = winograd.choose(first, (1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1])
+        assert choice in ("onednn", "winograd2", "gemm") and first.made[-1].how == "measured"
+        later = Choices()  # (another compile: the tuning database has the answer)
+        assert winograd.choose(later, (1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1]) == choice
+        assert later.made[-1].how == "stored"
+    # (turning Winograd off still measures the implicit GEMM against oneDNN)
     model = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU()).eval()
     position = mark()
     with config.scope(winograd_tiles=""), torch.inference_mode():
@@ -154,27 +155,22 @@ def test_choice_is_measured_once_and_can_be_turned_off(monkeypatch):
 
 
 @pytest.mark.parametrize("epilogue", ["relu", "add_relu", "add", ""])
-def test_choice_times_each_candidate_with_its_epilogue(epilogue, monkeypatch):
+def test_choice_times_each_candidate_with_its_epilogue(epilogue, candidate_recorder):
     """The conv pass passes the epilogue kiln's kernels would take in to the measurement, whose candidates then
     compute it: kiln's kernels in their output transform, oneDNN's result in a separate pass (checked here on
     the values each candidate returns)."""
-    seen = {}
-
-    def record(x_shape, w_shape, stride, padding, epilogue="", groups=1):
-        seen[tuple(x_shape)] = epilogue
-        return "winograd2"
-    monkeypatch.setattr(winograd, "choose", record)
     conv, conv2 = nn.Conv2d(16, 16, 3, padding=1), nn.Conv2d(16, 16, 3, padding=1)  # above MIN_FLOPS
     bodies = {"relu": lambda x: torch.relu(conv(x)), "add_relu": lambda x: torch.relu(conv(x) + conv2(x)),
               "add": lambda x: conv(x) + conv2(x) * 2, "": lambda x: conv(x) * conv(x).sum()}
+    position = mark()
     with torch.inference_mode():
-        kiln.compile(bodies[epilogue], fallback=False)(torch.randn(1, 16, 40, 40))
-    assert seen[(1, 16, 40, 40)] == epilogue, seen
+        kiln.compile(bodies[epilogue], fallback=False, choices="conv=winograd2")(torch.randn(1, 16, 40, 40))
+    asked = [m.what for m in reports_since(position)[-1].choices if m.what.startswith("conv [1, 16, 40, 40]")]
+    assert asked and asked[0].endswith(f" + {epilogue}" if epilogue else "stride [1, 1]"), asked
 
-    monkeypatch.undo()
-    calls = {}
-    monkeypatch.setattr(winograd._choices, "decide", lambda key, make, **kw: calls.update(make()) or "onednn")
-    winograd.choose((1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1], epilogue)
+    recorder = candidate_recorder("onednn")
+    winograd.choose(recorder, (1, 16, 12, 12), (16, 16, 3, 3), [1, 1], [1, 1], epilogue)
+    (calls,) = recorder.candidates.values()
     results = {name: fn() for name, fn in calls.items()}
     assert "onednn" in results and len(results) > 1, list(results)
     # oneDNN's timed pass after an add is the add alone (the generated kernel's ReLU costs nothing more)
@@ -185,10 +181,9 @@ def test_choice_times_each_candidate_with_its_epilogue(epilogue, monkeypatch):
                                    rtol=1e-4, atol=1e-4, msg=name)
 
 
-def test_views_of_channels_last_results_have_eager_strides(monkeypatch):
+def test_views_of_channels_last_results_have_eager_strides():
     """A graph output that is a view (flatten, permute) of a library's channels-last result gets the strides
     eager's contiguous result would give it."""
-    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
     conv = nn.Conv2d(16, 32, 3, padding=1)
 
     def fn(x):
@@ -197,7 +192,7 @@ def test_views_of_channels_last_results_have_eager_strides(monkeypatch):
 
     x = torch.randn(2, 16, 12, 12)
     with torch.inference_mode():
-        got, expected = kiln.compile(fn, fallback=False)(x), fn(x)
+        got, expected = kiln.compile(fn, fallback=False, choices="conv=winograd2")(x), fn(x)
     for a, b in zip(got, expected):
         assert a.stride() == b.stride()
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
@@ -228,27 +223,27 @@ def test_relu_of_the_input_is_applied_as_it_is_read():
     assert torch.isnan(y[0, :, 2:5, 2:5]).all() and not torch.isnan(y[0, :, 6:, 6:]).any()
 
 
-def test_pass_moves_a_library_convolutions_relu_into_the_next_input(monkeypatch):
+def test_pass_moves_a_library_convolutions_relu_into_the_next_input():
     """oneDNN's strided convolution keeps its ReLU out (NaN semantics); the Winograd convolution reading it
     applies the ReLU to its input instead of a separate kernel."""
-    monkeypatch.setattr(winograd, "choose", lambda *shapes: "winograd2")
     model = nn.Sequential(nn.Conv2d(8, 32, 3, stride=2, padding=1), nn.ReLU(), nn.Conv2d(32, 32, 3, padding=1)).eval()
     x = torch.randn(2, 8, 40, 40)
     position = mark()
     with torch.inference_mode():
-        torch.testing.assert_close(kiln.compile(model, fallback=False)(x), model(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(kiln.compile(model, fallback=False, choices="conv=winograd2")(x), model(x), rtol=1e-4, atol=1e-5)
     report = reports_since(position)[-1]
     notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
     assert "relu -> Winograd input: 1" in notes, notes
     assert not report.kernels, [k.name for k in report.kernels]
 
 
-def test_the_report_shows_what_was_measured():
-    winograd._choices.clear()
+def test_the_report_shows_what_was_measured(tmp_path):
     model = nn.Sequential(nn.Conv2d(16, 24, 3, padding=1), nn.ReLU()).eval()
     position = mark()
-    with torch.inference_mode():
-        kiln.compile(model, fallback=False)(torch.randn(1, 16, 40, 40))
-    notes = [note for p in reports_since(position)[-1].passes if p.name == "winograd" for note in p.notes]
-    assert any(note.startswith("measured conv [1, 16, 40, 40] x [24, 16, 3, 3]") and " ms" in note
-               for note in notes), notes
+    with config.scope(cache_dir=str(tmp_path)), torch.inference_mode():  # (an empty tuning database)
+        kiln.compile(model, fallback=False, choice_budget_s=60.0)(torch.randn(1, 16, 40, 40))
+    report = reports_since(position)[-1]
+    (made,) = [m for m in report.choices if m.kind == "conv"]
+    assert made.how == "measured" and made.note.startswith("measured conv [1, 16, 40, 40] x [24, 16, 3, 3]") \
+        and " ms" in made.note, made
+    assert made.format() in report.format(source=False)

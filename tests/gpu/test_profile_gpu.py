@@ -28,4 +28,4 @@ def test_profile_times_every_step(monkeypatch):
         assert {"kernel", "extern"} <= {s.kind for s in steps}
         assert all(len(s.seconds) == 2 and min(s.seconds) > 0 for s in steps)
         assert any(s.flops > 0 for s in steps if s.kind == "extern")  # the convolution and the linear
-        assert "of limit" in prof.format() and profiling.active is None
+        assert "of limit" in prof.format() and profiling.current() is None

@@ -130,7 +130,7 @@ def test_torch_compile_backend_entry_point_without_importing_kiln():
 # ----------------------------------------------------------------------------------------------- gradients
 
 def test_call_that_needs_gradients_runs_eagerly_with_one_warning(monkeypatch):
-    monkeypatch.setattr(kiln_dynamo, "_warned_grad", False)
+    monkeypatch.setattr(kiln_dynamo, "_warned_grad", False)  # (reset: the warning comes once per process)
     model = _model()
     assert all(p.requires_grad for p in model.parameters())
     x = torch.randn(5, 8)
@@ -194,17 +194,19 @@ def test_explain_reports_ir_kernels_and_cpp(capsys):
     assert text in capsys.readouterr().out
 
 
-def test_explain_prints_the_plan_step_by_step():
-    """Every step of the Plan in order: kernels with the buffers they read and write, library calls with their
-    operands (a view named by the buffer it views)."""
+def test_explain_prints_the_program_step_by_step():
+    """Every step of the Program in order: kernels with the buffers they read and write, library calls with their
+    operands (a view named by the buffer it views), and where each buffer a step writes lives (arena offset or a
+    per-call tensor) with its size."""
     model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.Linear(16, 4)).eval()
     text = kiln.explain(model, torch.randn(3, 8))
-    plan = text.split("--- plan: ")[1].split("\n\n")[0].splitlines()
+    plan = text.split("--- program: ")[1].split("\n\n")[0].splitlines()
     assert plan[0].startswith(f"{len(plan) - 1} steps in order")
     steps = [line.split()[1] for line in plan[1:]]
     assert steps.count("kernel") >= 1 and steps.count("extern") == 2, plan
     assert all(line.split()[0] == str(k) for k, line in enumerate(plan[1:])), plan
     assert "view(buf" in text and "writes buf" in text
+    assert "arena @0, " in text and "per call (graph output), 48 B" in plan[-1], plan
 
 
 # ----------------------------------------------------------------------------------------- recompilation

@@ -10,7 +10,8 @@ import kiln
 from kiln.codegen import cpp_expr as cpp_codegen
 from kiln.ir.graph import GraphBuilder
 from kiln.ir.ops import Op
-from kiln.passes import pipeline, select_gemm
+from kiln import config
+from kiln.passes import pipeline
 from kiln.runtime import cpu_gemm, module
 from kiln.ir.interp import view_function
 from kiln.runtime.checking import StepCheckError
@@ -48,7 +49,7 @@ def wrong_exp(monkeypatch):
     def op_text(op, args, dtype, arg_dtype):
         text = original(op, args, dtype, arg_dtype)
         return f"({text} * 1.01f)" if op is Op.EXP else text
-    monkeypatch.setattr(cpp_codegen, "op_text", op_text)
+    monkeypatch.setattr(cpp_codegen, "op_text", op_text)  # (patched: injects a bug into kiln's code generator)
 
 
 def test_check_names_a_wrong_kernel(wrong_exp):
@@ -72,9 +73,9 @@ def wrong_native_layout(monkeypatch):
         for n in chain:
             t = view_function(n)(t)
         return tuple(t.stride()), t.storage_offset()
-    monkeypatch.setattr(program, "view_layout", layout)  # (the injected bug: where native calls are bound)
-    monkeypatch.setattr(select_gemm, "choose", lambda m, k, n, gelu=False: "kiln")
-    monkeypatch.setattr(select_gemm, "MIN_FLOPS", 0)
+    monkeypatch.setattr(program, "view_layout", layout)  # (patched: injects a bug where native calls are bound)
+    with config.scope(choices="gemm=kiln"):
+        yield
 
 
 def test_check_names_a_wrong_native_call(wrong_native_layout):
@@ -98,7 +99,7 @@ def test_check_names_a_wrong_extern(monkeypatch):
             (out if result is None else result).mul_(1.5)
             return result
         return wrong
-    monkeypatch.setattr(module.CompiledGraph, "_extern_call", _extern_call)
+    monkeypatch.setattr(module.CompiledGraph, "_extern_call", _extern_call)  # (patched: injects a bug at run time)
     fn, x = _model()
     with pytest.raises(StepCheckError) as caught:
         with torch.inference_mode():
@@ -120,6 +121,7 @@ def _double_exp(g, log):
 
 
 def test_check_and_bisect_name_a_wrong_pass(monkeypatch, tmp_path):
+    # (patched: injects a broken pass into every compile, which kiln.bisect makes in its own way)
     monkeypatch.setattr(pipeline, "PIPELINE", pipeline.PIPELINE[:3] + [("double_exp", _double_exp)]
                         + pipeline.PIPELINE[3:])
     fn, x = _model()

@@ -105,6 +105,7 @@ def test_cuda_target_without_a_gpu_says_so_at_compile():
 
 def test_triton_target_on_cpu_tensors_without_the_interpreter_says_so(monkeypatch):
     pytest.importorskip("triton")
+    # (patched: whether Triton interprets is fixed when triton is imported; this process may have it on)
     monkeypatch.setattr(compiler, "_triton_interprets", lambda: False)
     compiled = kiln.compile(_mlp(), target="triton")  # (fallback is on: a target that cannot run is raised anyway)
     with pytest.raises(RuntimeError, match=r"target 'triton' runs Triton kernels on cpu tensors only in Triton's "
@@ -303,6 +304,7 @@ def test_failed_capture_runs_eagerly_and_says_why(monkeypatch):
     def broken(x):
         raise ValueError("decomposition failed")
 
+    # (patched: injects a failing decomposition)
     monkeypatch.setattr(decompositions, "decomposition_table", lambda: {torch.ops.aten.sin.default: broken})
 
     def fn(x):

@@ -106,6 +106,7 @@ def test_every_generated_schedule_compiles_and_matches_eager(monkeypatch):
         return torch.sigmoid(a) * b + torch.tanh(a - c)
 
     def compile_with(choose):
+        # (patched: puts each candidate trace in the place of the rule's, to compile and run every one of them)
         monkeypatch.setattr("kiln.tune.cpu.default_schedule", choose)
         position = mark()
         with torch.inference_mode():
@@ -142,6 +143,7 @@ def test_every_reduction_schedule_compiles_and_matches_eager(monkeypatch):
         return torch.softmax(a, -1) * a.amax(-1, keepdim=True)
 
     def compile_with(choose):
+        # (patched: puts each candidate trace in the place of the rule's, to compile and run every one of them)
         monkeypatch.setattr("kiln.tune.cpu.default_schedule", choose)
         position = mark()
         with torch.inference_mode():
