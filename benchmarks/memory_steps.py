@@ -29,7 +29,7 @@ def main() -> None:
     import kiln
     model, inputs = models.build(args.model, device="cuda", dtype=torch.bfloat16)
     readings: list[tuple[str, float, float, list[str]]] = []
-    run_segment, run_extern, output = CompiledGraph._run_segment, CompiledGraph._run_extern, CompiledGraph._output
+    run_segment, run_extern, output = CompiledGraph.run_segment, CompiledGraph.run_extern, CompiledGraph.output_value
 
     def live(env) -> list[str]:
         """The call's own tensors in ``env`` (not the constants), largest first."""
@@ -57,10 +57,10 @@ def main() -> None:
         fn(*inputs)
         torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
-        CompiledGraph._run_segment = measured(run_segment, lambda self, i: "+".join(self._segments[i]))
-        CompiledGraph._run_extern = measured(run_extern,
+        CompiledGraph.run_segment = measured(run_segment, lambda self, i: "+".join(self.segments[i]))
+        CompiledGraph.run_extern = measured(run_extern,
                                              lambda self, n: f"extern {n.attr('target')} -> {list(n.shape)}")
-        CompiledGraph._output = measured(output, lambda self, n: f"output {n} {list(n.shape)}")
+        CompiledGraph.output_value = measured(output, lambda self, n: f"output {n} {list(n.shape)}")
         out = fn(*inputs)
         del out
     print(f"{args.model}: {len(readings)} steps, peak {max(r[1] for r in readings) / mib - base / mib:.2f} MiB "

@@ -114,7 +114,7 @@ def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
         if not graph.arena_mode:
             graph.allocate_step(step, env)
         if kind == "segment":
-            for k, entry in enumerate(graph._segments[item]):
+            for k, entry in enumerate(graph.segments[item]):
                 what = _kernel_step(kernels[entry], node_of) if isinstance(entry, str) else \
                     _Step("native", entry.label, [entry.node], [entry.node])
                 _checked(graph, what, env, index, lambda item=item, k=k: graph.run_entry(item, k, env))
@@ -122,13 +122,13 @@ def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
         elif kind == "fused":
             written = [node_of[b] for b in sorted(item.buffers()[1])]
             what = _Step("fused", getattr(item, "name", "matmul"), written, [item.node] + written)
-            _checked(graph, what, env, index, lambda item=item: graph._run_fused(item, env))
+            _checked(graph, what, env, index, lambda item=item: graph.run_fused(item, env))
             index += 1
         else:
             what = _Step("extern", str(item.attr("target")), [item], [item])
-            _checked(graph, what, env, index, lambda item=item: graph._run_extern(item, env))
+            _checked(graph, what, env, index, lambda item=item: graph.run_extern(item, env))
             index += 1
-        for n in graph._drop_after[step]:
+        for n in graph.drop_after[step]:
             env.pop(n, None)
     return graph.finish(env, write_back)
 
@@ -141,10 +141,10 @@ def _kernel_step(kernel: Any, node_of: dict[str, Node]) -> _Step:
 def _checked(graph: Any, step: _Step, env: dict, index: int, run: Callable[[], None]) -> None:
     realized = graph.plan.buffer_of
     actual: dict[Node, torch.Tensor] = {}
-    expected, order = _reference(step.written, realized, lambda n: actual.setdefault(n, graph._value(n, env)))
+    expected, order = _reference(step.written, realized, lambda n: actual.setdefault(n, graph.value(n, env)))
     run()
     for n in step.written:
-        got = graph._value(n, env) if n in env or n in realized else None
+        got = graph.value(n, env) if n in env or n in realized else None
         if got is None or n not in expected:
             continue
         problem = mismatch(got, expected[n])

@@ -63,9 +63,9 @@ class CompiledGraph:
         report.native_externs = [short_name(n.attr("target")) for n in self.native]
         dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
         outputs = {plan.buffer_of[o] for o in graph.outputs if o in plan.buffer_of}
-        self._segments, self.program = program.segments, program.steps
-        self._drop_after = program.drop_after
-        self._load_code(plan, self._segments, dtype_of, outputs, node_of, report)
+        self.segments, self.program = program.segments, program.steps
+        self.drop_after = program.drop_after
+        self._load_code(plan, self.segments, dtype_of, outputs, node_of, report)
         self.ptrs = (ctypes.c_void_p * max(len(self.slot_of) + len(self._baked), 1))()
         self.ptrs_addr = ctypes.addressof(self.ptrs)
         for k, t in enumerate(self._baked):
@@ -112,10 +112,10 @@ class CompiledGraph:
             self.lib.kiln_set_threads(threads)
             self._threads = threads
 
-    def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
+    def run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
         self._segment_fns[index](self.ptrs_addr)
 
-    def _run_fused(self, step: Any, env: dict[Node, torch.Tensor]) -> None:
+    def run_fused(self, step: Any, env: dict[Node, torch.Tensor]) -> None:
         raise NotImplementedError(f"kiln: {type(self).__name__} has no fused steps ({step})")
 
     def _bind_memory(self, program: Any, report: CompileReport) -> None:
@@ -124,7 +124,7 @@ class CompiledGraph:
         report.memory = dict(program.memory)
         self.static: dict[Node, torch.Tensor] = {}
         self.planned = program.planned
-        self._alloc_before = program.alloc_before
+        self.alloc_before = program.alloc_before
         if program.arena:
             self.arena = torch.empty(program.arena_bytes, dtype=torch.uint8, device=self.device)
             for n, off in program.offsets.items():
@@ -152,7 +152,7 @@ class CompiledGraph:
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
         self._extern_calls: dict[Node, Callable[..., torch.Tensor | None]] = {}
 
-    def _allocate(self, a: Allocation, env: dict[Node, torch.Tensor]) -> torch.Tensor:
+    def allocate(self, a: Allocation, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if a.reuse is not None:
             src = env[a.reuse]
             # a library result may share its storage (a view of another tensor): take it only when this call
@@ -178,7 +178,7 @@ class CompiledGraph:
         """Run the program: segments, externs and fused steps in order, on this call's inputs.  ``around(kind,
         item, run)`` (kiln.profile's timer) is called for each step instead of ``run()``, which runs it."""
         env, write_back = self.start(inputs)
-        alloc_before = None if self.arena_mode else self._alloc_before
+        alloc_before = None if self.arena_mode else self.alloc_before
         for step, (kind, item) in enumerate(self.program):
             if alloc_before is not None:
                 self.allocate_step(step, env)
@@ -186,18 +186,18 @@ class CompiledGraph:
                 self.run_step(kind, item, env)
             else:
                 around(kind, item, lambda kind=kind, item=item: self.run_step(kind, item, env))
-            for n in self._drop_after[step]:
+            for n in self.drop_after[step]:
                 env.pop(n, None)
         return self.finish(env, write_back)
 
     def run_step(self, kind: str, item: Any, env: dict[Node, torch.Tensor]) -> None:
         """One program step: a segment (by index), a fused step, or an extern call (its node)."""
         if kind == "segment":
-            self._run_segment(item, env)
+            self.run_segment(item, env)
         elif kind == "fused":
-            self._run_fused(item, env)
+            self.run_fused(item, env)
         else:
-            self._run_extern(item, env)
+            self.run_extern(item, env)
 
     def run_entry(self, segment: int, k: int, env: dict[Node, torch.Tensor]) -> None:
         """Entry ``k`` of a segment alone (a kernel or a native call; KILN_CHECK's step checker)."""
@@ -205,12 +205,12 @@ class CompiledGraph:
         if entries:
             entries[segment](self.ptrs_addr, k)
         else:  # (a target whose segments hold one entry each)
-            self._run_segment(segment, env)
+            self.run_segment(segment, env)
 
     def allocate_step(self, step: int, env: dict[Node, torch.Tensor]) -> None:
         """Without an arena: the buffers program step ``step`` writes first, allocated right before it."""
-        for a in self._alloc_before[step]:
-            t = env[a.node] = self._allocate(a, env)
+        for a in self.alloc_before[step]:
+            t = env[a.node] = self.allocate(a, env)
             if a.node in self.plan.buffer_of:  # (the generated C++ reads its buffers from the table)
                 self.ptrs[self.slot_of[self.plan.buffer_of[a.node]]] = t.data_ptr()
 
@@ -218,7 +218,7 @@ class CompiledGraph:
         """The call's outputs, after copying results of in-place updates back into the caller's inputs."""
         for original, copy in write_back:
             original.copy_(copy)
-        return [self._output(o, env) for o in self.graph.outputs]
+        return [self.output_value(o, env) for o in self.graph.outputs]
 
     def start(self, inputs: Sequence[torch.Tensor]) -> tuple[dict[Node, torch.Tensor], list]:
         """The call's environment: checked inputs bound to their slots, output buffers chosen."""
@@ -278,12 +278,12 @@ class CompiledGraph:
             del pool[:-2]
         return t
 
-    def _value(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
+    def value(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n in env:
             return env[n]
         if n.op in VIEW:  # a view chain handed to an extern without a copy (kept for this call's other users)
-            source = self._value(n.inputs[0], env)
-            value = env[n] = self._view_fn(n)(source)
+            source = self.value(n.inputs[0], env)
+            value = env[n] = self.view_fn(n)(source)
             # the same every call: a view of a buffer held across calls (a weight, an arena buffer), or anything
             # made of a weight.  Not a reshape that copies an arena buffer: that copy is this call's snapshot.
             if n.inputs[0] in self.static and (_made_of_constants(n) or value.untyped_storage().data_ptr()
@@ -292,7 +292,7 @@ class CompiledGraph:
             return value
         raise KeyError(f"kiln runtime: no value for {n}")
 
-    def _view_fn(self, n: Node) -> Callable[[torch.Tensor], torch.Tensor]:
+    def view_fn(self, n: Node) -> Callable[[torch.Tensor], torch.Tensor]:
         """The view node ``n`` applies to its input (built once)."""
         fn = self._view_fns.get(n)
         if fn is None:
@@ -304,17 +304,17 @@ class CompiledGraph:
         build = self._arg_builders.get(n)
         if build is None:
             build = self._arg_builders[n] = argument_builder(n.attr("template"))
-        return build([self._value(i, env) for i in n.inputs])
+        return build([self.value(i, env) for i in n.inputs])
 
-    def _run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
-        values = [self._value(i, env) for i in n.inputs]
+    def run_extern(self, n: Node, env: dict[Node, torch.Tensor]) -> None:
+        values = [self.value(i, env) for i in n.inputs]
         if n in self.planned:  # the library writes straight into the planned buffer
-            self._extern_call(n)(env[n], *values)
+            self.extern_call(n)(env[n], *values)
             return
-        out = env[n] = self._extern_call(n)(None, *values)
+        out = env[n] = self.extern_call(n)(None, *values)
         self.ptrs[self.slot_of[self.plan.buffer_of[n]]] = out.data_ptr()
 
-    def _extern_call(self, n: Node) -> Callable[..., torch.Tensor | None]:
+    def extern_call(self, n: Node) -> Callable[..., torch.Tensor | None]:
         """``call(out, *inputs)``: extern node ``n``'s library call (built once; the generated GPU wrapper calls
         it too).  ``out`` is the planned buffer the library writes into, or None: then the result is returned,
         in the strides the kernels read it with."""
@@ -353,7 +353,7 @@ class CompiledGraph:
         self._extern_calls[n] = call
         return call
 
-    def _output(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
+    def output_value(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n.op is Op.CONSTANT:
             return env[n].clone()
         if n in self.plan.strides_of:  # a library's channels-last result: the caller gets eager's layout
@@ -365,9 +365,9 @@ class CompiledGraph:
             # a view of such a result (flatten, permute, slice): eager's strides are the view's of a contiguous
             # base, so the view is taken of a contiguous copy
             return self._view_of_contiguous(n, base, env)
-        return self._value(n, env)
+        return self.value(n, env)
 
     def _view_of_contiguous(self, n: Node, base: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n is base:
             return env[n].contiguous()
-        return self._view_fn(n)(self._view_of_contiguous(n.inputs[0], base, env))
+        return self.view_fn(n)(self._view_of_contiguous(n.inputs[0], base, env))

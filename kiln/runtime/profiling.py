@@ -232,7 +232,7 @@ def step_costs(m: Any) -> dict[Any, list[tuple[int, str, str, float, float]]]:
     for kind, item in m.program:
         if kind == "segment":
             entries = [kernel(kernels[e]) if isinstance(e, str) else library(e.node, "native", e.label)
-                       for e in m._segments[item]]
+                       for e in m.segments[item]]
             key: Any = ("segment", item)
         elif kind == "extern":
             entries, key = [library(item, "extern")], ("extern", item)

@@ -124,7 +124,7 @@ class TritonGraph(CompiledGraph):
     def _fused_call(self, step: MatmulStep) -> tuple[Callable, list[Node]]:
         """The generated wrapper's call of a matmul template step, on the values of its argument nodes."""
         nodes = list(dict.fromkeys([*step.node.inputs, *step.args]))
-        return (lambda *values: self._run_fused(step, dict(zip(nodes, values)))), nodes
+        return (lambda *values: self.run_fused(step, dict(zip(nodes, values)))), nodes
 
     def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
@@ -188,7 +188,7 @@ class TritonGraph(CompiledGraph):
         specs = []
         for k, (i, j) in enumerate(jobs):
             fn, args, s = self._launches[i][j]
-            specs.append({"id": k, "path": self._module_path, "kernel": self._segments[i][j],
+            specs.append({"id": k, "path": self._module_path, "kernel": self.segments[i][j],
                           "dtypes": [str(n.dtype).removeprefix("torch.") for n in args], "grid": list(s.grid3),
                           "constants": {"XBLOCK": s.xblock, "RBLOCK": max(s.rblock, 1)}, "num_warps": s.num_warps})
         start = time.perf_counter()
@@ -199,11 +199,11 @@ class TritonGraph(CompiledGraph):
     def _before_run(self) -> None:
         pass
 
-    def _run_fused(self, step: MatmulStep, env: dict[Node, torch.Tensor]) -> None:
+    def run_fused(self, step: MatmulStep, env: dict[Node, torch.Tensor]) -> None:
         operands, _ = self._extern_args(step.node, env)
         launch(step.fn, step.spec, step.config, launch_args(step.spec, operands, [env[n] for n in step.args]))
 
-    def _run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
+    def run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
         steps = self._launches[index]
         for i, (fn, args, s) in enumerate(steps):
             tensors = [env[n] for n in args]

@@ -105,7 +105,7 @@ class _Writer:
             base = base.inputs[0]
         chain.reverse()
         src = self.value(base)
-        fns = [self.m._view_fn(v) for v in chain]
+        fns = [self.m.view_fn(v) for v in chain]
         if src not in self.locals:  # a view of a weight: the same tensor every call
             value = self.ns[src]
             for fn in fns:
@@ -169,13 +169,13 @@ class _Writer:
             self.emit(f"{target} = {view}.as_strided({shape!r}, {strides!r}, {src}.storage_offset())")
         else:  # a library result: taken only if this call holds its storage alone (checked per call)
             m, reuse = self.m, a.reuse
-            alloc = self.glob(lambda t: m._allocate(a, {reuse: t}), "ALLOC")
+            alloc = self.glob(lambda t: m.allocate(a, {reuse: t}), "ALLOC")
             self.emit(f"{self.bind(a.node, a.strides)} = {alloc}({src})")
 
     def extern(self, n: Node) -> None:
         m = self.m
         args = ", ".join(self.value(i) for i in n.inputs)
-        call = self.glob(m._extern_call(n), "EXTERN")
+        call = self.glob(m.extern_call(n), "EXTERN")
         what = f"  # {n.attr('target')}"
         if n in m.planned:  # the library writes into the buffer allocated for it
             self.emit(f"{call}({self.value(n)}, {args}){what}")
@@ -183,7 +183,7 @@ class _Writer:
             self.emit(f"{self.bind(n, m.plan.strides_of.get(n))} = {call}(None, {args}){what}")
 
     def segment(self, index: int) -> None:
-        for kernel, (fn, args, takes_tuple, direct) in zip(self.m._segments[index], self.launchers(index)):
+        for kernel, (fn, args, takes_tuple, direct) in zip(self.m.segments[index], self.launchers(index)):
             values = [self.value(n) for n in args]
             names = ", ".join(values)
             if direct is not None and all(v in self.aligned for v in values):
@@ -205,8 +205,8 @@ class _Writer:
             base = base.inputs[0]
         if o.op is Op.CONSTANT or base in m.plan.strides_of:
             # a copy the caller owns (a weight), or a library's channels-last result (or a view of one) in eager's
-            # layout: CompiledGraph._output decides, from the value the view chain starts at
-            fn = self.glob(lambda t: m._output(o, {base: t}), "OUTPUT")
+            # layout: CompiledGraph.output_value decides, from the value the view chain starts at
+            fn = self.glob(lambda t: m.output_value(o, {base: t}), "OUTPUT")
             return f"{fn}({self.value(base)})"
         return self.value(o)
 
@@ -215,7 +215,7 @@ class _Writer:
         self.lines = ["def call(inputs):"]
         self.inputs()
         for step, (kind, item) in enumerate(m.program):
-            for a in m._alloc_before[step]:
+            for a in m.alloc_before[step]:
                 self.allocation(a)
             if kind == "segment":
                 self.segment(item)
@@ -223,7 +223,7 @@ class _Writer:
                 self.fused_step(item)
             else:
                 self.extern(item)
-            for n in m._drop_after[step]:
+            for n in m.drop_after[step]:
                 self.drop(n)
         outputs = [self.output(o) for o in m.graph.outputs]
         self.emit(f"return [{', '.join(outputs)}]")

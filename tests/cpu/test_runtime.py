@@ -92,7 +92,7 @@ def test_without_an_arena_buffers_are_allocated_per_step():
         graph = reports_since(position)[-1].optimized
         report = CompileReport("no arena")
         module = build_cpu(graph, report, arena=False)
-        assert "arena_bytes" in report.memory and not module.arena_mode and any(module._alloc_before)
+        assert "arena_bytes" in report.memory and not module.arena_mode and any(module.alloc_before)
         for _ in range(2):
             x = torch.randn(3, 8)
             torch.testing.assert_close(module([x])[0], model(x), rtol=1.3e-5, atol=1.5e-5)

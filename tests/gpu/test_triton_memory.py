@@ -41,17 +41,17 @@ def test_planned_buffers_are_allocated_once_and_released():
     module = triton_graph(graph, report, torch.device(DEVICE))
     assert not hasattr(module, "arena")
     assert all(n.op is Op.CONSTANT for n in module.static)  # nothing per call is held between calls
-    allocated = [a.node for step in module._alloc_before for a in step]
+    allocated = [a.node for step in module.alloc_before for a in step]
     kernel_outputs = {n for n in graph.outputs if n.op is not Op.EXTERN}
     assert len(allocated) == len(set(allocated)) == len(module.planned | kernel_outputs) > 0
-    dropped = {n for step in module._drop_after for n in step}
+    dropped = {n for step in module.drop_after for n in step}
     assert module.planned - set(graph.outputs) <= dropped
     # the first write of every planned buffer comes after its allocation and before its release
-    alloc_step = {a.node: k for k, step in enumerate(module._alloc_before) for a in step}
-    drop_step = {n: k for k, step in enumerate(module._drop_after) for n in step}
+    alloc_step = {a.node: k for k, step in enumerate(module.alloc_before) for a in step}
+    drop_step = {n: k for k, step in enumerate(module.drop_after) for n in step}
     assert all(alloc_step[n] <= drop_step[n] for n in drop_step if n in alloc_step)
     # the convolution's result dies in the BatchNorm/ReLU kernel, which writes over it
-    assert any(a.reuse is not None and a.reuse.op is Op.EXTERN for step in module._alloc_before for a in step)
+    assert any(a.reuse is not None and a.reuse.op is Op.EXTERN for step in module.alloc_before for a in step)
     inputs = [x]
     with torch.inference_mode():
         torch.testing.assert_close(module(inputs)[0], expected, rtol=1e-4, atol=1e-5)
@@ -119,7 +119,7 @@ def _module_for(fn, *inputs):
 
 
 def _reuses(module):
-    return [(a.node, a.reuse) for step in module._alloc_before for a in step if a.reuse is not None]
+    return [(a.node, a.reuse) for step in module.alloc_before for a in step if a.reuse is not None]
 
 
 @pytest.mark.parametrize("cols", [48, 5000])  # persistent and looped rows

@@ -89,9 +89,9 @@ def test_check_names_a_wrong_native_call(wrong_native_layout):
 
 def test_check_names_a_wrong_extern(monkeypatch):
     """A Python extern (ATen's mm, library selection off) whose result is corrupted after the call."""
-    original = module.CompiledGraph._extern_call
+    original = module.CompiledGraph.extern_call
 
-    def _extern_call(self, n):
+    def extern_call(self, n):
         call = original(self, n)
 
         def wrong(out, *values):
@@ -99,7 +99,7 @@ def test_check_names_a_wrong_extern(monkeypatch):
             (out if result is None else result).mul_(1.5)
             return result
         return wrong
-    monkeypatch.setattr(module.CompiledGraph, "_extern_call", _extern_call)  # (patched: injects a bug at run time)
+    monkeypatch.setattr(module.CompiledGraph, "extern_call", extern_call)  # (patched: injects a bug at run time)
     fn, x = _model()
     with pytest.raises(StepCheckError) as caught:
         with torch.inference_mode():

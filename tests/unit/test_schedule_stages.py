@@ -1,0 +1,105 @@
+"""The schedule stages, each as IR text before and after (in the style of test_passes.run_pass): the graph IR in,
+the Plan's steps and the kernel IR out (partition: schedule/fuse.py; kernel IR: schedule/kernel_build.py; loop
+collapsing: schedule/loop_collapse.py) - and the Program built from them, compiled, computes what the reference
+interpreter computes on random inputs."""
+import torch
+
+from kiln.ir.extern import build_extern
+from kiln.ir.graph import Graph, GraphBuilder, format_graph
+from kiln.ir.interp import interpret
+from kiln.ir.ops import Op
+from kiln.passes.check import random_inputs
+from kiln.report import CompileReport
+from kiln.schedule.plan import build_cpu, make_plan
+
+
+def run_stages(g: Graph, before: str, steps: str, kernels: str) -> None:
+    assert format_graph(g) == before
+    plan = make_plan(g)
+    assert plan.format() == steps
+    assert "\n".join(k.format() for k in plan.kernels) == kernels
+    inputs = random_inputs(g)
+    with torch.inference_mode():
+        got = build_cpu(g, CompileReport("stages"))(inputs)
+    for a, e in zip(got, interpret(g, inputs)):
+        torch.testing.assert_close(a, e, rtol=1.3e-5, atol=1.5e-5)
+
+
+def _input(b: GraphBuilder, shape: tuple[int, ...], index: int):
+    return b.add(Op.INPUT, (), shape=shape, dtype=torch.float32, index=index)
+
+
+def test_a_softmax_is_one_row_kernel_with_a_scratch_row():
+    """Partition: max, exp, sum and the division over the same rows form one kernel; kernel IR: two reductions,
+    the exp kept in a row scratch for the division (not computed twice)."""
+    b = GraphBuilder()
+    x = _input(b, (4, 6), 0)
+    m = b.add(Op.AMAX, (x,), axes=(1,), keepdim=True)
+    e = b.add(Op.EXP, (b.add(Op.SUB, (x, b.add(Op.EXPAND, (m,), shape=(4, 6)))),))
+    s = b.add(Op.SUM, (e,), axes=(1,), keepdim=True)
+    g = b.finish([b.add(Op.DIV, (e, b.add(Op.EXPAND, (s,), shape=(4, 6))))])
+    run_stages(g, """\
+graph(%in0: f32[4, 6]):
+  %0 = amax(%in0, axes=(1,), keepdim=True) : f32[4, 1]
+  %1 = expand(%0, shape=(4, 6)) : f32[4, 6]
+  %2 = sub(%in0, %1) : f32[4, 6]
+  %3 = exp(%2) : f32[4, 6]
+  %4 = sum(%3, axes=(1,), keepdim=True) : f32[4, 1]
+  %5 = expand(%4, shape=(4, 6)) : f32[4, 6]
+  %6 = div(%3, %5) : f32[4, 6]
+  return (%6)""", """\
+  0 kernel kernel_0_amax_exp_sum_div: reads buf0; writes buf1""", """\
+kernel_0_amax_exp_sum_div  outer=[4] rsize=6
+  reduce acc0 = amax(buf0[6*o0 + r])
+  reduce acc1 = sum(exp(sub(buf0[6*o0 + r], acc0)))
+  keep   scr0[r] = exp(sub(buf0[6*o0 + r], acc0))
+  loop   buf1[6*o0 + r] = div(scr0[r], acc1)""")
+
+
+def test_a_channels_last_read_keeps_the_channel_loop_and_merges_the_rest():
+    """Kernel IR: the permute is an index map (no copy); loop collapsing: the two spatial loops, which every
+    access walks as one run, become one loop of 35 (the channel loop stays: the input walks it with stride 1)."""
+    b = GraphBuilder()
+    x, bias = _input(b, (2, 5, 7, 8), 0), _input(b, (8, 1, 1), 1)
+    xc = b.add(Op.PERMUTE, (x,), dims=(0, 3, 1, 2))
+    g = b.finish([b.add(Op.RELU, (b.add(Op.ADD, (xc, b.add(Op.EXPAND, (bias,), shape=(2, 8, 5, 7)))),))])
+    run_stages(g, """\
+graph(%in0: f32[2, 5, 7, 8], %in1: f32[8, 1, 1]):
+  %0 = permute(%in0, dims=(0, 3, 1, 2)) : f32[2, 8, 5, 7]
+  %1 = expand(%in1, shape=(2, 8, 5, 7)) : f32[2, 8, 5, 7]
+  %2 = add(%0, %1) : f32[2, 8, 5, 7]
+  %3 = relu(%2) : f32[2, 8, 5, 7]
+  return (%3)""", """\
+  0 kernel kernel_0_relu: reads buf0, buf1; writes buf2""", """\
+kernel_0_relu  outer=[2, 8, 35]
+  loop   buf2[280*i0 + 35*i1 + i2] = relu(add(buf0[280*i0 + i1 + 8*i2], buf1[i1]))""")
+
+
+def test_a_value_a_library_call_reads_is_stored_and_the_rest_fuses_around_it():
+    """Partition: exp feeds a library call, so it gets a buffer of its own kernel; the row sum that also reads it
+    and the product after the call are kernels on each side of the call, in program order."""
+    b = GraphBuilder()
+    x, w = _input(b, (6, 4), 0), _input(b, (4, 3), 1)
+    e = b.add(Op.EXP, (x,))
+    mm = build_extern(b, torch.ops.aten.mm.default, [e, w], {}, (6, 3), torch.float32)
+    s = b.add(Op.SUM, (e,), axes=(1,), keepdim=True)
+    g = b.finish([b.add(Op.MUL, (mm, b.add(Op.EXPAND, (s,), shape=(6, 3))))])
+    run_stages(g, """\
+graph(%in0: f32[6, 4], %in1: f32[4, 3]):
+  %0 = exp(%in0) : f32[6, 4]
+  %1 = extern(%0, %in1, target=aten.mm.default, out_index=None) : f32[6, 3]
+  %2 = sum(%0, axes=(1,), keepdim=True) : f32[6, 1]
+  %3 = expand(%2, shape=(6, 3)) : f32[6, 3]
+  %4 = mul(%1, %3) : f32[6, 3]
+  return (%4)""", """\
+  0 kernel kernel_0_exp: reads buf0; writes buf2
+  1 extern aten.mm.default(buf2, buf1) -> buf3
+  2 kernel kernel_1_sum: reads buf2; writes buf4
+  3 kernel kernel_2_mul: reads buf3, buf4; writes buf5""", """\
+kernel_0_exp  outer=[24]
+  loop   buf2[i0] = exp(buf0[i0])
+kernel_1_sum  outer=[6] rsize=4
+  reduce acc0 = sum(buf2[4*o0 + r])
+  rowout buf4[o0] = acc0
+kernel_2_mul  outer=[6, 3]
+  loop   buf5[3*i0 + i1] = mul(buf3[3*i0 + i1], buf4[i0])""")
