@@ -247,3 +247,17 @@ def test_the_report_shows_what_was_measured(tmp_path):
     assert made.how == "measured" and made.note.startswith("measured conv [1, 16, 40, 40] x [24, 16, 3, 3]") \
         and " ms" in made.note, made
     assert made.format() in report.format(source=False)
+
+
+def test_past_the_budget_the_rule_predicts_winograd_for_large_outputs(tmp_path):
+    """Nothing measured (budget 0): the rule predicts Winograd F(2x2) for a 3x3 stride-1 convolution with a large
+    output, oneDNN below ``WINOGRAD_MIN_OUTPUT`` positions; the answers are not stored (a later compile with
+    budget measures them)."""
+    big, small = nn.Conv2d(32, 32, 3, padding=1), nn.Conv2d(128, 128, 3, padding=1)
+    position = mark()
+    with config.scope(cache_dir=str(tmp_path)), torch.inference_mode():
+        for conv, x in ((big, torch.randn(1, 32, 32, 32)), (small, torch.randn(1, 128, 13, 13))):
+            out = kiln.compile(conv, fallback=False, choice_budget_s=0.0)(x)
+            torch.testing.assert_close(out, conv(x), rtol=1e-4, atol=1e-5)
+    made = [(m.choice, m.how) for r in reports_since(position) for m in r.choices if m.kind == "conv"]
+    assert made == [("winograd2", "predicted"), ("onednn", "predicted")], made
