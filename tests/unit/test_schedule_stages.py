@@ -4,8 +4,9 @@ collapsing: schedule/loop_collapse.py) - and the Program built from them, compil
 interpreter computes on random inputs."""
 import torch
 
+from kiln import config
 from kiln.ir.extern import build_extern
-from kiln.ir.graph import Graph, GraphBuilder, format_graph
+from kiln.ir.graph import ConstRef, Graph, GraphBuilder, format_graph
 from kiln.ir.interp import interpret
 from kiln.ir.ops import Op
 from kiln.passes.check import random_inputs
@@ -13,14 +14,21 @@ from kiln.report import CompileReport
 from kiln.schedule.plan import build_cpu, make_plan
 
 
-def run_stages(g: Graph, before: str, steps: str, kernels: str) -> None:
+def run_stages(g: Graph, before: str, steps: str, kernels: str, strides: dict | None = None,
+               channels_last: set | None = None) -> None:
+    """``strides``: with layout optimization on, the buffers laid out other than contiguously, and
+    ``channels_last`` the output buffers of the convolutions that run channels-last."""
     assert format_graph(g) == before
-    plan = make_plan(g)
-    assert plan.format() == steps
-    assert "\n".join(k.format() for k in plan.kernels) == kernels
-    inputs = random_inputs(g)
-    with torch.inference_mode():
-        got = build_cpu(g, CompileReport("stages"))(inputs)
+    with config.scope(layout_optimization=strides is not None):
+        plan = make_plan(g)
+        assert plan.format() == steps
+        assert "\n".join(k.format() for k in plan.kernels) == kernels
+        if strides is not None:
+            assert {plan.buffer_of[n]: s for n, s in plan.strides_of.items()} == strides
+            assert {plan.buffer_of[n] for n in plan.cl_convs} == channels_last
+        inputs = random_inputs(g)
+        with torch.inference_mode():
+            got = build_cpu(g, CompileReport("stages"))(inputs)
     for a, e in zip(got, interpret(g, inputs)):
         torch.testing.assert_close(a, e, rtol=1.3e-5, atol=1.5e-5)
 
@@ -103,3 +111,37 @@ kernel_1_sum  outer=[6] rsize=4
   rowout buf4[o0] = acc0
 kernel_2_mul  outer=[6, 3]
   loop   buf5[3*i0 + i1] = mul(buf3[3*i0 + i1], buf4[i0])""")
+
+
+def test_layouts_run_convolutions_and_the_kernels_between_them_channels_last():
+    """Layout (schedule/layout.py, with layout optimization on): both convolutions write channels-last buffers,
+    the ReLU between them runs flat over channels-last data, and the kernel writing the graph's output reads the
+    channels-last result and writes eager's NCHW layout (a transposing kernel, no copy)."""
+    b = GraphBuilder()
+    x = _input(b, (1, 4, 6, 6), 0)
+
+    def conv(inp, cin):
+        weight = torch.randn(8, cin, 3, 3, generator=torch.Generator().manual_seed(cin))
+        w = b.add(Op.CONSTANT, (), value=ConstRef(weight))
+        return build_extern(b, torch.ops.aten.convolution.default,
+                            [inp, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1], {}, (1, 8, 6, 6), torch.float32)
+    g = b.finish([b.add(Op.SIGMOID, (conv(b.add(Op.RELU, (conv(x, 4),)), 8),))])
+    run_stages(g, """\
+graph(%in0: f32[1, 4, 6, 6]):
+  %0 = constant(value=const<(8, 4, 3, 3)>) : f32[8, 4, 3, 3]
+  %1 = extern(%in0, %0, target=aten.convolution.default, out_index=None) : f32[1, 8, 6, 6]
+  %2 = relu(%1) : f32[1, 8, 6, 6]
+  %3 = constant(value=const<(8, 8, 3, 3)>) : f32[8, 8, 3, 3]
+  %4 = extern(%2, %3, target=aten.convolution.default, out_index=None) : f32[1, 8, 6, 6]
+  %5 = sigmoid(%4) : f32[1, 8, 6, 6]
+  return (%5)""", """\
+  0 extern aten.convolution.default(buf0, buf1) -> buf2
+  1 kernel kernel_0_relu: reads buf2; writes buf3
+  2 extern aten.convolution.default(buf3, buf4) -> buf5
+  3 kernel kernel_1_sigmoid: reads buf5; writes buf6""", """\
+kernel_0_relu  outer=[288]
+  loop   buf3[i0] = relu(buf2[i0])
+kernel_1_sigmoid  outer=[8, 36]
+  loop   buf6[36*i0 + i1] = sigmoid(buf5[i0 + 8*i1])""", strides={"buf2": (288, 1, 48, 8), "buf3": (288, 1, 48, 8),
+                                                             "buf5": (288, 1, 48, 8)},
+               channels_last={"buf2", "buf5"})
