@@ -502,7 +502,6 @@ def _loaded_or_cached(cache: Path, key: str, name: str) -> CompiledModule | None
         return _memo.setdefault((str(cache), key), module)
 
 
-
 def _load_or_build_locked(cache: Path, entry: Path, key: str, source: str, compiler: tuple[str, str],
                           flags: tuple[str, ...], name: str) -> CompiledModule:
     # Someone may have built it while we waited for the lock.

@@ -40,7 +40,7 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     what = f"graph {report.name!r}"
     known = choices.known(LAYOUT, key, what)
     if known == "contiguous":
-        report.memory["layout"] = "contiguous (" + ("forced)" if choices.forced_value(LAYOUT) else "measured earlier)")
+        report.memory["layout"] = f"contiguous ({choices.made[-1].how})"  # (forced, or stored by an earlier compile)
         return plain
     plain_state = (report.kernels, report.externs, report.native_externs, dict(report.memory), report.source,
                    report.from_cache)
@@ -51,8 +51,8 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
         report.memory["layout"] = f"contiguous ({why})"
         return plain
 
-    inputs = examples() if examples is not None else random_inputs(graph)
     if known is None:
+        inputs = examples() if examples is not None else random_inputs(graph)
         with torch.inference_mode():
             start = time.perf_counter()
             plain(inputs)
@@ -63,8 +63,7 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     with config.scope(layout_optimization=True):
         nhwc = build(graph, report)
     if known == "channels-last":
-        report.memory["layout"] = "channels-last (" + ("forced)" if choices.forced_value(LAYOUT) else
-                                                       "measured earlier)")
+        report.memory["layout"] = f"channels-last ({choices.made[-1].how})"
         return nhwc
     with torch.inference_mode():
         first, second = plain(inputs), nhwc(inputs)

@@ -15,7 +15,7 @@ A compile makes one ``Choices`` (``Choices.for_compile``); the passes get it on 
 
 Every answer is kept in ``made`` (the compile report's ``choices``), with how it was reached.
 
-    GEMM = Kind("gemm", 9, ("kiln", "onednn", "aten"))      # a pass declares its kind once
+    GEMM = Kind("gemm", 10, ("kiln", "onednn", "aten"))     # a pass declares its kind once
     choices.decide(GEMM, (m, k, n, threads), calls, baseline="kiln", what="linear 64x768x3072")
 """
 from __future__ import annotations
