@@ -19,7 +19,7 @@ import time
 import torch
 import torch.nn.functional as F
 
-from kiln.codegen.cpp_conv_gemm import DIRECT_MAX_CHANNELS
+from kiln.library.conv.source_gemm import DIRECT_MAX_CHANNELS
 
 # (name, N, C, H, W, K, kernel, stride, padding): ResNet-18 at 224 and the seed model
 LAYERS = [
@@ -46,7 +46,8 @@ DEPTHWISE = [
 
 
 def _calls(x: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor, stride: int, pad: int) -> dict:
-    from kiln.runtime import cpu_conv, cpu_conv_dw
+    from kiln.library.conv import op as cpu_conv
+    from kiln.library.conv import op_dw as cpu_conv_dw
     k, cg, kh, kw = weights[0].shape
     s, p = [stride, stride], [pad, pad]
     groups = x.shape[1] // cg

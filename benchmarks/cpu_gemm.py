@@ -29,7 +29,7 @@ def main() -> None:
     args = p.parse_args()
     torch.set_num_threads(1)
     from benchmarks.fma_probe import peak_gflops
-    from kiln.runtime import cpu_gemm
+    from kiln.library.gemm import op as cpu_gemm
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
         x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)

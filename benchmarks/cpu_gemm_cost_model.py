@@ -1,7 +1,7 @@
 """How well the CPU GEMM cost model ranks schedules (issue 4's bar: Spearman >= 0.7 with measured times, and its
 top 8 within 5% of the exhaustive best on >= 90% of the problems).
 
-Every candidate of each problem is measured (``tune/cpu_gemm.py``'s timing: alternating rounds, corrected for
+Every candidate of each problem is measured (``library/gemm/tune.py``'s timing: alternating rounds, corrected for
 the machine's drift between them).
 The learned correction for a problem is fitted only to the *other* problems' samples (leave one problem out), as
 it would be on a machine that tuned those before; the analytic model alone is reported beside it.
@@ -19,7 +19,7 @@ import argparse
 
 import torch
 
-from kiln.tune import cpu_gemm as tg
+from kiln.library.gemm import tune as tg
 from kiln.tune.ranking import spearman
 
 # the suite's linear layers (MLP batch 64; GPT 256 tokens) and a square one

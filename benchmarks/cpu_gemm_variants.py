@@ -1,6 +1,6 @@
 """Variants of kiln's CPU GEMM library timed against each other (alternate rounds, one process, one thread).
 
-Each variant is kiln's GEMM source (``codegen/cpp_gemm.py``) built with one compile-time switch changed, called
+Each variant is kiln's GEMM source (``library/gemm/source.py``) built with one compile-time switch changed, called
 through ctypes with the rule's schedule; every call takes the next of several copies of the weight, so B comes
 from memory as in a model (``tune/timing.cold_copies``).  Reported per shape: each variant's median
 GFLOP/s and the median over rounds of its time relative to the first variant's.
@@ -33,8 +33,8 @@ def main() -> None:
     ap.add_argument("--mc", type=int, default=0, help="rows of A per block (default: the rule's)")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
-    from kiln.runtime import cpu_gemm
+    from kiln.library.gemm.source import GemmSchedule, gemm_source, schedule_for
+    from kiln.library.gemm import op as cpu_gemm
     from kiln.tune import timing
     from kiln.runtime.build import load_module
     libs = {name: cpu_gemm.bind_gemm(load_module(switch + gemm_source(GemmSchedule()), name="kiln_gemm_variant").lib)

@@ -1,4 +1,4 @@
-"""How well the GPU matmul cost model ranks tile configurations (kiln/tune/gpu_matmul.py), on the suite.
+"""How well the GPU matmul cost model ranks tile configurations (kiln/library/gpu_matmul/tune.py), on the suite.
 
 Compiles the suite's matmul models in max-autotune with an empty tuning database and *every* candidate
 configuration measured, then per problem: Spearman correlation between the model's estimate and the measured
@@ -25,9 +25,9 @@ def main() -> None:
     import kiln
     from benchmarks import models
     from kiln import config
-    from kiln.codegen.triton_matmul import MatmulConfig
+    from kiln.library.gpu_matmul.template import MatmulConfig
     from kiln.report import mark, reports_since
-    from kiln.tune import gpu_matmul
+    from kiln.library.gpu_matmul import tune as gpu_matmul
     top = config.get().matmul_measured_configs  # (what max-autotune compiles; here every configuration is timed)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     position = mark()

@@ -18,8 +18,8 @@ import torch
 
 
 def cold_call(rounds: int) -> None:
-    from kiln.codegen.cpp_gemm import schedule_for
-    from kiln.runtime import cpu_gemm
+    from kiln.library.gemm.source import schedule_for
+    from kiln.library.gemm import op as cpu_gemm
     from kiln.tune import timing
     lib = cpu_gemm.library()
     m, k, n = 64, 1024, 4096

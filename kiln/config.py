@@ -74,7 +74,7 @@ def _checked(name: str, value: Any, label: str) -> Any:
         raise ValueError(f"kiln: {label} expects a value >= 0, got {value!r}")
     if name == "winograd_tiles" and not all(re.fullmatch(r"[0-9]+", t.strip()) for t in value.split(",")
                                             if t.strip()):
-        # (which sizes kiln's kernels have is the Winograd pass's business, passes/winograd.py: tiles())
+        # (which sizes kiln's kernels have is the Winograd pass's business, library/conv/select.py: tiles())
         raise ValueError(f"kiln: {label} expects comma-separated tile sizes such as '2' or '2,4' ('' turns "
                          f"Winograd off), got {value!r}")
     if name == "choices" and not re.fullmatch(r"\s*(\w+\s*=\s*\w+\s*(,\s*\w+\s*=\s*\w+\s*)*)?,?\s*", value):

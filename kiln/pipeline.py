@@ -36,8 +36,9 @@ STAGES: tuple[Stage, ...] = (
           "each group becomes loops over index expressions (views folded into indexing, no copies)"),
     Stage("schedules", "kiln.tune.cpu:apply_schedules", "cpu",
           "loop order, vector width, parallel loops: the database's, else the rule's (measured in max-autotune)"),
-    Stage("matmul templates", "kiln.schedule.matmul_fusion:fuse_matmuls", "gpu",
-          "a matmul and its consumer as one Triton template where it beats cuBLAS + a kernel"),
+    Stage("operator steps", "kiln.library.gpu_matmul.fusion:fuse_into_plan", "gpu",
+          "operators' own steps (Operator.plan_gpu): a matmul and its consumer as one Triton template where it "
+          "beats cuBLAS + a kernel"),
     Stage("program", "kiln.schedule.program:build_program", "both",
           "the Program: steps in order, native-call binding, memory plan (one arena on the CPU), releases"),
     Stage("layout choice", "kiln.schedule.choose:build_best", "cpu",
@@ -55,9 +56,15 @@ STAGES: tuple[Stage, ...] = (
 
 
 def format_stages() -> str:
+    """The stages, then kiln's operators (``kiln/library``) with the graph passes each adds to the pipeline."""
+    from kiln import library
     width = max(len(s.name) for s in STAGES)
-    return "\n".join(f"{k:2d}. {s.name:<{width}}  [{s.target:<4}] {s.runs}\n      {s.why}"
-                     for k, s in enumerate(STAGES, 1))
+    lines = [f"{k:2d}. {s.name:<{width}}  [{s.target:<4}] {s.runs}\n      {s.why}" for k, s in enumerate(STAGES, 1)]
+    lines.append("\noperators (kiln/library; their passes run in this order in the graph pass pipeline):")
+    for op in library.OPERATORS:
+        lines.append(f"  {op.name}: {op.what}")
+        lines.extend(f"      pass {p.name}: {p.why}" for p in op.passes)
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

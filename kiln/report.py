@@ -39,7 +39,7 @@ class CompileReport:
     phases: dict[str, float] = dataclasses.field(default_factory=dict)  # seconds per compile phase
     check_failures: list[str] = dataclasses.field(default_factory=list)
     tune_skipped: list[str] = dataclasses.field(default_factory=list)  # max-autotune: candidates/kernels skipped
-    matmuls: Any = None           # GPU: matmul template choices (kiln.schedule.matmul_fusion.Stats)
+    matmuls: Any = None           # GPU: matmul template choices (kiln.library.gpu_matmul.fusion.Stats)
     choices: list[Any] = dataclasses.field(default_factory=list)  # implementation choices (tune/choices.Made)
     tuning: Any = None            # CPU: kernel schedules measured or found (kiln.tune.cpu.TuneStats)
 

@@ -17,7 +17,7 @@ Primitives (``Trace`` steps; ``apply`` replays them):
     vectorize(loop)         ``#pragma omp simd`` on the innermost loop
     unroll(loop, factor)    ``#pragma GCC unroll factor``
 
-Operand packing is the GEMM writer's own (``codegen/cpp_gemm.py``); pointwise kernels read each element once.
+Operand packing is the GEMM writer's own (``library/gemm/source.py``); pointwise kernels read each element once.
 """
 from __future__ import annotations
 

@@ -162,3 +162,9 @@ HALF = (torch.bfloat16, torch.float16)
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """The type a kernel computes a value of ``dtype`` in: fp32 for half precision, else the type itself."""
     return torch.float32 if dtype in HALF else dtype
+
+
+def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Strides of an NCHW-shaped value stored NHWC (channels innermost)."""
+    n, c, h, w = shape
+    return (c * h * w, 1, w * c, c)

@@ -22,9 +22,42 @@ class ExternStep:
     node: Node
 
 
+class OwnStep:
+    """A step an operator provides itself (``kiln/library``: the GPU matmul template with its epilogue kernel).
+
+    The program builder asks it what it reads and writes; the runtime loads and runs it through ``load`` and
+    ``run`` and knows nothing else about it (so the runtime imports no operator)."""
+    node: Node                 # its extern node: the runtime evaluates its arguments for ``run``
+    epilogue: Kernel | None    # a kernel the step took in (None: the step writes ``node``'s own buffer)
+    args: list[Node]           # the buffer nodes ``run`` gets after the operands, in order (set by ``load``)
+
+    @property
+    def name(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def node_inputs(self) -> list[Node]:
+        return list(self.node.inputs)
+
+    def buffers(self) -> tuple[set[str], set[str]]:
+        """Buffers read and written besides ``node``'s operands (graph nodes, read through views)."""
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name
+
+    def load(self, import_source: Any, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node]) -> None:
+        """Bind the step's code (``import_source(text) -> (module, from_cache)``) and its ``args``."""
+        raise NotImplementedError
+
+    def run(self, operands: list[Any], values: list[torch.Tensor]) -> None:
+        """Run once: ``operands`` are ``node``'s arguments as its extern takes them, ``values`` the ``args``."""
+        raise NotImplementedError
+
+
 @dataclasses.dataclass
 class Plan:
-    steps: list[Any]                 # Kernel | ExternStep (| a target's fused step, e.g. the GPU matmul), in order
+    steps: list[Any]                 # Kernel | ExternStep | OwnStep (an operator's own, e.g. the GPU matmul)
     buffer_of: dict[Node, str]       # realized node -> buffer name
     aliases: set[Node]
     kernels: list[Kernel]

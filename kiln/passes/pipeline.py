@@ -10,23 +10,15 @@ from typing import Callable
 
 from kiln import config
 from kiln.ir.graph import Graph, verify
-from kiln.passes.attention import fuse_attention
-from kiln.passes.attention import libraries as attention_libraries
-from kiln.passes.conv_bias import split_conv_bias
+from kiln.library import graph_passes, libraries
 from kiln.passes.cse import cse
 from kiln.passes.dce import dce
 from kiln.passes.fold import fold_constants
 from kiln.passes.fold_affine import fold_affine
+from kiln.passes.half_in_fp32 import half_in_fp32
 from kiln.passes.order import hoist_last_readers
 from kiln.passes.rewrite import RewriteLog
-from kiln.passes.prepack_conv import prepack_conv
-from kiln.passes.gemm_epilogue import fuse_gemm_gelu
-from kiln.passes.half_in_fp32 import half_in_fp32
-from kiln.passes.select_gemm import libraries as select_gemm_libraries
-from kiln.passes.select_gemm import select_gemm
 from kiln.passes.simplify import simplify
-from kiln.passes.winograd import libraries as winograd_libraries
-from kiln.passes.winograd import winograd_conv
 from kiln.report import CompileReport, PassRecord
 from kiln.runtime.build import start_builds
 from kiln.tune.choices import Choices
@@ -43,20 +35,8 @@ def _fold_affine(g: Graph, log: RewriteLog) -> Graph:
     return fold_affine(g, log) if config.get().constant_folding else g
 
 
-def _select_gemm(g: Graph, log: RewriteLog) -> Graph:
-    return select_gemm(g, log, tuning=log.mode == "max-autotune") if config.get().library_selection else g
-
-
 def _half_in_fp32(g: Graph, log: RewriteLog) -> Graph:
     return half_in_fp32(g, log) if config.get().library_selection else g
-
-
-def _winograd(g: Graph, log: RewriteLog) -> Graph:
-    return winograd_conv(g, log) if config.get().library_selection else g
-
-
-def _prepack_conv(g: Graph, log: RewriteLog) -> Graph:
-    return prepack_conv(g, log) if config.get().library_selection else g
 
 
 PIPELINE: list[tuple[str, Pass]] = [
@@ -67,12 +47,10 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
     ("dce_folded", lambda g, log: dce(g)),     # the unfolded layers: else the library passes pack their weights too
     ("half_in_fp32", _half_in_fp32),           # after folding, before the library passes: they see fp32 products
-    ("select_gemm", _select_gemm),             # after folding: weights are final; time MKL vs oneDNN per shape
-    ("gemm_epilogue", fuse_gemm_gelu),         # after select_gemm: a linear's gelu into kiln's or oneDNN's call
-    ("winograd", _winograd),                   # after folding (final weights, BN bias); before oneDNN takes the rest
-    ("prepack_conv", _prepack_conv),           # after folding: reorder final conv weights once for oneDNN
-    ("split_conv_bias", split_conv_bias),      # after folding (BN made the bias final); GPU convolutions only
-    ("fuse_attention", fuse_attention),        # after simplify/CSE made the softmax pattern canonical; GPU only
+    # the operators' passes (kiln/library: kiln's GEMM, convolutions, attention), in their registry's order:
+    # after folding (weights are final), before the second clean-up.  Each says why it is where it is
+    # (``python -m kiln.pipeline`` prints them).
+    *((p.name, p.run) for p in graph_passes()),
     ("simplify_2", simplify),                  # folding exposes x*1, x+0 and new view chains
     ("cse_2", cse),
     ("dce_2", lambda g, log: dce(g)),          # folded constants leave their inputs dead
@@ -90,7 +68,7 @@ def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool 
     checker = Checker(graph) if check else None
     choices = choices if choices is not None else Choices.for_compile(mode)
     if config.get().library_selection:  # kiln's libraries the graph may need build in parallel, from now on
-        start_builds({**select_gemm_libraries(graph), **winograd_libraries(graph), **attention_libraries(graph)})
+        start_builds(libraries(graph))
     disabled = {name.strip() for name in config.get().disabled_passes.split(",") if name.strip()}
     unknown = disabled - {name for name, _ in passes}
     if unknown:

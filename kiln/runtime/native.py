@@ -120,7 +120,6 @@ def bind(node: Node, strides_of: Callable[[Node], tuple[int, ...] | None], out_s
     """The native call for extern ``node`` (whose result lives at a fixed place with ``out_strides``), or None.
 
     ``pointer(v)``: the C expression of an input node's, a baked tensor's, or ``OUT``'s data pointer."""
-    _ensure_binders()
     binder = BINDERS.get(node.attr("target"))
     if binder is None:
         return None
@@ -205,7 +204,6 @@ def _cfunc(function: int, types: tuple[Any, ...]) -> Any:
 
 def _prepare(op: Any, args: dict[str, Any], out: torch.Tensor) -> tuple[Any, list[Any]] | None:
     """The op's C function and its argument values for real tensors, or None where its binder refuses."""
-    _ensure_binders()
     bound = BINDERS[op](args, lambda t: tuple(t.stride()), tuple(out.stride()))
     if bound is None:
         return None
@@ -224,11 +222,3 @@ def _prepare(op: Any, args: dict[str, Any], out: torch.Tensor) -> tuple[Any, lis
             values.append(v)
     return _cfunc(function, tuple(types)), values
 
-
-@functools.lru_cache(maxsize=None)
-def _ensure_binders() -> None:
-    # the binders live beside each op's Python implementation; importing registers them (once: the ops' Python
-    # implementations come through here on every call)
-    import importlib
-    for name in ("cpu_gemm", "cpu_conv", "cpu_conv_dw", "cpu_attention"):
-        importlib.import_module(f"kiln.runtime.{name}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-import torch.nn.functional as F
 
 from kiln.ir.extern import Baked, substitute
 
@@ -20,80 +19,18 @@ Reference = Callable[[dict[str, Any]], torch.Tensor | None]
 _REFERENCES: dict[Any, Reference] = {}
 
 
-def _register(name: str) -> Callable[[Reference], Reference]:
+def register(name: str) -> Callable[[Reference], Reference]:
+    """``@register("kiln::conv_gemm")``: the reference of the op with that schema name.  Each op registers its
+    own beside its definition (``kiln/library/<op>/op.py``), so the reference exists whenever the op does."""
     def wrap(fn: Reference) -> Reference:
         _REFERENCES[name] = fn
         return fn
     return wrap
 
 
-def _source(packed: Any) -> torch.Tensor | None:
+def baked_source(packed: Any) -> torch.Tensor | None:
+    """The weight a packed argument was made from (kept while ``KILN_CHECK`` is on), or None."""
     return packed.source if isinstance(packed, Baked) else None
-
-
-def _epilogue(y: torch.Tensor, args: dict[str, Any]) -> torch.Tensor:
-    if args.get("residual") is not None:
-        y = y + args["residual"]
-    return torch.relu(y) if args.get("relu") else y
-
-
-def _conv_input(args: dict[str, Any]) -> torch.Tensor:
-    return torch.relu(args["x"]) if args.get("relu_input") else args["x"]
-
-
-@_register("kiln::linear_packed")
-def _linear(args: dict[str, Any]) -> torch.Tensor | None:
-    w = _source(args["packed"])
-    if w is None:
-        return None
-    y = F.linear(args["x"], w.float(), args["bias"])
-    return F.gelu(y) if args.get("gelu") else y
-
-
-@_register("kiln::conv_winograd")
-def _winograd(args: dict[str, Any]) -> torch.Tensor | None:
-    w = _source(args["packed"])
-    if w is None:
-        return None
-    return _epilogue(F.conv2d(_conv_input(args), w.float(), args["bias"], 1, args["padding"]), args)
-
-
-@_register("kiln::conv_gemm")
-def _conv_gemm(args: dict[str, Any]) -> torch.Tensor | None:
-    w = _source(args["packed"])
-    if w is None:
-        return None
-    return _epilogue(F.conv2d(_conv_input(args), w.float(), args["bias"], args["stride"], args["padding"]), args)
-
-
-@_register("kiln::conv_dw")
-def _conv_dw(args: dict[str, Any]) -> torch.Tensor | None:
-    w = _source(args["packed"])
-    if w is None:
-        return None
-    x = _conv_input(args)
-    return _epilogue(F.conv2d(x, w.float(), args["bias"], args["stride"], args["padding"], groups=x.shape[1]), args)
-
-
-@_register("kiln::attention")
-def _attention(args: dict[str, Any]) -> torch.Tensor:
-    q, k, v = (args[a].double() for a in "qkv")
-    scores = q @ k.transpose(-1, -2) * args["scale"]
-    if args["causal"]:
-        t, s = scores.shape[-2:]
-        scores = scores.masked_fill(torch.ones(t, s, dtype=torch.bool).triu(1 + s - t), float("-inf"))
-    return (torch.softmax(scores, -1) @ v).to(args["q"].dtype)
-
-
-@_register("mkldnn::_convolution_pointwise")
-def _onednn_conv(args: dict[str, Any]) -> torch.Tensor | None:
-    w = _source(args["W"]) if "W" in args else None
-    if w is None:
-        return None
-    y = F.conv2d(args["X"], w.float(), args.get("B"), args["stride"], args["padding"], args["dilation"],
-                 args["groups"])
-    attr = args.get("attr", "none")
-    return torch.relu(y) if attr == "relu" else y if attr == "none" else None
 
 
 def reference(node: Any, values: list[torch.Tensor]) -> torch.Tensor | None:

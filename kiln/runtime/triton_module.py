@@ -25,18 +25,16 @@ from kiln.codegen.triton import TritonKernelWriter, module_source
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.report import CompileReport
-from kiln.codegen.triton_matmul import template_source
-from kiln.runtime.matmul_step import MatmulStep, launch, launch_args, matmul_module_text
 from kiln.runtime import checking, profiling
 from kiln.runtime.errors import InputMismatch
-from kiln.ir.program import Plan
+from kiln.ir.program import OwnStep, Plan
 from kiln.runtime.module import CompiledGraph, _storage_uses
 from kiln.runtime.wrapper import build_wrapper
 
 _loaded: dict[str, Any] = {}
 
 
-def _import_source(source: str) -> tuple[Any, bool]:
+def import_source(source: str) -> tuple[Any, bool]:
     """Import generated source through a file in the cache (Triton reads a kernel's source from its file)."""
     digest = hashlib.sha256(source.encode()).hexdigest()[:24]
     if digest in _loaded:
@@ -121,7 +119,7 @@ class TritonGraph(CompiledGraph):
                 calls.append((functools.partial(_launch_jit, fn, s), args, False, None))
         return calls
 
-    def _fused_call(self, step: MatmulStep) -> tuple[Callable, list[Node]]:
+    def _fused_call(self, step: OwnStep) -> tuple[Callable, list[Node]]:
         """The generated wrapper's call of a matmul template step, on the values of its argument nodes."""
         nodes = list(dict.fromkeys([*step.node.inputs, *step.args]))
         return (lambda *values: self.run_fused(step, dict(zip(nodes, values)))), nodes
@@ -129,14 +127,11 @@ class TritonGraph(CompiledGraph):
     def _load_code(self, plan: Plan, segments: list[list[str]], dtype_of: dict[str, torch.dtype],
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         for s in plan.steps:
-            if isinstance(s, MatmulStep):  # the same text the measurement compiled: Triton's cache has it
-                module, _ = _import_source(matmul_module_text(template_source(s.spec, dtype_of)))
-                s.fn = getattr(module, s.spec.name)
-                s.args = [node_of[b] for b in s.spec.epilogue_args(dtype_of)] if s.epilogue is not None else [
-                    s.node]
+            if isinstance(s, OwnStep):  # an operator's own step (the matmul template): it loads its own code
+                s.load(import_source, dtype_of, node_of)
         source = module_source(plan.kernels, dtype_of)
         report.source = source
-        module, report.from_cache = _import_source(source)
+        module, report.from_cache = import_source(source)
         self._module_path = module.__file__
         by_name = {k.name: k for k in plan.kernels}
         self._launches: list[list[tuple[Callable, list[Node], Any]]] = []
@@ -199,9 +194,9 @@ class TritonGraph(CompiledGraph):
     def _before_run(self) -> None:
         pass
 
-    def run_fused(self, step: MatmulStep, env: dict[Node, torch.Tensor]) -> None:
+    def run_fused(self, step: OwnStep, env: dict[Node, torch.Tensor]) -> None:
         operands, _ = self._extern_args(step.node, env)
-        launch(step.fn, step.spec, step.config, launch_args(step.spec, operands, [env[n] for n in step.args]))
+        step.run(operands, [env[n] for n in step.args])
 
     def run_segment(self, index: int, env: dict[Node, torch.Tensor]) -> None:
         steps = self._launches[index]

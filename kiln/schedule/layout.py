@@ -22,25 +22,16 @@ from typing import Any
 
 import torch
 
+from kiln import library
 from kiln.ir.graph import Graph, Node
-from kiln.ir.ops import Op
-from kiln.passes.prepack_conv import is_prepacked_conv
-from kiln.passes import winograd
-from kiln.runtime import cpu_attention
+from kiln.ir.ops import Op, channels_last_strides
 
 aten = torch.ops.aten
 NHWC_ORDER = (0, 2, 3, 1)  # loop/memory order of the logical dims (N, C, H, W)
 
 
-def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    n, c, h, w = shape
-    return (c * h * w, 1, w * c, c)
-
-
-def is_conv2d(n: Node) -> bool:
-    """A 2-D convolution extern (ATen's, oneDNN's with a prepacked weight, or kiln's Winograd)."""
-    if is_prepacked_conv(n) or winograd.is_kiln_conv(n):
-        return True
+def _is_aten_conv2d(n: Node) -> bool:
+    """ATen's 2-D floating-point convolution (not transposed): oneDNN or cuDNN behind it reads channels-last."""
     if n.op is not Op.EXTERN or n.attr("out_index") is not None or not n.dtype.is_floating_point:
         return False
     if getattr(n.attr("target"), "overloadpacket", None) is not aten.convolution or len(n.shape) != 4:
@@ -49,26 +40,16 @@ def is_conv2d(n: Node) -> bool:
     return not args[6]  # not transposed
 
 
-def writes_channels_last(n: Node) -> bool:
-    """Convolution externs whose library writes channels-last output whatever the input's layout."""
-    return is_prepacked_conv(n) or winograd.writes_channels_last(n)
-
-
-def _is_attention(target: Any) -> bool:
-    return target is cpu_attention.attention._opoverload or \
-        getattr(target, "overloadpacket", None) is aten.scaled_dot_product_attention
+def is_conv2d(n: Node) -> bool:
+    """A 2-D convolution: ATen's, or one of kiln's operators' (oneDNN's prepacked, kiln's Winograd...)."""
+    return library.is_conv2d(n) or _is_aten_conv2d(n)
 
 
 def library_layouts(graph: Graph) -> dict[Node, tuple[int, ...]]:
-    """Buffers whose layout the library fixes: oneDNN's prepacked and kiln's Winograd convolutions write
-    channels-last; fused
-    attention writes [B, H, T, D] as a transposed view of [B, T, H, D] (the heads' merge is then a view)."""
-    out = {n: channels_last_strides(n.shape) for n in graph.nodes if writes_channels_last(n)}
-    for n in graph.nodes:
-        if n.op is Op.EXTERN and len(n.shape) == 4 and _is_attention(n.attr("target")):
-            b, h, t, d = n.shape
-            out[n] = (t * h * d, d, h * d, 1)
-    return out
+    """Buffers whose layout their library fixes (``Operator.fixed_strides``): e.g. oneDNN's prepacked and kiln's
+    Winograd convolutions write channels-last; fused attention writes [B, H, T, D] as a transposed view of
+    [B, T, H, D] (the heads' merge is then a view)."""
+    return {n: s for n in graph.nodes if (s := library.fixed_strides(n)) is not None}
 
 
 def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], readers: dict[Node, set[Any]],
@@ -90,8 +71,8 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
         feeds_nhwc = bool(readers.get(conv, set()) & nhwc_groups)
         if conv not in outputs and (feeds_nhwc or conv.inputs[0] in nhwc):
             nhwc[conv] = channels_last_strides(conv.shape)
-    cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and not is_prepacked_conv(c)
-                and not winograd.is_kiln_conv(c)}  # these read any layout
+    # ATen's convolutions are told to run channels-last; the operators' read any layout
+    cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and _is_aten_conv2d(c)}
     # weights go channels-last only when nothing but convolutions reads them
     cl_convs = {c for c in cl_convs if readers.get(c.inputs[1], set()) <= {"extern"}}
     return nhwc, cl_convs

@@ -107,20 +107,15 @@ def build_cpu(graph: Graph, report: CompileReport,
 
 
 def triton_plan(graph: Graph, report: CompileReport, device: torch.device) -> Plan:
-    """The GPU plan of ``graph``: matmuls whose measured (or recorded) best is kiln's Triton template take their
-    epilogue kernel in (``matmul_fusion.py``); every kernel gets its launch schedule."""
+    """The GPU plan of ``graph``: each operator may replace steps with its own (``Operator.plan_gpu``: matmuls
+    whose measured or recorded best is kiln's Triton template take their epilogue kernel in); every kernel gets its
+    launch schedule."""
     from kiln.codegen.triton import schedule_for
-    from kiln.schedule import matmul_fusion
+    from kiln.library import OPERATORS
     plan = make_plan(graph)
-    if config.get().matmul_templates and (device.type == "cuda" or matmul_fusion.forced_config() is not None):
-        steps, stats = matmul_fusion.fuse_matmuls(plan.steps, graph.outputs, plan.buffer_of, plan.strides_of,
-                                                  device, tune=report.mode == "max-autotune")
-        report.phases["matmul_tuning"] = stats.seconds
-        report.matmuls = stats
-        fused = {id(s.epilogue) for s in steps if isinstance(s, matmul_fusion.MatmulStep)
-                 and s.epilogue is not None}
-        plan.steps = steps
-        plan.kernels = [k for k in plan.kernels if id(k) not in fused]
+    for op in OPERATORS:  # operators with steps of their own (the matmul template with its epilogue)
+        if op.plan_gpu is not None:
+            op.plan_gpu(plan, graph, report, device)
     for k in plan.kernels:
         k.schedule = schedule_for(k)
     return plan

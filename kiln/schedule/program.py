@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from kiln import config
+from kiln import config, library
 from kiln.codegen.cpp import native_calls
 from kiln.ir.extern import Baked
 from kiln.ir.graph import Graph, Node, mutates
@@ -36,14 +36,14 @@ from kiln.ir.interp import view_layout
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op, contiguous_strides
 from kiln.ir.program import Allocation, ExternStep, Plan, Program
-from kiln.runtime import cpu_gemm, inplace, memory, native
+from kiln.runtime import inplace, memory, native
 
 _C_TYPES = {torch.float32: "float"}  # element types native calls take views of
 
-# library ops whose ``.out`` variant writes into a buffer we provide (so their results live in the arena)
+# library ops whose ``.out`` variant writes into a buffer we provide (so their results live in the arena): ATen's
+# products and the operators' (``Operator.out_variants``, e.g. kiln's GEMM)
 # (not convolution: its ``.out`` is a generated wrapper that computes into a new tensor and copies)
-_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm,
-                           cpu_gemm.linear_packed._opoverload.overloadpacket})  # (and its .out: cpu_gemm)
+_OUT_VARIANTS = frozenset({torch.ops.aten.mm, torch.ops.aten.addmm, torch.ops.aten.bmm}) | library.out_variants()
 
 
 def writes_into_arena(n: Node, escaping: set[Node]) -> bool:

@@ -176,8 +176,7 @@ class _Pickler(pickle.Pickler):
 
 
 def _op(qualified: str, overload: str) -> Any:
-    import kiln.runtime.native as native  # registers kiln's own ops
-    native._ensure_binders()
+    import kiln.library  # noqa: F401  (defines kiln's own ops: a saved graph may name them)
     namespace, name = qualified.split("::")
     return getattr(getattr(getattr(torch.ops, namespace), name), overload)
 

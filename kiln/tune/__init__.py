@@ -2,10 +2,10 @@
 
 
 def live_kinds() -> tuple[str, ...]:
-    """The record kinds kiln reads today (what ``kiln db prune --retired`` keeps): the tuners' and every choice
-    kind's current version."""
-    from kiln.passes import pipeline  # noqa: F401  (its passes declare the choice kinds)
-    from kiln.schedule import choose, matmul_fusion  # noqa: F401  (choose: the layout kind)
-    from kiln.tune import cpu, cpu_gemm
-    from kiln.tune.choices import KINDS
-    return cpu.KINDS + cpu_gemm.KINDS + (matmul_fusion.KIND,) + tuple(k.record_kind for k in KINDS.values())
+    """The record kinds kiln reads today (what ``kiln db prune --retired`` keeps): the pointwise tuner's, the
+    layout and half-precision choices', and every operator's (``kiln.library``: its choice kinds and tuners)."""
+    from kiln import library
+    from kiln.passes.half_in_fp32 import HALF_IN_FP32
+    from kiln.schedule.choose import LAYOUT
+    from kiln.tune import cpu
+    return cpu.KINDS + (LAYOUT.record_kind, HALF_IN_FP32.record_kind) + library.records()

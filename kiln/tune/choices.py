@@ -163,7 +163,7 @@ class Choices:
         return self._record(kind, what, answer, "predicted", why)
 
     def note(self, line: str) -> None:
-        """A measurement made by a tuner on the way (``tune/cpu_gemm.py``), for the report of the pass that asked."""
+        """A measurement made by a tuner on the way (``library/gemm/tune.py``), for the report of the pass that asked."""
         self._lines.append(line)
 
     def take_lines(self) -> list[str]:

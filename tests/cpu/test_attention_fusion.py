@@ -1,4 +1,4 @@
-"""Hand-written attention -> one attention call (passes/attention.py): ATen's SDPA, or kiln's CPU kernel.
+"""Hand-written attention -> one attention call (library/attention/fuse.py): ATen's SDPA, or kiln's CPU kernel.
 
 The pass runs on CUDA and CPU graphs; here on CPU constants (the fixture pins ``devices=("cpu",)``), so CI checks
 the pattern matching and the numerics: causal, unmasked, and a mask that is not causal (left alone)."""

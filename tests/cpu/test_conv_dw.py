@@ -1,4 +1,4 @@
-"""kiln's depthwise CPU convolution (codegen/cpp_conv_dw.py): the op against float64 convolution on fresh random
+"""kiln's depthwise CPU convolution (library/conv/source_dw.py): the op against float64 convolution on fresh random
 data, and the pass that puts it into graphs with its epilogues."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-from kiln.passes import winograd
+from kiln.library.conv import select as winograd
 from kiln.report import mark, reports_since
-from kiln.runtime import cpu_conv_dw
+from kiln.library.conv import op_dw as cpu_conv_dw
 
 pytestmark = pytest.mark.skipif(not cpu_conv_dw.available(), reason="kiln's depthwise kernel does not build here")
 

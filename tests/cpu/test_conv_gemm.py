@@ -1,4 +1,4 @@
-"""kiln's implicit-GEMM CPU convolution (codegen/cpp_conv_gemm.py): the op against float64 convolution on
+"""kiln's implicit-GEMM CPU convolution (library/conv/source_gemm.py): the op against float64 convolution on
 fresh random data, and the pass that puts it into graphs with their epilogues."""
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-from kiln.passes import winograd
+from kiln.library.conv import select as winograd
 from kiln.report import mark, reports_since
-from kiln.runtime import cpu_conv
+from kiln.library.conv import op as cpu_conv
 
 pytestmark = pytest.mark.skipif(not cpu_conv.gemm_available(), reason="kiln's CPU GEMM does not build here")
 

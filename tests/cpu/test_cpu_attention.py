@@ -1,13 +1,13 @@
-"""kiln's CPU attention kernel (codegen/cpp_attention.py) against float64 attention: shapes with tails, strided
+"""kiln's CPU attention kernel (library/attention/source.py) against float64 attention: shapes with tails, strided
 views as the model gives them, both masks, threads, the measured choice, and its error messages."""
 import pytest
 import torch
 import torch.nn.functional as F
 
 from kiln import config
-from kiln.passes import attention
+from kiln.library.attention import fuse as attention
 from kiln.tune.choices import Choices
-from kiln.runtime import cpu_attention
+from kiln.library.attention import op as cpu_attention
 
 pytestmark = pytest.mark.skipif(not cpu_attention.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")
 

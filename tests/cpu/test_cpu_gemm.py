@@ -1,12 +1,12 @@
-"""kiln's CPU GEMM (codegen/cpp_gemm.py) against a float64 reference, on shapes that exercise every edge: rows
+"""kiln's CPU GEMM (library/gemm/source.py) against a float64 reference, on shapes that exercise every edge: rows
 and columns that do not fill a micro-tile, K spanning several KC blocks, M spanning several MC blocks, one row,
 a strided input, no bias.  Tolerance: the sum over K runs in another order than the reference's, so the error
 bound grows with K (|error| <= K * eps32 * max|a| * max|b| per element, about 6e-8 * K here)."""
 import pytest
 import torch
 
-from kiln.codegen.cpp_gemm import GemmSchedule
-from kiln.runtime import cpu_gemm
+from kiln.library.gemm.source import GemmSchedule
+from kiln.library.gemm import op as cpu_gemm
 
 pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="needs AVX2+FMA or AVX-512 and a C++ compiler")
 
@@ -43,7 +43,7 @@ def test_strided_input_small_blocks_and_tile_heights(mr):
 
 
 def test_schedule_blocks_k_evenly_and_fills_l2():
-    from kiln.codegen.cpp_gemm import KC_MAX, L2_BLOCK, schedule_for
+    from kiln.library.gemm.source import KC_MAX, L2_BLOCK, schedule_for
     s = schedule_for(2048, 3000)
     assert s.kc == 1000 and s.kc <= KC_MAX  # three equal K blocks, not 1024 + 1024 + 952
     assert s.mc % s.mr == 0 and s.mc * s.kc * 4 <= L2_BLOCK

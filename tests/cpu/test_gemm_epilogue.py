@@ -1,4 +1,4 @@
-"""A linear layer's gelu in the GEMM call (passes/gemm_epilogue.py), against eager on fresh random inputs."""
+"""A linear layer's gelu in the GEMM call (library/gemm/epilogue.py), against eager on fresh random inputs."""
 from __future__ import annotations
 
 import pytest
@@ -7,9 +7,9 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import kiln
-from kiln.passes import select_gemm
+from kiln.library.gemm import select as select_gemm
 from kiln.report import mark, reports_since
-from kiln.runtime import cpu_gemm
+from kiln.library.gemm import op as cpu_gemm
 
 
 def _compile_and_check(fn, x, choice):

@@ -12,8 +12,10 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.passes import select_gemm
-from kiln.runtime import cpu_attention, cpu_conv, cpu_gemm
+from kiln.library.gemm import select as select_gemm
+from kiln.library.attention import op as cpu_attention
+from kiln.library.conv import op as cpu_conv
+from kiln.library.gemm import op as cpu_gemm
 
 
 def _compare(fn, *inputs, **options):

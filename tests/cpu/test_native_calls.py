@@ -9,9 +9,10 @@ import torch.nn as nn
 
 import kiln
 from kiln import config
-from kiln.passes import winograd
+from kiln.library.conv import select as winograd
 from kiln.report import mark, reports_since
-from kiln.runtime import cpu_conv, cpu_gemm
+from kiln.library.conv import op as cpu_conv
+from kiln.library.gemm import op as cpu_gemm
 from test_winograd import _Block as _WinogradBlock  # (pytest puts this folder on sys.path)
 
 pytestmark = pytest.mark.skipif(not (cpu_gemm.available() and cpu_conv.gemm_available()),

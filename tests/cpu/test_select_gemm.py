@@ -4,7 +4,7 @@ import torch
 import torch.nn as nn
 
 import kiln
-from kiln.passes import select_gemm
+from kiln.library.gemm import select as select_gemm
 from kiln import config
 from kiln.report import mark, reports_since
 from kiln.tune.choices import Choices

@@ -1,13 +1,13 @@
-"""CPU GEMM schedule tuning (tune/cpu_gemm.py): the rule-generated space, the learned correction, measurement
+"""CPU GEMM schedule tuning (library/gemm/tune.py): the rule-generated space, the learned correction, measurement
 into the database (a second time measures nothing), and tuned schedules giving eager's results."""
 import math
 
 import pytest
 import torch
 
-from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
-from kiln.runtime import cpu_gemm
-from kiln.tune import cpu_gemm as tg
+from kiln.library.gemm.source import GemmSchedule, schedule_for
+from kiln.library.gemm import op as cpu_gemm
+from kiln.library.gemm import tune as tg
 from kiln.tune.db import TuningDB
 from kiln.tune.ranking import spearman
 

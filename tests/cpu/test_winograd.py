@@ -8,10 +8,10 @@ import torch.nn.functional as F
 
 import kiln
 from kiln import config
-from kiln.codegen.cpp_winograd import winograd_matrices
-from kiln.passes import winograd
+from kiln.library.conv.source_winograd import winograd_matrices
+from kiln.library.conv import select as winograd
 from kiln.report import mark, reports_since
-from kiln.runtime import cpu_conv
+from kiln.library.conv import op as cpu_conv
 from kiln.tune.choices import Choices
 
 pytestmark = pytest.mark.skipif(not cpu_conv.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")

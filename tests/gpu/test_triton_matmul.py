@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 import kiln
-from kiln.codegen.triton_matmul import MatmulConfig
+from kiln.library.gpu_matmul.template import MatmulConfig
 from kiln.report import mark, reports_since
 from tests.gpu.conftest import DEVICE, HAS_CUDA, compile_and_run
 
@@ -87,8 +87,8 @@ def test_max_autotune_measures_once_then_reads_the_database(tmp_path, monkeypatc
 def test_cost_model_ranks_filling_tiles_first():
     """The ranking prefers tiles that give every SM work on a skinny problem and large tiles on a big one, and
     never proposes a configuration whose pipeline does not fit in shared memory."""
-    from kiln.codegen.triton_matmul import MatmulSpec
-    from kiln.tune.gpu_matmul import SHARED_MEMORY, estimate_s, rank_configs
+    from kiln.library.gpu_matmul.template import MatmulSpec
+    from kiln.library.gpu_matmul.tune import SHARED_MEMORY, estimate_s, rank_configs
 
     def spec(m, n, k):
         return MatmulSpec("t", m, n, k, torch.bfloat16, torch.bfloat16, False, None, "c")
@@ -104,10 +104,10 @@ def test_cost_model_ranks_filling_tiles_first():
 def test_database_key_needs_no_allocation(tmp_path, monkeypatch):
     """Default mode looks every candidate up in the tuning database: the key (template text and operand strides)
     comes from meta tensors, and equals the key real tensors give; with no record, the plan is left alone."""
-    from kiln.codegen.triton_matmul import template_source
-    from kiln.schedule.matmul_fusion import _key, _spec, fuse_matmuls
+    from kiln.library.gpu_matmul.template import template_source
+    from kiln.library.gpu_matmul.fusion import _key, _spec, fuse_matmuls
     from kiln.schedule.plan import make_plan
-    from kiln.tune.gpu_matmul import operand_tensors
+    from kiln.library.gpu_matmul.tune import operand_tensors
     monkeypatch.setenv("KILN_CACHE_DIR", str(tmp_path))
     model = Block().to(DEVICE).eval()
     x = torch.randn(6, 40, device=DEVICE)

@@ -12,7 +12,8 @@ from kiln.ir.graph import GraphBuilder
 from kiln.ir.ops import Op
 from kiln import config
 from kiln.passes import pipeline
-from kiln.runtime import cpu_gemm, module
+from kiln.runtime import module
+from kiln.library.gemm import op as cpu_gemm
 from kiln.ir.interp import view_function
 from kiln.runtime.checking import StepCheckError
 from kiln.schedule import program

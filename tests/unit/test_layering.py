@@ -100,3 +100,24 @@ def test_the_check_sees_imports_inside_functions(tmp_path):
     f = tmp_path / "m.py"
     f.write_text("def g():\n    from kiln.passes.dce import dce\n    import kiln.tune.db\n")
     assert {"kiln.passes.dce", "kiln.tune.db"} <= _imports(f)
+
+
+def test_no_generic_module_imports_an_operator():
+    """kiln's own operators (kiln/library/<op>/) are known to the rest of kiln only through the registry
+    (``kiln.library.OPERATORS`` and its helpers): a new operator is a new package, not edits across the stages."""
+    from kiln import library
+    found = []
+    for path in sorted(ROOT.rglob("*.py")):
+        if ROOT / "library" in path.parents:
+            continue
+        for name in sorted(_imports(path, bases=False)):
+            if name.startswith("kiln.library.") and name.split(".")[2] not in library.__all__:
+                found.append(f"{path.relative_to(ROOT.parent)} imports {name}")
+    assert found == []
+
+
+def test_the_registry_lists_every_operator_package():
+    from kiln import library
+    packages = {p.name for p in (ROOT / "library").iterdir() if (p / "__init__.py").exists()}
+    assert {op.name for op in library.OPERATORS} == packages
+

@@ -715,7 +715,7 @@ def test_checker_message_names_pass_and_output():
 
 
 def test_prepack_conv_bakes_the_weight_and_keeps_results():
-    from kiln.passes.prepack_conv import available, prepack_conv
+    from kiln.library.conv.prepack import available, prepack_conv
     if not available():
         pytest.skip("oneDNN not available in this torch build")
     g = _conv_bn_graph()
@@ -728,7 +728,7 @@ def test_prepack_conv_bakes_the_weight_and_keeps_results():
 
 
 def test_split_conv_bias_moves_the_bias_into_an_add():
-    from kiln.passes.conv_bias import split_conv_bias
+    from kiln.library.conv.split_bias import split_conv_bias
     g = _conv_bn_graph()
     log = RewriteLog()
     out = split_conv_bias(g, log, devices=("cpu",))  # the pass is for CUDA weights; the IR is the same

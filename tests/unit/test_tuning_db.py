@@ -89,7 +89,8 @@ def test_cli_list_show_export_import_prune(tmp_path, capsys):
 def test_prune_retired_kinds_keeps_what_kiln_reads(tmp_path, capsys):
     """A tuner that changed its kernel or timing stores under a new kind; the old kind's records are never read
     again, and ``prune --retired`` drops them (and only them)."""
-    from kiln.tune import cpu_gemm, cpu_pointwise, live_kinds
+    from kiln.tune import cpu_pointwise, live_kinds
+    from kiln.library.gemm import tune as cpu_gemm
     db = _db(tmp_path, hardware=None, versions=None)
     db.put("cpu_gemm2:f32:64x64x64:t1", "cpu_gemm2", {"kc": 64}, 0.001, 0.0, structure="cpu_gemm2")
     db.put("cpu_gemm2:f32:64x64x64:t1:6/64/66", "cpu_gemm2_sample", {"kc": 64}, 0.001, 0.0)

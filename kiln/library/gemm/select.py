@@ -3,7 +3,7 @@
 On CPUs the GEMM, not the rest of the compiler, decides GEMM-heavy models (see shared/ANCHORS.md: on the AMD
 CPUs we run on, oneDNN's fp32 GEMM is well ahead of MKL's, which is what ``aten.addmm`` calls).  For each
 ``addmm(b, x, W.t())`` / ``mm(x, W.t())`` with a frozen weight, the candidates - MKL, oneDNN, and kiln's own
-GEMM (``codegen/cpp_gemm.py``, on a weight packed at compile time) - run a few times on random inputs of the
+GEMM (``library/gemm/source.py``, on a weight packed at compile time) - run a few times on random inputs of the
 real shape, and kiln's is kept unless another is clearly (3%) faster; the choice is kept in the tuning
 database per shape and thread count (``tune/choices.py``).
 
@@ -22,8 +22,9 @@ from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_gemm, native
-from kiln.tune import cpu_gemm as tune_gemm
+from kiln.runtime import native
+from kiln.library.gemm import op as cpu_gemm
+from kiln.library.gemm import tune as tune_gemm
 from kiln.tune import timing
 from kiln.tune.choices import Choices, Kind, measuring_s
 
@@ -41,7 +42,7 @@ def onednn_available() -> bool:
 def choose(choices: Choices, m: int, k: int, n: int, gelu: bool = False) -> str:
     """'kiln', 'onednn' or 'aten' for an [m, k] x [k, n] fp32 product with bias, measured once per shape and
     machine (kept in the tuning database, so a new process measures nothing).  ``gelu``: the product
-    feeds an exact gelu, which kiln's GEMM and oneDNN then apply in their epilogue (``gemm_epilogue.py``) and
+    feeds an exact gelu, which kiln's GEMM and oneDNN then apply in their epilogue (``library/gemm/epilogue.py``) and
     ATen leaves to a kernel of its own: each candidate is timed with it (oneDNN's erf post-op cost GPT's
     256x768x3072 linear 4.6 ms on Zen 3, where kiln's epilogue and ORT's separate gelu cost ~1.3 ms or less)."""
     kiln = cpu_gemm.available()
@@ -90,7 +91,7 @@ def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
 
 def _gelu_fed(graph: Graph) -> set[Node]:
     """Nodes whose value (or whose reshape's) feeds the exact-gelu pattern ``gemm_epilogue`` fuses."""
-    from kiln.passes.gemm_epilogue import gelu_input
+    from kiln.library.gemm.epilogue import gelu_input
     out = set()
     for n in graph.nodes:
         x = gelu_input(n)

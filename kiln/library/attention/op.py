@@ -1,4 +1,4 @@
-"""kiln's CPU attention at run time: the compiled library (``codegen/cpp_attention.py``), the ``kiln::attention``
+"""kiln's CPU attention at run time: the compiled library (``library/attention/source.py``), the ``kiln::attention``
 op, and the per-shape measurement against ATen's CPU flash-attention kernel.
 
 The op returns ``[B, H, T, D]`` as a view of a ``[B, T, H, D]`` buffer, the layout ATen's CPU and CUDA
@@ -11,8 +11,8 @@ from typing import Callable
 
 import torch
 
-from kiln.codegen.cpp_attention import attention_source
-from kiln.runtime import native
+from kiln.library.attention.source import attention_source
+from kiln.runtime import native, references
 
 
 
@@ -80,3 +80,14 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
             [(native.PTR, Ref(q)), (native.PTR, Ref(k)), (native.PTR, Ref(v)), (native.PTR, Ref(native.OUT))]
             + [(I64, x) for x in (b, h, t, s, d, *strides[0][:3], *strides[1], *strides[2], *out_strides[:3])]
             + [(native.F32, args["scale"]), (native.I32, int(causal)), (native.I32, native.THREADS)])
+
+
+@references.register("kiln::attention")
+def _reference(args: dict) -> torch.Tensor:
+    """What the op computes, in fp64 ATen (the step checker's reference)."""
+    q, k, v = (args[a].double() for a in "qkv")
+    scores = q @ k.transpose(-1, -2) * args["scale"]
+    if args["causal"]:
+        t, s = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(t, s, dtype=torch.bool).triu(1 + s - t), float("-inf"))
+    return (torch.softmax(scores, -1) @ v).to(args["q"].dtype)

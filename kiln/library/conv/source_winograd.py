@@ -10,12 +10,12 @@ Over channels the elementwise product becomes alpha^2 independent GEMMs, one per
     V[p][tile][c]  = (B^T d_tile,c B)[p]           input transform, vectorised over channels (optionally with
                                                    the producer's ReLU applied to d as it is read)
     U[p][c][k]     = (G g_k,c G^T)[p]              weight transform, once at compile time, packed for the GEMM
-    M[p]           = V[p] @ U[p]                   [tiles x C] @ [C x K]: kiln's GEMM micro-kernel (cpp_gemm.py)
+    M[p]           = V[p] @ U[p]                   [tiles x C] @ [C x K]: kiln's GEMM micro-kernel (library/gemm/source.py)
     y_tile,k       = A^T M[.][tile][k] A  (+ bias, + residual, relu)   output transform with the fused epilogue
 
 F(2x2) needs 16/36 of direct convolution's multiplications, F(4x4) 36/144; the transforms are extra
 (memory-bound) work, and larger tiles lose accuracy (their matrices have larger entries), so the tile size is a
-schedule choice that measurement and an accuracy check make (``runtime/cpu_conv.py``).  Tiles are processed in
+schedule choice that measurement and an accuracy check make (``library/conv/op.py``).  Tiles are processed in
 blocks of ``tb`` (a run-time argument): the block's V and M stay in L2 between the three phases.
 
 The transform matrices are not typed in: ``winograd_matrices`` derives them exactly (sympy rationals) from the
@@ -29,7 +29,7 @@ import functools
 
 import sympy as sp
 
-from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE
+from kiln.library.gemm.source import SOURCE as GEMM_SOURCE
 
 R = 3  # filter size
 POINTS = {2: (0, 1, -1), 4: (0, 1, -1, 2, -2)}  # interpolation points (plus infinity) per output tile size

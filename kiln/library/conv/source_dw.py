@@ -15,14 +15,14 @@ filter taps accumulate into it::
 ``W`` is packed at compile time as ``[kh][kw][C]`` so that a tap's weights for a channel group are one vector
 load, shared by the block's BX pixels (that sharing is what the block is for: without it every FMA would need
 a weight load too).  The producer's ReLU can be applied as the input is read, as in the other kiln
-convolutions (``passes/winograd.py``).
+convolutions (``library/conv/select.py``).
 """
 from __future__ import annotations
 
 import functools
 
-from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE, GemmSchedule
-from kiln.codegen.cpp_winograd import VECTOR_HELPERS
+from kiln.library.gemm.source import SOURCE as GEMM_SOURCE, GemmSchedule
+from kiln.library.conv.source_winograd import VECTOR_HELPERS
 
 BX = 4  # output pixels per block along x
 

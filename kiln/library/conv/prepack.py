@@ -24,6 +24,7 @@ from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
+from kiln.runtime import references
 
 aten = torch.ops.aten
 
@@ -70,3 +71,16 @@ def prepack_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
                              list(stride), list(dilation), int(groups), "none", [], ""], {}, node.shape, node.dtype)
 
     return rewrite(graph, rule)
+
+
+@references.register("mkldnn::_convolution_pointwise")
+def _reference(args: dict) -> torch.Tensor | None:
+    """What oneDNN's prepacked convolution computes, in ATen, on the weight it was reordered from (the step
+    checker's reference; None for a post-op other than relu, or without the source weight)."""
+    w = references.baked_source(args["W"]) if "W" in args else None
+    if w is None:
+        return None
+    y = torch.nn.functional.conv2d(args["X"], w.float(), args.get("B"), args["stride"], args["padding"],
+                                   args["dilation"], args["groups"])
+    attr = args.get("attr", "none")
+    return torch.relu(y) if attr == "relu" else y if attr == "none" else None

@@ -10,14 +10,14 @@ For each head, K^T and V are packed once into the GEMM's NR-wide panels; then fo
 
 The scores of one row block (MR x T floats) stay in L1/L2, so the ``[B, H, T, T]`` matrix is never stored
 (ATen's CPU flash kernel for GPT's 12 x 256 x 64 heads, one thread: 3.4 ms a layer; this kernel: see
-``runtime/cpu_attention.py``).  Rows are softmaxed exactly as written in the model: max, exp of the
+``library/attention/op.py``).  Rows are softmaxed exactly as written in the model: max, exp of the
 difference, sum, division.
 """
 from __future__ import annotations
 
 import functools
 
-from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE
+from kiln.library.gemm.source import SOURCE as GEMM_SOURCE
 
 KERNEL = r"""
 // q, k, v, o: [B, H, T|S, D] by strides (b, h, t); q and o have unit stride along D, k and v any (ksd, vsd).

@@ -2,7 +2,7 @@
 
 A *problem* is one template text (shapes, dtypes, fused epilogue) with its operands' strides; the layers of a
 model share problems, so each is measured once per graph and once per machine (the tuning database keeps the
-answer, see ``runtime/matmul_step.py``).  For each problem:
+answer, see ``library/gpu_matmul/step.py``).  For each problem:
 
 1. a cost model ranks the template's tile configurations and only the best ``Config.matmul_measured_configs``
    are compiled: the estimate is the number of waves of programs over the SMs (programs resident per SM limited by shared
@@ -24,7 +24,7 @@ import torch
 
 from kiln import config
 from kiln.codegen.triton import TritonKernelWriter, module_source, schedule_for
-from kiln.codegen.triton_matmul import MatmulConfig, MatmulSpec, candidate_configs
+from kiln.library.gpu_matmul.template import MatmulConfig, MatmulSpec, candidate_configs
 from kiln.ir.extern import argument_builder
 from kiln.ir.graph import Node
 from kiln.ir.interp import view_function
@@ -137,8 +137,8 @@ class _Prepared:
 
 def _prepare(p: Problem, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node],
              strides_of: dict[Node, tuple[int, ...]], device: torch.device, sms: int) -> _Prepared:
-    from kiln.runtime.matmul_step import launch_args, matmul_module_text
-    from kiln.runtime.triton_module import _import_source
+    from kiln.library.gpu_matmul.step import launch_args, matmul_module_text
+    from kiln.runtime.triton_module import import_source
     spec, epilogue = p.spec, p.epilogue
     tensors: dict[str, torch.Tensor] = {}
     if epilogue is not None:
@@ -152,7 +152,7 @@ def _prepare(p: Problem, dtype_of: dict[str, torch.dtype], node_of: dict[str, No
     ext_args, ext_kwargs = argument_builder(p.node.attr("template"))(operands)
     target = p.node.attr("target")
     if epilogue is not None:
-        module, _ = _import_source(module_source([epilogue], dtype_of))
+        module, _ = import_source(module_source([epilogue], dtype_of))
         ep_fn, s = getattr(module, epilogue.name), schedule_for(epilogue)
         ep_names = TritonKernelWriter(epilogue, dtype_of).args()
 
@@ -163,7 +163,7 @@ def _prepare(p: Problem, dtype_of: dict[str, torch.dtype], node_of: dict[str, No
     else:
         def extern_path() -> None:
             target(*ext_args, **ext_kwargs)
-    module, _ = _import_source(matmul_module_text(p.source))
+    module, _ = import_source(matmul_module_text(p.source))
     return _Prepared(p, extern_path, getattr(module, spec.name), launch_args(spec, ext_args, ep_tensors),
                      rank_configs(spec, sms)[:config.get().matmul_measured_configs])
 
@@ -183,7 +183,7 @@ def _compile(job: tuple[_Prepared, MatmulConfig]) -> bool:
 def measure_problems(problems: list[Problem], dtype_of: dict[str, torch.dtype], node_of: dict[str, Node],
                      strides_of: dict[Node, tuple[int, ...]], device: torch.device) -> list[Problem]:
     """Fill in each problem's fastest choice (``{"choice": "extern"}`` or the template and its config)."""
-    from kiln.runtime.matmul_step import launch
+    from kiln.library.gpu_matmul.step import launch
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     prepared = [_prepare(p, dtype_of, node_of, strides_of, device, sms) for p in problems]
     jobs = [(prep, c) for prep in prepared for c in prep.configs]

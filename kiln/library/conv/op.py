@@ -1,5 +1,5 @@
 """kiln's CPU convolutions at run time: the compiled libraries, the weight transforms, and the ``kiln::conv_winograd``
-and ``kiln::conv_gemm`` ops (which of them, or oneDNN, runs a convolution is measured per shape: passes/winograd.py).
+and ``kiln::conv_gemm`` ops (which of them, or oneDNN, runs a convolution is measured per shape: library/conv/select.py).
 
 The weight is transformed (``U = G g G^T`` for every channel pair, in float64) and packed for the GEMM once, when
 the graph is compiled; the graph calls ``torch.ops.kiln.conv_winograd(x, packed, bias, residual, ...)`` like
@@ -16,11 +16,11 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.codegen.cpp_conv_gemm import conv_gemm_source
-from kiln.codegen.cpp_gemm import schedule_for
-from kiln.codegen.cpp_winograd import winograd_matrices, winograd_source
-from kiln.runtime import native
-from kiln.runtime.cpu_gemm import bind_gemm
+from kiln.library.conv.source_gemm import conv_gemm_source
+from kiln.library.gemm.source import schedule_for
+from kiln.library.conv.source_winograd import winograd_matrices, winograd_source
+from kiln.runtime import native, references
+from kiln.library.gemm.op import bind_gemm
 
 TILE_SIZES = (2, 4)  # F(2x2, 3x3) and F(4x4, 3x3)
 L2_BLOCK = 768 * 1024  # bytes the transformed tiles of one block (V and M) may take
@@ -294,3 +294,33 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual
       out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
       channels_last: bool = True, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
     return result_like(x, out_channels, kernel, stride, padding, channels_last)
+
+
+# The step checker's references: what each op computes, in ATen, on the weight it was packed from.
+
+def reference_epilogue(y: torch.Tensor, args: dict) -> torch.Tensor:
+    if args.get("residual") is not None:
+        y = y + args["residual"]
+    return torch.relu(y) if args.get("relu") else y
+
+
+def reference_input(args: dict) -> torch.Tensor:
+    return torch.relu(args["x"]) if args.get("relu_input") else args["x"]
+
+
+@references.register("kiln::conv_winograd")
+def _winograd_reference(args: dict) -> torch.Tensor | None:
+    w = references.baked_source(args["packed"])
+    if w is None:
+        return None
+    y = torch.nn.functional.conv2d(reference_input(args), w.float(), args["bias"], 1, args["padding"])
+    return reference_epilogue(y, args)
+
+
+@references.register("kiln::conv_gemm")
+def _conv_gemm_reference(args: dict) -> torch.Tensor | None:
+    w = references.baked_source(args["packed"])
+    if w is None:
+        return None
+    y = torch.nn.functional.conv2d(reference_input(args), w.float(), args["bias"], args["stride"], args["padding"])
+    return reference_epilogue(y, args)

@@ -1,8 +1,8 @@
 """kiln's CPU GEMM at run time: the compiled library, weight packing, and the ``kiln::linear_packed`` op.
 
 The weight of a linear layer is packed once, when the graph is compiled (``pack_weight``: NR-wide panels, see
-``codegen/cpp_gemm.py``), and the graph calls ``torch.ops.kiln.linear_packed(x, packed, bias, n)`` like any
-ATen extern, so the GEMM library choice (``passes/select_gemm.py``) can measure it against MKL and oneDNN.
+``library/gemm/source.py``), and the graph calls ``torch.ops.kiln.linear_packed(x, packed, bias, n)`` like any
+ATen extern, so the GEMM library choice (``library/gemm/select.py``) can measure it against MKL and oneDNN.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ from typing import Callable
 
 import torch
 
-from kiln.codegen.cpp_gemm import GemmSchedule, gemm_source, schedule_for
-from kiln.runtime import native
+from kiln.library.gemm.source import GemmSchedule, gemm_source, schedule_for
+from kiln.runtime import native, references
 
 _I = ctypes.c_int64
 _P = ctypes.c_void_p
@@ -54,7 +54,7 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int,
                        schedule: GemmSchedule | None = None, gelu: bool = False,
                        out: torch.Tensor | None = None) -> torch.Tensor:
-    """``schedule``: a tuned one (``tune/cpu_gemm.py``), or None for the rule ``schedule_for``; ``gelu``: apply
+    """``schedule``: a tuned one (``library/gemm/tune.py``), or None for the rule ``schedule_for``; ``gelu``: apply
     the exact (erf) gelu to the result in the GEMM's epilogue; ``out``: an ``[m, n]`` fp32 buffer with unit
     column stride to write (a compiled graph's arena), else a new tensor."""
     if x.dtype != torch.float32 or x.dim() != 2 or x.device.type != "cpu":
@@ -126,3 +126,13 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, n: int, mr: int = 0, kc: int = 0,
       mc: int = 0, gelu: bool = False) -> torch.Tensor:
     return x.new_empty(x.shape[0], n)
+
+
+@references.register("kiln::linear_packed")
+def _reference(args: dict) -> torch.Tensor | None:
+    """What the op computes, in ATen, on the weight it was packed from (the step checker's reference)."""
+    w = references.baked_source(args["packed"])
+    if w is None:
+        return None
+    y = torch.nn.functional.linear(args["x"], w.float(), args["bias"])
+    return torch.nn.functional.gelu(y) if args.get("gelu") else y

@@ -1,4 +1,4 @@
-"""Schedules for kiln's CPU GEMM (``codegen/cpp_gemm.py``): a rule-generated space, a cost model that learns from
+"""Schedules for kiln's CPU GEMM (``library/gemm/source.py``): a rule-generated space, a cost model that learns from
 this machine's measurements, measurement of the best few, and the tuning database.
 
 A GEMM schedule is ``(mr, kc, mc)``: micro-tile rows (compiled in), the depth of a rank-``kc`` update and the rows
@@ -28,7 +28,7 @@ from typing import Callable
 import torch
 
 from kiln import config
-from kiln.codegen.cpp_gemm import GemmSchedule, schedule_for
+from kiln.library.gemm.source import GemmSchedule, schedule_for
 from kiln.tune import timing
 from kiln.tune.ranking import fit_log_linear
 
@@ -59,7 +59,7 @@ class Machine:
 
     @staticmethod
     def here() -> "Machine":
-        from kiln.runtime import cpu_gemm
+        from kiln.library.gemm import op as cpu_gemm
         nr = cpu_gemm.library().kiln_gemm_nr()
         return Machine(l1=timing.cache_bytes(1, 32 * 1024), l2=timing.cache_bytes(2, 1024 * 1024),
                        l3=timing.cache_bytes(3, 32 * 1024 * 1024), nr=nr,
@@ -163,7 +163,7 @@ def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int, rounds: int
     """Seconds per schedule on random data over ``rounds`` alternating rounds, corrected for the machine's drift
     between rounds (``timing.drift_corrected``), each call on another copy of the weight so that B comes from
     memory, as in a model (``timing.cold_copies``)."""
-    from kiln.runtime import cpu_gemm
+    from kiln.library.gemm import op as cpu_gemm
     gen = torch.Generator().manual_seed(0)
     x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
     packs = [cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)) for _ in range(timing.cold_copies(4 * n * k))]

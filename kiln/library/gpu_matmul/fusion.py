@@ -1,12 +1,12 @@
 """Matmuls on the GPU: the cuBLAS extern, or kiln's Triton template with the consumer fused as its epilogue
-(the step: ``runtime/matmul_step.py``).
+(the step: ``library/gpu_matmul/step.py``).
 
 ``fuse_matmuls`` walks a plan's steps.  For each ``aten.mm`` / ``aten.addmm`` extern it finds the epilogue a
 template could take over (the one pointwise kernel that reads the product, at the element it writes, see
 ``epilogue_for``) and chooses between
 
 - ``extern``: cuBLAS writes C, the pointwise kernel reads it back (what kiln did before the template), and
-- ``template``: one Triton kernel, C kept in registers (``codegen/triton_matmul.py``), in one of the tile
+- ``template``: one Triton kernel, C kept in registers (``library/gpu_matmul/template.py``), in one of the tile
   configurations of ``candidate_configs``.
 
 Only matmuls with an epilogue to take in are candidates (see ``fuse_matmuls``).
@@ -32,17 +32,17 @@ from typing import Any
 import torch
 
 from kiln import config
-from kiln.codegen.triton_matmul import MatmulConfig, MatmulSpec, template_source
+from kiln.library.gpu_matmul.template import MatmulConfig, MatmulSpec, template_source
 from kiln.ir.graph import Node, mutates
 from kiln.ir.index import Lin, Var
 from kiln.ir.kernel import FullLoop, KLoad, Kernel, Store, index_exprs, subexprs
 from kiln.ir.ops import VIEW, contiguous_strides, numel
 from kiln.ir.program import ExternStep
-from kiln.runtime.matmul_step import MatmulStep
+from kiln.library.gpu_matmul.step import MatmulStep
 
 aten = torch.ops.aten
 _TEMPLATE_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
-KIND = "gpu-matmul"  # its tuning records
+KIND = "gpu-matmul"  # its tuning records (named in __init__.py too, which cannot import Triton)
 
 
 def _is_matmul(n: Node) -> bool:
@@ -144,7 +144,7 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
                  strides_of: dict[Node, tuple[int, ...]], device: torch.device, tune: bool) -> tuple[list[Any], Stats]:
     """The plan's steps with the chosen matmuls (and their epilogues) replaced by ``MatmulStep``s."""
     from kiln.tune.db import TuningDB
-    from kiln.tune.gpu_matmul import Problem, measure_problems, operand_tensors
+    from kiln.library.gpu_matmul.tune import Problem, measure_problems, operand_tensors
     start = time.perf_counter()
     forced = forced_config()
     stats = Stats()
@@ -229,3 +229,17 @@ def _key(source: str, spec: MatmulSpec, operands: list[torch.Tensor]) -> str:
     text = re.sub(r"\bkernel_\d+_\w+", "K", text)
     strides = ";".join(",".join(map(str, t.stride())) for t in operands)
     return "gpu-matmul:" + hashlib.sha256(f"{text}|{strides}".encode()).hexdigest()[:32]
+
+
+def fuse_into_plan(plan: Any, graph: Any, report: Any, device: torch.device) -> None:
+    """The GPU plan's matmuls whose measured (or recorded) best is the template take their epilogue kernel in
+    (``fuse_matmuls``); the report gets the choices (``report.matmuls``) and the time spent."""
+    if not config.get().matmul_templates or (device.type != "cuda" and forced_config() is None):
+        return
+    steps, stats = fuse_matmuls(plan.steps, graph.outputs, plan.buffer_of, plan.strides_of, device,
+                                tune=report.mode == "max-autotune")
+    report.phases["matmul_tuning"] = stats.seconds
+    report.matmuls = stats
+    fused = {id(s.epilogue) for s in steps if isinstance(s, MatmulStep) and s.epilogue is not None}
+    plan.steps = steps
+    plan.kernels = [k for k in plan.kernels if id(k) not in fused]

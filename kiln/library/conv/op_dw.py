@@ -1,10 +1,10 @@
-"""kiln's depthwise convolution at run time (``codegen/cpp_conv_dw.py``): the compiled library, the weight
+"""kiln's depthwise convolution at run time (``library/conv/source_dw.py``): the compiled library, the weight
 packing, and the ``kiln::conv_dw`` op.
 
 Depthwise means one filter per channel: ``groups == in_channels == out_channels`` and a ``[C, 1, kh, kw]``
-weight (MobileNet's and EfficientNet's 3x3 and 5x5 layers).  Like kiln's other convolutions (``cpu_conv.py``) it
+weight (MobileNet's and EfficientNet's 3x3 and 5x5 layers).  Like kiln's other convolutions (``library/conv/op.py``) it
 reads its input in any layout, writes channels-last (or NCHW for a graph output), and takes the bias, a residual
-and a ReLU as its epilogue; ``passes/winograd.py`` measures it against oneDNN per shape.
+and a ReLU as its epilogue; ``library/conv/select.py`` measures it against oneDNN per shape.
 """
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ from typing import Callable
 
 import torch
 
-from kiln.codegen.cpp_conv_dw import conv_dw_source
+from kiln.library.conv.source_dw import conv_dw_source
 from kiln.ir.extern import Baked
-from kiln.runtime import native
-from kiln.runtime.cpu_conv import (_check_input, _gatherable, _output, native_prefix, output_hw,
-                                   result_like)
+from kiln.runtime import native, references
+from kiln.library.conv.op import (_check_input, _gatherable, _output, native_prefix, output_hw, reference_epilogue,
+                                  reference_input, result_like)
 
 
 
@@ -100,3 +100,14 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
     return (native.address(library().kiln_conv_dw), "kiln_conv_dw",
             prefix + [(native.I64, v) for v in (*kernel, *stride, *padding, ho, wo)]
             + [(native.I32, int(args["relu"])), (native.I32, int(args["relu_input"])), (native.I32, native.THREADS)])
+
+
+@references.register("kiln::conv_dw")
+def _reference(args: dict) -> torch.Tensor | None:
+    """What the op computes, in ATen, on the weight it was packed from (the step checker's reference)."""
+    w = references.baked_source(args["packed"])
+    if w is None:
+        return None
+    x = reference_input(args)
+    y = torch.nn.functional.conv2d(x, w.float(), args["bias"], args["stride"], args["padding"], groups=x.shape[1])
+    return reference_epilogue(y, args)

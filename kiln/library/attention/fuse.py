@@ -39,7 +39,8 @@ from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_attention, native
+from kiln.runtime import native
+from kiln.library.attention import op as cpu_attention
 from kiln.tune.choices import Choices, Kind, measuring_s
 
 aten = torch.ops.aten

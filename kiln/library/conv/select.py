@@ -1,17 +1,17 @@
 """CPU convolutions run as one of kiln's own kernels where it measures faster than oneDNN - Winograd for 3x3
-stride 1, the implicit GEMM (``codegen/cpp_conv_gemm.py``) for any filter and stride - and the bias, residual
+stride 1, the implicit GEMM (``library/conv/source_gemm.py``) for any filter and stride - and the bias, residual
 add and ReLU after them fold into that call.
 
 oneDNN's direct convolutions already run near this core's FMA peak (seed model: 114 GFLOP/s of 117), so only a
 cheaper algorithm makes them faster: Winograd's F(2x2, 3x3) does 16 multiplications where direct convolution
-does 36 (``codegen/cpp_winograd.py``).  Measured per shape against oneDNN with a prepacked weight (one thread,
+does 36 (``library/conv/source_winograd.py``).  Measured per shape against oneDNN with a prepacked weight (one thread,
 op level): 1.2x (7x7x512) to 1.65x (the seed's 220x220x128).  The choice is measured once per shape and
 machine and kept in the tuning database (``tune/choices.py``).
 
 The implicit GEMM has no arithmetic advantage; it is the generated convolution for the shapes Winograd cannot
 take (1x1, strided, other filter sizes), chosen only where it measures faster.  Depthwise convolutions (one
 filter per channel) have no channel reduction to make a GEMM of; kiln's direct depthwise kernel
-(``codegen/cpp_conv_dw.py``) is measured against oneDNN for them.  On the AVX2 dev box (Zen 3)
+(``library/conv/source_dw.py``) is measured against oneDNN for them.  On the AVX2 dev box (Zen 3)
 ``benchmarks/cpu_conv.py`` had it at 0.72-0.92x oneDNN on ResNet-18's layers and 0.46-0.58x on the 3-channel
 first layers (the packing dominates), so there oneDNN keeps them.
 
@@ -38,14 +38,16 @@ from typing import Any, Callable
 import torch
 
 from kiln import config
-from kiln.codegen.cpp_conv_gemm import DIRECT_MAX_CHANNELS
+from kiln.library.conv.source_gemm import DIRECT_MAX_CHANNELS
 from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
-from kiln.passes import prepack_conv
+from kiln.library.conv import prepack as prepack_conv
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.runtime import cpu_conv, cpu_conv_dw, native
+from kiln.runtime import native
+from kiln.library.conv import op as cpu_conv
+from kiln.library.conv import op_dw as cpu_conv_dw
 from kiln.tune import timing
 from kiln.tune.choices import Choices, Kind, measuring_s
 
@@ -67,7 +69,7 @@ def tiles() -> tuple[int, ...]:
 
 
 def _arg_names(op: object) -> tuple[str, ...]:
-    """A kiln convolution op's arguments, in order, from its schema (runtime/cpu_conv.py)."""
+    """A kiln convolution op's arguments, in order, from its schema (library/conv/op.py)."""
     return tuple(a.name for a in op._schema.arguments)  # type: ignore[attr-defined]
 
 

@@ -1,7 +1,7 @@
 """Matmuls on the GPU as kiln's Triton template: the ``MatmulStep`` a plan holds, and how it launches.
 
-``schedule/matmul_fusion.py`` decides which matmuls run as the template (with their epilogue kernel fused); the
-runtime (``runtime/triton_module.py``) binds and launches them with ``launch_args`` and ``launch``.
+``fusion.py`` decides which matmuls run as the template (with their epilogue kernel fused); the runtime
+(``runtime/triton_module.py``) loads and runs the step through the ``OwnStep`` methods, ``load`` and ``run``.
 """
 from __future__ import annotations
 
@@ -10,12 +10,13 @@ from typing import Any
 
 import torch
 
-from kiln.codegen.triton_matmul import HEADER, MatmulConfig, MatmulSpec
+from kiln.library.gpu_matmul.template import HEADER, MatmulConfig, MatmulSpec, template_source
 from kiln.ir.graph import Node
 from kiln.ir.kernel import Kernel
+from kiln.ir.program import OwnStep
 
 @dataclasses.dataclass
-class MatmulStep:
+class MatmulStep(OwnStep):
     """A program step: the matmul ``node`` computed by the Triton template, its epilogue kernel fused."""
     node: Node                   # the mm/addmm extern (its result is not materialized when fused)
     epilogue: Kernel | None
@@ -43,6 +44,16 @@ class MatmulStep:
     def describe(self) -> str:
         what = f"epilogue {self.epilogue.name}" if self.epilogue is not None else "no epilogue"
         return f"{self.spec.name}: {self.spec.m}x{self.spec.n}x{self.spec.k} {what} [{self.config}]"
+
+    def load(self, import_source: Any, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node]) -> None:
+        # the same text the measurement compiled: Triton's cache has it
+        module, _ = import_source(matmul_module_text(template_source(self.spec, dtype_of)))
+        self.fn = getattr(module, self.spec.name)
+        self.args = [node_of[b] for b in self.spec.epilogue_args(dtype_of)] if self.epilogue is not None \
+            else [self.node]
+
+    def run(self, operands: list[Any], values: list[torch.Tensor]) -> None:
+        launch(self.fn, self.spec, self.config, launch_args(self.spec, operands, values))
 
 
 def launch_args(spec: MatmulSpec, operands: list[Any], epilogue: list[torch.Tensor]) -> list[Any]:

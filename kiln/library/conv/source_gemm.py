@@ -11,7 +11,7 @@ channels, ordered (dy, dx, c) so that one tap's channels are contiguous in a cha
                 read straight from x (zeros where the window leaves the image; the producer's ReLU applied
                 here when asked) - im2col is never materialized
         for each NR-wide panel of the packed weight (packed at compile time, ``kiln_pack_b``):
-          for each MR-row tile: kiln's GEMM micro-kernel (``cpp_gemm.py``), into the block's C (ldc = K)
+          for each MR-row tile: kiln's GEMM micro-kernel (``library/gemm/source.py``), into the block's C (ldc = K)
       epilogue: + residual, ReLU (max(0, x) keeping NaN), written to y by strides (channels-last: vector
                 stores; NCHW: scatters); the bias comes in with the first K block
 
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 import functools
 
-from kiln.codegen.cpp_gemm import SOURCE as GEMM_SOURCE
-from kiln.codegen.cpp_winograd import VECTOR_HELPERS
+from kiln.library.gemm.source import SOURCE as GEMM_SOURCE
+from kiln.library.conv.source_winograd import VECTOR_HELPERS
 
 DIRECT_PIXELS = 6  # output pixels per register block of kiln_conv_direct (x NR output channels)
 DIRECT_MAX_CHANNELS = 8  # input channels up to which the pack-free kernel is a candidate

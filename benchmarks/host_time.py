@@ -1,0 +1,169 @@
+"""Host time against device time per call on the GPU, kiln's default mode against Inductor's, per model: is a call
+bound by the host (Python, launches) or by the device (kernels)?
+
+- ``device``: the kernels' time per call (torch.profiler, summed), and how many kernels a call launches;
+- ``host``: the host's time to issue one call while the GPU is kept busy (a long ``torch.cuda._sleep`` queued
+  first, so no launch waits for the device): the runtime's own cost, launches included;
+- ``wall``: calls back to back, synchronized at the end only (what a serving loop sees): about
+  max(host, device) when the two overlap.
+
+Then the cost of one launch of a small Triton kernel by each way kiln can launch it (``--launches``).
+
+    python -m benchmarks.host_time --models seed,mlp,gpt,resnet18 --dtype bf16 [--launches]
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def device_us(fn, inputs, calls: int = 5) -> tuple[float, int]:
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CUDA]) as p:
+        for _ in range(calls):
+            fn(*inputs)
+        torch.cuda.synchronize()
+    total, count = 0.0, 0
+    for e in p.key_averages():
+        t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
+        if t > 0:
+            total += t
+            count += e.count
+    return total / calls, count // calls
+
+
+def host_us(fn, inputs, calls: int = 20) -> float:
+    """Seconds to issue ``calls`` calls behind a GPU kept busy, per call (median of 5 rounds)."""
+    rounds = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        torch.cuda._sleep(int(2e9))  # ~1 s of device time at H200 clocks: launches only queue behind it
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*inputs)
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(rounds)
+
+
+def wall_us(fn, inputs, calls: int = 30) -> float:
+    rounds = []
+    for _ in range(5):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn(*inputs)
+        torch.cuda.synchronize()
+        rounds.append((time.perf_counter() - start) / calls * 1e6)
+    return statistics.median(rounds)
+
+
+def models(names: list[str], dtype: torch.dtype, cprofile: bool = False) -> None:
+    import kiln
+    from benchmarks import models as suite
+    print(f"{'model':<14}{'backend':<10}{'kernels':>8}{'device us':>11}{'host us':>10}{'wall us':>10}")
+    for name in names:
+        model, inputs = suite.build(name, device="cuda", dtype=dtype)
+        fns = {"eager": model, "kiln": kiln.compile(model), "inductor": torch.compile(model)}
+        with torch.inference_mode():
+            for fn in fns.values():
+                for _ in range(3):
+                    fn(*inputs)
+            for label, fn in fns.items():
+                dev, kernels = device_us(fn, inputs)
+                print(f"{name:<14}{label:<10}{kernels:>8}{dev:>11.1f}{host_us(fn, inputs):>10.1f}"
+                      f"{wall_us(fn, inputs):>10.1f}", flush=True)
+            if cprofile:
+                host_profile(fns["kiln"], inputs)
+        torch._dynamo.reset()
+
+
+def host_profile(fn, inputs, calls: int = 50, top: int = 14) -> None:
+    """Where kiln's host time goes (cProfile over ``calls`` calls, by own time; cProfile's own cost inflates
+    every row, so read the shares, not the microseconds)."""
+    import cProfile
+    import pstats
+    torch.cuda.synchronize()
+    prof = cProfile.Profile()
+    prof.enable()
+    for _ in range(calls):
+        fn(*inputs)
+    prof.disable()
+    torch.cuda.synchronize()
+    stats = pstats.Stats(prof)
+    rows = sorted(stats.stats.items(), key=lambda kv: -kv[1][2])[:top]
+    total = sum(v[2] for v in stats.stats.values())
+    print(f"  kiln host profile: {total / calls * 1e6:.0f} us per call under cProfile")
+    for (path, line, func), (cc, nc, tt, ct, _) in rows:
+        where = f"{path.rsplit('/', 1)[-1]}:{line}({func})"
+        print(f"    {tt / calls * 1e6:8.1f} us {nc // calls:5d} calls  {where[:90]}")
+
+
+def launches() -> None:
+    """One launch of a one-block Triton kernel, by each path: microseconds of host time each."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def add_one(x, y, n, XBLOCK: tl.constexpr):
+        i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+        tl.store(y + i, tl.load(x + i, mask=i < n) + 1, mask=i < n)
+
+    x = torch.randn(128, device="cuda")
+    y = torch.empty_like(x)
+    compiled = add_one.warmup(x, y, 128, XBLOCK=128, grid=(1,))
+    add_one[(1,)](x, y, 128, XBLOCK=128)
+    runner = compiled[(1, 1, 1)]
+    paths = {"jit entry fn[grid](...)": lambda: add_one[(1,)](x, y, 128, XBLOCK=128),
+             "compiled[grid](...) (kiln's _Launcher)": lambda: runner(x, y, 128, 128)}
+    try:
+        from kiln.runtime import gpu_launch
+    except ImportError:
+        gpu_launch = None
+    if gpu_launch is not None and gpu_launch.available():
+        one = gpu_launch.KernelLaunch.from_compiled(compiled, (1, 1, 1), ["ptr", "ptr", "i32"])
+        batch = gpu_launch.Batch([one] * 10)
+        paths["kiln static launcher, 1 kernel"] = lambda: batch.launch_one(0, x, y, 128)
+        paths["kiln static launcher, 10 kernels in one call (per kernel)"] = None
+    print(f"\nhost time per launch (GPU kept busy), {torch.cuda.get_device_name()}:")
+    for label, fn in paths.items():
+        if fn is None:
+            stream = torch.cuda.current_stream().cuda_stream
+            ptrs = [x.data_ptr(), y.data_ptr()]
+
+            def fn():
+                batch.launch_all(stream, ptrs)
+            per = 10
+        else:
+            per = 1
+        rounds = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(1e9))
+            start = time.perf_counter()
+            for _ in range(200):
+                fn()
+            rounds.append((time.perf_counter() - start) / (200 * per) * 1e6)
+            torch.cuda.synchronize()
+        print(f"  {statistics.median(rounds):7.2f} us  {label}")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--models", default="seed,mlp,gpt,resnet18")
+    p.add_argument("--dtype", default="bf16")
+    p.add_argument("--launches", action="store_true")
+    p.add_argument("--cprofile", action="store_true", help="also where kiln's host time goes, per model")
+    args = p.parse_args()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    if args.launches:
+        launches()
+    if args.models:
+        models(args.models.split(","), dtype, args.cprofile)
+
+
+if __name__ == "__main__":
+    main()

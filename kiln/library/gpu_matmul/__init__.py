@@ -1,0 +1,32 @@
+"""The GPU matmul template: ``aten.mm``/``aten.addmm`` and the pointwise kernel that consumes the product as one
+Triton kernel (the product stays in registers), where it measures faster than cuBLAS plus the kernel.
+
+- ``template.py``: the Triton template and its tile configurations;
+- ``fusion.py``: which matmuls of a GPU plan take their epilogue in (measured in max-autotune, stored);
+- ``tune.py``: compiling and timing the candidate configurations on the device;
+- ``step.py``: the ``MatmulStep`` a Program holds: how the runtime loads and launches it.
+
+Nothing here imports Triton until a GPU plan is built (the package is listed on machines without it).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kiln.library.spec import Operator
+
+
+def _plan_gpu(plan: Any, graph: Any, report: Any, device: Any) -> None:
+    from kiln.library.gpu_matmul import fusion
+    fusion.fuse_into_plan(plan, graph, report, device)
+
+
+def _records() -> tuple[str, ...]:
+    return ("gpu-matmul",)  # fusion.KIND (not imported here: it needs Triton)
+
+
+OPERATOR = Operator(
+    name="gpu_matmul",
+    what="GPU matmuls with their epilogue kernel as one Triton template, chosen against cuBLAS per problem",
+    plan_gpu=_plan_gpu,
+    records=_records,
+)
