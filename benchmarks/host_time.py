@@ -2,6 +2,9 @@
 bound by the host (Python, launches) or by the device (kernels)?
 
 - ``device``: the kernels' time per call (torch.profiler, summed), and how many kernels a call launches;
+Backends: eager, kiln (default mode), Inductor (default mode), and kiln-tl (kiln with Triton's own launcher,
+``gpu_static_launch=False``).
+
 - ``host``: the host's time to issue one call while the GPU is kept busy (a long ``torch.cuda._sleep`` queued
   first, so no launch waits for the device): the runtime's own cost, launches included;
 - ``wall``: calls back to back, synchronized at the end only (what a serving loop sees): about
@@ -35,8 +38,10 @@ def device_us(fn, inputs, calls: int = 5) -> tuple[float, int]:
     return total / calls, count // calls
 
 
-def host_us(fn, inputs, calls: int = 20) -> float:
-    """Seconds to issue ``calls`` calls behind a GPU kept busy, per call (median of 5 rounds)."""
+def host_us(fn, inputs, kernels: int) -> float:
+    """Microseconds to issue one call behind a GPU kept busy (median of 5 rounds of a few calls: fewer than the
+    driver's queue of about 1000 launches holds, else a launch waits for the device)."""
+    calls = max(2, min(20, 600 // max(kernels, 1)))
     rounds = []
     for _ in range(5):
         torch.cuda.synchronize()
@@ -61,23 +66,29 @@ def wall_us(fn, inputs, calls: int = 30) -> float:
     return statistics.median(rounds)
 
 
-def models(names: list[str], dtype: torch.dtype, cprofile: bool = False) -> None:
+def models(names: list[str], dtype: torch.dtype, cprofile: bool = False, dump: str = "") -> None:
     import kiln
     from benchmarks import models as suite
     print(f"{'model':<14}{'backend':<10}{'kernels':>8}{'device us':>11}{'host us':>10}{'wall us':>10}")
     for name in names:
         model, inputs = suite.build(name, device="cuda", dtype=dtype)
-        fns = {"eager": model, "kiln": kiln.compile(model), "inductor": torch.compile(model)}
+        fns = {"eager": model, "kiln": kiln.compile(model), "inductor": torch.compile(model),
+               "kiln-tl": kiln.compile(model, gpu_static_launch=False)}  # kiln with Triton's launcher
         with torch.inference_mode():
             for fn in fns.values():
                 for _ in range(3):
                     fn(*inputs)
             for label, fn in fns.items():
                 dev, kernels = device_us(fn, inputs)
-                print(f"{name:<14}{label:<10}{kernels:>8}{dev:>11.1f}{host_us(fn, inputs):>10.1f}"
+                print(f"{name:<14}{label:<10}{kernels:>8}{dev:>11.1f}{host_us(fn, inputs, kernels):>10.1f}"
                       f"{wall_us(fn, inputs):>10.1f}", flush=True)
             if cprofile:
                 host_profile(fns["kiln"], inputs)
+            if dump:
+                from kiln.report import reports
+                wrapper = [r.wrapper for r in reports() if getattr(r, "wrapper", "")]
+                with open(f"{dump}/{name}_wrapper.py", "w") as f:
+                    f.write(wrapper[-2] if len(wrapper) > 1 else "")  # the default-launcher kiln's
         torch._dynamo.reset()
 
 
@@ -107,46 +118,46 @@ def launches() -> None:
     import triton
     import triton.language as tl
 
+    from kiln.runtime import gpu_launch
+
     @triton.jit
-    def add_one(x, y, n, XBLOCK: tl.constexpr):
+    def add_one(x, y, XBLOCK: tl.constexpr):
         i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
-        tl.store(y + i, tl.load(x + i, mask=i < n) + 1, mask=i < n)
+        tl.store(y + i, tl.load(x + i) + 1)
 
     x = torch.randn(128, device="cuda")
     y = torch.empty_like(x)
-    compiled = add_one.warmup(x, y, 128, XBLOCK=128, grid=(1,))
-    add_one[(1,)](x, y, 128, XBLOCK=128)
+    compiled = add_one.warmup(x, y, XBLOCK=128, grid=(1,))
+    add_one[(1,)](x, y, XBLOCK=128)
     runner = compiled[(1, 1, 1)]
-    paths = {"jit entry fn[grid](...)": lambda: add_one[(1,)](x, y, 128, XBLOCK=128),
-             "compiled[grid](...) (kiln's _Launcher)": lambda: runner(x, y, 128, 128)}
-    try:
-        from kiln.runtime import gpu_launch
-    except ImportError:
-        gpu_launch = None
-    if gpu_launch is not None and gpu_launch.available():
-        one = gpu_launch.KernelLaunch.from_compiled(compiled, (1, 1, 1), ["ptr", "ptr", "i32"])
-        batch = gpu_launch.Batch([one] * 10)
-        paths["kiln static launcher, 1 kernel"] = lambda: batch.launch_one(0, x, y, 128)
-        paths["kiln static launcher, 10 kernels in one call (per kernel)"] = None
+    paths = {"jit entry fn[grid](...)": lambda: add_one[(1,)](x, y, XBLOCK=128),
+             "compiled[grid](...) (Triton's launcher)": lambda: runner(x, y, 128)}
+    if gpu_launch.available():
+        record = gpu_launch.record(compiled, (1, 1, 1), [0, 1])
+        one = gpu_launch.Launch([record], 2, ["add_one"])
+        ten = gpu_launch.Launch([record] * 10, 2, ["add_one"] * 10)
+        stream = gpu_launch.stream_getter(x.device)
+        paths["kiln's launcher (stream, pointers looked up per call)"] = lambda: one(stream(), x.data_ptr(),
+                                                                                     y.data_ptr())
+        paths["kiln's launcher, 10 kernels per call (per kernel)"] = lambda: ten(stream(), x.data_ptr(),
+                                                                                y.data_ptr())
+        torch.cuda.synchronize()
+        expected = x + 1
+        y.zero_()
+        assert one(stream(), x.data_ptr(), y.data_ptr()) == 0
+        torch.cuda.synchronize()
+        assert torch.equal(y, expected), "kiln's launcher computed a wrong result"
     print(f"\nhost time per launch (GPU kept busy), {torch.cuda.get_device_name()}:")
     for label, fn in paths.items():
-        if fn is None:
-            stream = torch.cuda.current_stream().cuda_stream
-            ptrs = [x.data_ptr(), y.data_ptr()]
-
-            def fn():
-                batch.launch_all(stream, ptrs)
-            per = 10
-        else:
-            per = 1
+        per = 10 if "10 kernels" in label else 1
         rounds = []
         for _ in range(5):
             torch.cuda.synchronize()
             torch.cuda._sleep(int(1e9))
             start = time.perf_counter()
-            for _ in range(200):
+            for _ in range(600 // per):
                 fn()
-            rounds.append((time.perf_counter() - start) / (200 * per) * 1e6)
+            rounds.append((time.perf_counter() - start) / (600 // per * per) * 1e6)
             torch.cuda.synchronize()
         print(f"  {statistics.median(rounds):7.2f} us  {label}")
 
@@ -157,12 +168,13 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--launches", action="store_true")
     p.add_argument("--cprofile", action="store_true", help="also where kiln's host time goes, per model")
+    p.add_argument("--dump", default="", help="a folder to write kiln's generated call of each model into")
     args = p.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.launches:
         launches()
     if args.models:
-        models(args.models.split(","), dtype, args.cprofile)
+        models(args.models.split(","), dtype, args.cprofile, args.dump)
 
 
 if __name__ == "__main__":

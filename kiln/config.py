@@ -154,6 +154,11 @@ class Config:
     # wrapper]); False: the interpreted plan, step by step (what benchmarks/call_latency.py compares it with and
     # benchmarks/memory_steps.py measures step by step).
     gpu_call_wrapper: bool = True
+    # Launch the Triton kernels compiled ahead with kiln's launcher (runtime/gpu_launch.py: one C call into the
+    # driver, the grid and launch parameters recorded at build time) instead of Triton's Python launcher (11 us
+    # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot
+    # describe always uses it).
+    gpu_static_launch: bool = True
     # Processes that compile Triton kernels in parallel (0: compile in this process, with threads).  Off by
     # default: on the H200 machine a cold process compiled slower with 8 workers (MLP 9.4 s vs 6.5 s first
     # call; GPT 11.9 vs 10.6) - their start-up (each imports torch) competes with TorchDynamo's tracing.
@@ -207,6 +212,7 @@ class Config:
         "triton_persistent_schedule": ("KILN_TRITON_PERSISTENT_SCHEDULE", str),
         "matmul_measured_configs": ("KILN_MATMUL_MEASURED_CONFIGS", int),
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
+        "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
         "choice_budget_s": ("KILN_CHOICE_BUDGET_S", float),

@@ -63,6 +63,7 @@ class _Writer:
         self.strides: dict[str, tuple[int, ...]] = {}  # local -> its strides (known when it is made)
         self.aligned: set[str] = set()  # names whose data is 16-byte aligned on every call (kernels launch direct)
         self.lines: list[str] = []
+        self.has_stream = False  # ``stream`` (the current CUDA stream) set in the call's code so far
 
     # ------------------------------------------------------------------ names
     def glob(self, value: Any, hint: str) -> str:
@@ -98,7 +99,13 @@ class _Writer:
     def view(self, n: Node) -> str:
         """A view chain down to a value already held, as one ``as_strided`` call: the strides and offset come
         from running the chain on a meta tensor laid out as the held value.  Where a step is not a view there
-        (a reshape of a permuted tensor copies), the chain's ops run one by one instead."""
+        (a reshape of a permuted tensor copies), the views before it are one ``as_strided``, the step runs as
+        itself, and the views after it are one ``as_strided`` of its result::
+
+            v89 = v88.as_strided((8, 512, 2304), (1179648, 2304, 1), v88.storage_offset())  # reshape
+            v94 = v89.as_strided((8, 12, 512, 64), (1179648, 64, 2304, 1), ...)  # slice reshape permute
+            v99 = VIEW_19(v94)  # reshape (copies)
+        """
         chain, base = [], n
         while base.op in VIEW and base not in self.bound and base not in self.m.static:
             chain.append(base)
@@ -111,21 +118,29 @@ class _Writer:
             for fn in fns:
                 value = fn(value)
             return self.constant(n, value)
-        found = view_layout(base.shape, self.strides[src], base.dtype, chain)
-        if found is not None:
+        # the longest prefix of the chain that is a view of the held value becomes one as_strided; a step that
+        # copies (a reshape of a permuted value) runs as itself, and the rest is again a view of its result
+        k, found = len(chain), None
+        while k > 0 and (found := view_layout(base.shape, self.strides[src], base.dtype, chain[:k])) is None:
+            k -= 1
+        if k > 0:
             strides, offset = found
-            target = self.bind(n, strides)
-            if src in self.aligned and offset * n.dtype.itemsize % 16 == 0:
+            last = chain[k - 1]
+            target = self.bind(last, strides)
+            if src in self.aligned and offset * last.dtype.itemsize % 16 == 0:
                 self.aligned.add(target)
             shift = f" + {offset}" if offset else ""
-            self.emit(f"{target} = {src}.as_strided({tuple(n.shape)!r}, {strides!r}, "
-                      f"{src}.storage_offset(){shift})  # {' '.join(v.op.value for v in chain)}")
-            return target
-        for v, fn in zip(chain, fns):
-            target = self.bind(v)
-            self.emit(f"{target} = {self.glob(fn, 'VIEW')}({src})  # {v.op.value}")
+            self.emit(f"{target} = {src}.as_strided({tuple(last.shape)!r}, {strides!r}, "
+                      f"{src}.storage_offset(){shift})  # {' '.join(v.op.value for v in chain[:k])}")
+            if k == len(chain):
+                return target
             src = target
-        return src
+        copy = chain[k]  # not a view of what it reads: a fresh tensor, whose strides a meta run tells
+        meta = fns[k](torch.empty_strided(copy.inputs[0].shape, self.strides[src], dtype=copy.inputs[0].dtype,
+                                          device="meta"))
+        target = self.bind(copy, tuple(meta.stride()))
+        self.emit(f"{target} = {self.glob(fns[k], 'VIEW')}({src})  # {copy.op.value} (copies)")
+        return target if copy is n else self.view(n)
 
     def constant(self, n: Node, value: torch.Tensor) -> str:
         name = self.bound[n] = self.glob(value, "CONST")
@@ -186,10 +201,19 @@ class _Writer:
         for kernel, (fn, args, takes_tuple, direct) in zip(self.m.segments[index], self.launchers(index)):
             values = [self.value(n) for n in args]
             names = ", ".join(values)
+            if direct is not None and direct.static is not None:  # kiln's launcher (runtime/gpu_launch.py)
+                launch = self.glob(direct.static.call, "LAUNCH")
+                if not self.has_stream:  # (straight-line code: the first launch's line dominates the rest)
+                    self.emit(f"stream = {self.glob(direct.stream, 'STREAM')}()")
+                    self.has_stream = True
+                self.emit(f"failed = {launch}(stream, {names})  # {kernel}")
+                self.emit("if failed:  # a buffer not 16-byte aligned (-> Triton's JIT entry), or a launch error")
+                self.emit(f"    {self.glob(direct.static.retry, 'RETRY')}(failed, ({names},))")
+                continue
             if direct is not None and all(v in self.aligned for v in values):
                 # every buffer is aligned on every call: straight to the kernel compiled for aligned buffers
-                runner, constants = direct
-                self.emit(f"{self.glob(runner, 'RUN')}({names}, {', '.join(map(str, constants))})  # {kernel}")
+                runner = self.glob(direct.runner, "RUN")
+                self.emit(f"{runner}({names}, {', '.join(map(str, direct.constants))})  # {kernel}")
                 continue
             call = self.glob(fn, "KERNEL")
             self.emit((f"{call}(({names},))" if takes_tuple else f"{call}({names})") + f"  # {kernel}")
@@ -236,7 +260,8 @@ def build_wrapper(module: "CompiledGraph", launchers: Launchers,
     """(call, source) for ``module``'s program, or None where the interpreted call must stay.
 
     ``launchers(segment)`` gives the segment's kernels as (callable, argument nodes, takes one tuple, direct),
-    where ``direct`` is (runner, trailing constants) of a kernel compiled for 16-byte aligned buffers, or None;
+    where ``direct`` is the launcher of a kernel compiled for 16-byte aligned buffers (its ``static`` launch and
+    ``stream``, or its Triton ``runner`` and trailing ``constants``), or None;
     ``fused(step)`` a fused step's (callable, argument nodes)."""
     if module.arena_mode or module.mutated_inputs:
         return None

@@ -107,3 +107,87 @@ def test_wrapper_can_be_turned_off(net):
     assert report.wrapper == ""
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="kiln's launcher calls the CUDA driver")
+def test_kernels_launch_through_kilns_launcher_and_match_tritons(net):
+    """Every kernel kiln compiled ahead launches through runtime/gpu_launch (the wrapper's LAUNCH lines for
+    aligned buffers, the launcher object for the rest), and the results are Triton's launcher's to the bit; a
+    caller's misaligned input goes through Triton's JIT entry."""
+    x = torch.randn(2, 4, 6, 6, device=DEVICE)
+    with torch.inference_mode():
+        got, report = compile_and_run(net, x)
+        module = _module(report)
+        assert module.static_launches == sum(len(s) for s in module.segments) > 0
+        assert "LAUNCH_" in report.wrapper and "RUN_" not in report.wrapper
+        triton_got, _ = compile_and_run(net, x, gpu_static_launch=False)
+        for a, b in zip(got, triton_got):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+        shifted = torch.randn(2 * 4 * 6 * 6 + 1, device=DEVICE)[1:].view(2, 4, 6, 6)  # 4-byte aligned only
+        shifted.copy_(x)
+        for a, b in zip(module([shifted]), got):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_launch_records_describe_pointer_only_kernels():
+    """A record holds the grid, threads, shared memory and each parameter's pointer-table slot (Triton's two
+    scratch pointers null); a kernel with a scalar argument or a per-launch scratch buffer gets none."""
+    from types import SimpleNamespace
+    from kiln.runtime import gpu_launch
+    md = SimpleNamespace(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, global_scratch_size=0,
+                         profile_scratch_size=0, num_warps=4, shared=1024)
+    kernel = SimpleNamespace(metadata=md, function=1234,
+                             src=SimpleNamespace(signature={"a": "*bf16", "b": "*fp32", "XBLOCK": "constexpr"}))
+    r = gpu_launch.record(kernel, (7, 1, 1), [3, 0])
+    assert (r.grid_x, r.grid_y, r.grid_z, r.threads, r.shared, r.nargs) == (7, 1, 1, 128, 1024, 4)
+    assert list(r.slot[:4]) == [3, 0, -1, -1]
+    scalar = SimpleNamespace(metadata=md, function=1, src=SimpleNamespace(signature={"a": "*fp32", "n": "i32"}))
+    assert gpu_launch.record(scalar, (1, 1, 1), [0, 1]) is None
+    scratch = SimpleNamespace(metadata=SimpleNamespace(**{**vars(md), "global_scratch_size": 64}), function=1,
+                              src=kernel.src)
+    assert gpu_launch.record(scratch, (1, 1, 1), [0, 1]) is None
+
+
+def test_the_launch_extension_checks_alignment_before_launching():
+    """The extension builds here too (no GPU needed to load it): with no kernel to launch it answers 0, and -1
+    before any launch when a buffer is not 16-byte aligned (the wrapper then takes Triton's JIT entry)."""
+    from kiln.runtime import gpu_launch
+    ext = gpu_launch.build_extension()
+    aligned, shifted = torch.randn(64), torch.randn(65)[1:]
+    assert ext.launch(0, 0, 0, aligned) == 0
+    assert ext.launch(0, 0, 0, aligned, shifted) == -1
+    with pytest.raises(TypeError):
+        ext.launch(0, 0)
+
+
+class _Heads(nn.Module):
+    """Attention-style head split: a library product, then views of it, one of which must copy (a reshape of a
+    permuted value) before the next library call."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = nn.Linear(32, 96)
+
+    def forward(self, x):
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).split(32, dim=-1)
+        q = q.reshape(b, t, 4, 8).permute(0, 2, 1, 3).reshape(b * 4, t, 8)
+        k = k.reshape(b, t, 4, 8).permute(0, 2, 3, 1).reshape(b * 4, 8, t)
+        s = torch.bmm(q, k).softmax(-1)
+        return torch.bmm(s, v.reshape(b, t, 4, 8).permute(0, 2, 1, 3).reshape(b * 4, t, 8))
+
+
+def test_view_chains_with_a_copying_step_are_views_around_the_copy():
+    model = _Heads().to(DEVICE).eval()
+    x = torch.randn(2, 6, 32, device=DEVICE)
+    with torch.inference_mode():
+        got, report = compile_and_run(model, x, library_selection=False)
+        expected = model(x)
+        module = _module(report)
+        interpreted = module.interpret([x])
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, interpreted[0], rtol=0, atol=0)
+    copies = [ln for ln in report.wrapper.splitlines() if "(copies)" in ln]
+    assert copies and all("reshape" in ln for ln in copies), report.wrapper
+    # every other view is one as_strided: no view op runs by itself
+    assert not [ln for ln in report.wrapper.splitlines() if "VIEW_" in ln and "(copies)" not in ln], report.wrapper
