@@ -134,17 +134,15 @@ def launches() -> None:
              "compiled[grid](...) (Triton's launcher)": lambda: runner(x, y, 128)}
     if gpu_launch.available():
         record = gpu_launch.record(compiled, (1, 1, 1), [0, 1])
-        one = gpu_launch.Launch([record], 2, ["add_one"])
-        ten = gpu_launch.Launch([record] * 10, 2, ["add_one"] * 10)
+        one = gpu_launch.Launch([record], ["add_one"], lambda tensors: None).call
+        ten = gpu_launch.Launch([record] * 10, ["add_one"] * 10, lambda tensors: None).call
         stream = gpu_launch.stream_getter(x.device)
-        paths["kiln's launcher (stream, pointers looked up per call)"] = lambda: one(stream(), x.data_ptr(),
-                                                                                     y.data_ptr())
-        paths["kiln's launcher, 10 kernels per call (per kernel)"] = lambda: ten(stream(), x.data_ptr(),
-                                                                                y.data_ptr())
+        paths["kiln's launcher (as the generated call issues it)"] = lambda: one(stream(), x, y)
+        paths["kiln's launcher, 10 kernels per call (per kernel)"] = lambda: ten(stream(), x, y)
         torch.cuda.synchronize()
         expected = x + 1
         y.zero_()
-        assert one(stream(), x.data_ptr(), y.data_ptr()) == 0
+        assert one(stream(), x, y) == 0
         torch.cuda.synchronize()
         assert torch.equal(y, expected), "kiln's launcher computed a wrong result"
     print(f"\nhost time per launch (GPU kept busy), {torch.cuda.get_device_name()}:")

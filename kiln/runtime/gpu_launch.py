@@ -200,6 +200,7 @@ class Launch:
         self.fallback = fallback  # launches the same kernels for buffers that are not 16-byte aligned
         # the extension's function with the records bound: the generated wrapper calls it directly
         self.call = functools.partial(_extension().launch, ctypes.addressof(self.records), len(records))
+        self.call.records = self.records  # the call holds the records it points at (the wrapper keeps only it)
 
     def retry(self, code: int, tensors: tuple) -> None:
         """After ``call`` answered ``code``: launch through ``fallback`` (a buffer not aligned), or raise."""
