@@ -45,8 +45,8 @@ def main() -> None:
     rows = {"analytic": [], "corrected": []}
     for i, ((m, k, n), space, times) in enumerate(problems):
         others = [(s, *shape, t) for j, (shape, sp, ts) in enumerate(problems) if j != i for s, t in zip(sp, ts)]
-        for label, corr in (("analytic", tg.Correction()), ("corrected", tg.Correction.fit(others, machine))):
-            est = [tg.estimate_s(s, m, k, n, machine) * corr(s, machine) for s in space]
+        for label, corr in (("analytic", tg.Correction()), ("corrected", tg.fit_correction(others, machine))):
+            est = [tg.estimate_s(s, m, k, n, machine) * corr.factor(tg.features(s, machine)) for s in space]
             rho = spearman(est, times)
             order = sorted(range(len(space)), key=lambda j: est[j])
             best = min(times)

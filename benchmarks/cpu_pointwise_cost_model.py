@@ -65,7 +65,7 @@ def main() -> None:
         times = [s.seconds for s in samples]
         flat = max(times) <= 1.03 * min(times)
         others = [s for j, (_, ss) in enumerate(problems) if j != i for s in ss]
-        for label, corr in (("analytic", pw.Correction()), ("corrected", pw.Correction.fit(others))):
+        for label, corr in (("analytic", pw.Correction()), ("corrected", pw.fit_correction(others))):
             est = [pw.predict_s(s.loops, s.extents, s.nbytes, s.threads, corr) for s in samples]
             order = sorted(range(len(samples)), key=lambda j: est[j])
             first = 1 + next(r for r, j in enumerate(order) if times[j] <= 1.05 * min(times))

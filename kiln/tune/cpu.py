@@ -110,7 +110,7 @@ def _ranked(space: list[CppSchedule], k: Kernel, nbytes: int, db: TuningDB) -> l
     samples = cpu_pointwise.samples_in(db)
     if len(samples) < cpu_pointwise.MIN_SAMPLES:
         return space
-    correction = cpu_pointwise.Correction.fit(samples)
+    correction = cpu_pointwise.fit_correction(samples)
     order = cpu_pointwise.rank([s.loops for s in space], tuple(k.outer), nbytes, torch.get_num_threads(),
                                correction)
     by_loops = {s.loops: s for s in space}

@@ -9,9 +9,10 @@ and an OpenMP fork when threads are used::
     estimate = bytes / MEM_BYTES_PER_S / threads * imbalance + entries * LOOP_S
                + divmods * elements * DIVMOD_S + [threads] * FORK_S
 
-The rates are rough on purpose: ``Correction`` multiplies the estimate by ``exp(w . features)``, with ``w``
-fitted by ridge least squares to ``log(measured / estimated)`` over every candidate this machine measured
-before (kept in the tuning database as samples), so the model learns what the structure costs here.
+The rates are rough on purpose: a ``Correction`` (``tune/ranking.py``) multiplies the estimate by
+``exp(w . features)``, with ``w`` fitted by ridge least squares to ``log(measured / estimated)`` over every
+candidate this machine measured before (kept in the tuning database as samples), centred per kernel, so the
+model learns what orders one kernel's schedules here.
 max-autotune then measures only the ranking's first ``TOP`` candidates once ``MIN_SAMPLES`` samples exist.
 """
 from __future__ import annotations
@@ -21,7 +22,7 @@ import math
 from typing import Sequence
 
 from kiln.ir.loops import LoopNest, Trace
-from kiln.tune.ranking import fit_log_linear
+from kiln.tune.ranking import Correction
 
 MEM_BYTES_PER_S = 10e9   # one core streaming (read + write)
 LOOP_S = 4e-9            # entering and leaving one vector loop (peel, tail, bookkeeping)
@@ -85,29 +86,20 @@ class Sample:
                       int(trace["threads"]), seconds)
 
 
-@dataclasses.dataclass
-class Correction:
-    weights: list[float] = dataclasses.field(default_factory=lambda: [0.0] * 6)
-    samples: int = 0
-
-    def __call__(self, st: Structure, nbytes: int) -> float:
-        return math.exp(sum(w * f for w, f in zip(self.weights, features(st, nbytes))))
-
-    @staticmethod
-    def fit(samples: Sequence[Sample]) -> "Correction":
-        if not samples:
-            return Correction()
-        x, y = [], []
-        for s in samples:
-            st = structure(Trace.parse(s.loops), s.extents, s.threads)
-            x.append(features(st, s.nbytes))
-            y.append(math.log(s.seconds / estimate_s(st, s.nbytes)))
-        return Correction(fit_log_linear(x, y), len(samples))
+def fit_correction(samples: Sequence[Sample]) -> Correction:
+    """The correction (``tune/ranking.Correction``) from measured candidates, each kernel (its extents, bytes
+    and threads) centred on its own."""
+    rows = []
+    for s in samples:
+        st = structure(Trace.parse(s.loops), s.extents, s.threads)
+        rows.append(((s.extents, s.nbytes, s.threads), features(st, s.nbytes),
+                     math.log(s.seconds / estimate_s(st, s.nbytes))))
+    return Correction.fit(rows)
 
 
 def predict_s(loops: str, extents: Sequence[int], nbytes: int, threads: int, correction: Correction) -> float:
     st = structure(Trace.parse(loops), extents, threads)
-    return estimate_s(st, nbytes) * correction(st, nbytes)
+    return estimate_s(st, nbytes) * correction.factor(features(st, nbytes))
 
 
 def rank(loops: Sequence[str], extents: Sequence[int], nbytes: int, threads: int,

@@ -32,7 +32,9 @@ def test_estimate_flattens_short_inner_axes_and_keeps_long_ones():
 
 def test_correction_learns_what_the_structure_costs_here():
     """'Measured' times with a structure cost the analytic part does not know (fused axes cost 3x more than
-    it thinks, everything 2x slower): the fitted correction predicts them within a few percent."""
+    it thinks, everything 2x slower): with the fitted correction, the predicted/measured ratios of one kernel's
+    candidates lie within 25% of each other (uncorrected: 125%) - what ranking needs; the correction is centred
+    per kernel, so the 2x every kernel shares is not its business."""
     samples = []
     for extents in [(64, 3), (512, 5), (16, 16, 7), (300, 64), (20000,), (7, 9, 130)]:
         for t in candidate_traces(extents, 1 << 15):
@@ -40,12 +42,19 @@ def test_correction_learns_what_the_structure_costs_here():
             st = pw.structure(t, extents, 1)
             seconds = 2.0 * (pw.estimate_s(st, nbytes) + 2 * st.divmods * st.elements * pw.DIVMOD_S)
             samples.append(pw.Sample(str(t), extents, nbytes, 1, seconds))
-    correction = pw.Correction.fit(samples)
+    correction = pw.fit_correction(samples)
     assert correction.samples == len(samples)
-    errors = [abs(pw.predict_s(s.loops, s.extents, s.nbytes, 1, correction) / s.seconds - 1) for s in samples]
-    uncorrected = [abs(pw.predict_s(s.loops, s.extents, s.nbytes, 1, pw.Correction()) / s.seconds - 1)
-                   for s in samples]
-    assert max(errors) < 0.25 and sum(errors) < 0.2 * sum(uncorrected)
+
+    def spread(c) -> float:
+        """Over the kernels: how far the predicted/measured ratios of one kernel's candidates are apart."""
+        worst = 0.0
+        for extents in {s.extents for s in samples}:
+            ratios = [pw.predict_s(s.loops, s.extents, s.nbytes, 1, c) / s.seconds for s in samples
+                      if s.extents == extents]
+            worst = max(worst, max(ratios) / min(ratios) - 1)
+        return worst
+
+    assert spread(correction) < 0.25 and spread(correction) < 0.2 * spread(pw.Correction())
 
 
 def test_max_autotune_measures_the_models_first_candidates_once_it_has_samples(tmp_path):

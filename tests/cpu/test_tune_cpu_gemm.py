@@ -41,7 +41,7 @@ def test_correction_learns_what_the_estimate_misses():
 
     train = [(s, m, k, n, measured(s, m, k, n)) for m, k, n in ((64, 1024, 4096), (256, 768, 2304))
              for s in tg.candidates(m, k, n, MACHINE)]
-    correction = tg.Correction.fit(train, MACHINE)
+    correction = tg.fit_correction(train, MACHINE)
     assert correction.samples == len(train)
     assert correction.weights[tg.FEATURES.index("tall_tile")] == pytest.approx(math.log(1.3), abs=0.05)
     m, k, n = 1024, 1024, 1024
@@ -51,7 +51,8 @@ def test_correction_learns_what_the_estimate_misses():
     assert ranked[0] == truth[0]
     assert ranked[:3] != sorted(space, key=lambda s: tg.estimate_s(s, m, k, n, MACHINE))[:3]  # it did learn
     assert sum(abs(ranked.index(s) - truth.index(s)) for s in space) <= len(space) // 2
-    assert tg.Correction.fit([], MACHINE).weights == [0.0] * len(tg.FEATURES)
+    none = tg.fit_correction([], MACHINE)
+    assert none.samples == 0 and none.factor(tg.features(space[0], MACHINE)) == 1.0
 
 
 def test_tuning_measures_the_best_ranked_once(tmp_path, monkeypatch):

@@ -30,7 +30,7 @@ import torch
 from kiln import config
 from kiln.library.gemm.source import GemmSchedule, schedule_for
 from kiln.tune import timing
-from kiln.tune.ranking import fit_log_linear
+from kiln.tune.ranking import Correction
 
 # 2: timed with cold weights; 3: the micro-kernel prefetches its C tile (K blocks' C re-reads got cheaper)
 KIND, SAMPLE_KIND = "cpu_gemm4", "cpu_gemm4_sample"
@@ -104,46 +104,17 @@ def features(s: GemmSchedule, machine: Machine) -> list[float]:
             s.kc * machine.nr * 4 / machine.l1]
 
 
-@dataclasses.dataclass
-class Correction:
-    """``exp(w . features)``: how this machine's measurements differ from the analytic estimate."""
-    weights: list[float] = dataclasses.field(default_factory=lambda: [0.0] * len(FEATURES))
-    samples: int = 0
-
-    def __call__(self, s: GemmSchedule, machine: Machine) -> float:
-        return math.exp(sum(w * f for w, f in zip(self.weights, features(s, machine))))
-
-    @staticmethod
-    def fit(samples: list[tuple[GemmSchedule, int, int, int, float]], machine: Machine) -> "Correction":
-        """Ridge least squares of log(measured / estimated) on the features, over ``(schedule, m, k, n,
-        seconds)`` samples; no samples, no correction.
-
-        Targets and features are centred within each problem first: the correction only ever ranks the
-        candidates of one problem, and without the centring, features that grow with the problem's size
-        (log kc with k, log mc with m) learned how the estimate's scale differs between problems instead of
-        what orders one problem's schedules (leave-one-problem-out on the suite: corrected mean Spearman
-        0.60 against the analytic part's 0.70)."""
-        if not samples:
-            return Correction()
-        groups: dict[tuple[int, int, int], list[int]] = {}
-        for i, (_, m, k, n, _) in enumerate(samples):
-            groups.setdefault((m, k, n), []).append(i)
-        x = [features(s, machine) for s, *_ in samples]
-        y = [math.log(t / estimate_s(s, m, k, n, machine)) for s, m, k, n, t in samples]
-        for members in groups.values():
-            y_mean = sum(y[i] for i in members) / len(members)
-            x_mean = [sum(x[i][f] for i in members) / len(members) for f in range(len(FEATURES))]
-            x_mean[0] = 0.0  # (the intercept stays: it fits the centred targets' mean, zero)
-            for i in members:
-                y[i] -= y_mean
-                x[i] = [v - mu for v, mu in zip(x[i], x_mean)]
-        return Correction(fit_log_linear(x, y, RIDGE), len(samples))
+def fit_correction(samples: list[tuple[GemmSchedule, int, int, int, float]], machine: Machine) -> Correction:
+    """The correction (``tune/ranking.Correction``) from ``(schedule, m, k, n, seconds)`` samples, each problem
+    ``(m, k, n)`` centred on its own."""
+    return Correction.fit([((m, k, n), features(s, machine), math.log(t / estimate_s(s, m, k, n, machine)))
+                           for s, m, k, n, t in samples], RIDGE)
 
 
 def rank(m: int, k: int, n: int, machine: Machine, correction: Correction) -> list[GemmSchedule]:
     """The space, best predicted first."""
     return sorted(candidates(m, k, n, machine),
-                  key=lambda s: estimate_s(s, m, k, n, machine) * correction(s, machine))
+                  key=lambda s: estimate_s(s, m, k, n, machine) * correction.factor(features(s, machine)))
 
 
 def problem_key(m: int, k: int, n: int) -> str:
@@ -188,7 +159,7 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all,
         if not tune:
             return None
         machine = Machine.here()
-        ranked = rank(m, k, n, machine, Correction.fit(_samples(db), machine))
+        ranked = rank(m, k, n, machine, fit_correction(_samples(db), machine))
         chosen = ranked[:MEASURED]
         rule = schedule_for(m, k)
         if rule not in chosen and rule.mr in machine.tile_heights:
