@@ -7,6 +7,7 @@ for "cuda", CUDA tensors for "cpu") is the caller's configuration, not a compile
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib.util
 import time
 import warnings
@@ -137,9 +138,10 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
         if triton:
             report.target = "triton"
-            module = build_triton(graph, report, device, report.mode)
+            module = build_triton(graph, report, device, report.mode, choices)
         else:
-            module = build_best(graph, report, build_cpu, _example_inputs(graph, examples), choices)
+            module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
+                                _example_inputs(graph, examples), choices)
     finally:
         choices.close()
     return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))

@@ -41,6 +41,7 @@ class CompileReport:
     tune_skipped: list[str] = dataclasses.field(default_factory=list)  # max-autotune: candidates/kernels skipped
     matmuls: Any = None           # GPU: matmul template choices (kiln.library.gpu_matmul.fusion.Stats)
     choices: list[Any] = dataclasses.field(default_factory=list)  # implementation choices (tune/choices.Made)
+    schedules: list[Any] = dataclasses.field(default_factory=list)  # tuners' schedules stored or measured (Made)
     tuning: Any = None            # CPU: kernel schedules measured or found (kiln.tune.cpu.TuneStats)
 
     def format(self, *, source: bool = True) -> str:
@@ -90,6 +91,15 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
             line = made.format()
             counts[line] = counts.get(line, 0) + 1
         out += [f"  {line}" + (f"  [x{n}]" if n > 1 else "") for line, n in counts.items()]
+    if r.schedules:
+        hows: dict[str, int] = {}
+        for made in r.schedules:
+            hows[made.how] = hows.get(made.how, 0) + 1
+        out += ["", f"--- tuned schedules ({', '.join(f'{n} {how}' for how, n in hows.items())}; the other kernels "
+                    f"use their rule's)"]
+        out += [f"  {made.format()}" for made in r.schedules[:12]]
+        if len(r.schedules) > 12:
+            out.append(f"  ... and {len(r.schedules) - 12} more")
     m = r.matmuls
     if m is not None and m.candidates:
         out.append(f"--- matmuls: {m.candidates} candidates for the Triton template, {m.from_database} decided by "

@@ -60,7 +60,8 @@ class Operator:
     fixed_strides: Callable[[Any], tuple[int, ...] | None] = _none
     # op overload packets whose ``.out`` overload writes into a buffer the caller gives (the arena)
     out_variants: Callable[[], tuple[Any, ...]] = _no_records
-    # (plan, graph, report, device) -> None: rewrite a GPU plan's steps in place (its own step kinds)
+    # (plan, graph, report, device, choices) -> None: rewrite a GPU plan's steps in place (its own step kinds),
+    # its measured choices through ``choices`` (the compile's service)
     plan_gpu: Callable[..., None] | None = None
     # the tuning database record kinds this operator reads and writes (its measured choices' kinds and tuners)
     records: Callable[[], tuple[str, ...]] = _no_records

@@ -87,6 +87,7 @@ def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool 
                                             log.notes() + choices.take_lines()))
         if checker is not None:
             checker.check(name, graph)
-    if report is not None:
+    if report is not None:  # (the same lists: the schedule stage adds its entries to them later)
         report.choices = choices.made
+        report.schedules = choices.schedules
     return graph

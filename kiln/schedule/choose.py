@@ -35,7 +35,9 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     if cfg.layout_optimization or not cfg.layout_autotune or not any(is_conv2d(n) for n in graph.nodes):
         return build(graph, report)
     choices = choices if choices is not None else Choices()
+    first_schedule = len(report.schedules)
     plain = build(graph, report)
+    plain_schedules = len(report.schedules)  # (the report lists the schedules of the plan that is kept)
     key = (hashlib.sha256(report.source.encode()).hexdigest()[:32], torch.get_num_threads())
     what = f"graph {report.name!r}"
     known = choices.known(LAYOUT, key, what)
@@ -48,6 +50,7 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     def keep_plain(why: str) -> Callable:
         (report.kernels, report.externs, report.native_externs, report.memory, report.source,
          report.from_cache) = plain_state
+        del report.schedules[plain_schedules:]
         report.memory["layout"] = f"contiguous ({why})"
         return plain
 
@@ -64,6 +67,7 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
         nhwc = build(graph, report)
     if known == "channels-last":
         report.memory["layout"] = f"channels-last ({choices.made[-1].how})"
+        del report.schedules[first_schedule:plain_schedules]
         return nhwc
     with torch.inference_mode():
         first, second = plain(inputs), nhwc(inputs)
@@ -76,5 +80,6 @@ def build_best(graph: Graph, report: CompileReport, build: Callable[[Graph, Comp
     how = choices.made[-1]
     if choice == "channels-last":
         report.memory["layout"] = f"channels-last ({how.how}: {how.note})"
+        del report.schedules[first_schedule:plain_schedules]
         return nhwc
     return keep_plain(f"{how.how}: {how.note}" if how.note else how.how)

@@ -92,47 +92,57 @@ def make_plan(graph: Graph) -> Plan:
             breaks.add(e.node)
 
 
-def build_cpu(graph: Graph, report: CompileReport,
-              arena: bool = True) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
-    """The CPU module of ``graph``: its plan, each kernel's schedule (tuned in max-autotune), then the runtime.
-    ``arena=False``: buffers allocated per step, as on a GPU (tests run that path on the CPU)."""
+def build_cpu(graph: Graph, report: CompileReport, arena: bool = True,
+              choices: Any = None) -> Callable[[list[torch.Tensor]], list[torch.Tensor]]:
+    """The CPU module of ``graph``: its plan, each kernel's schedule (stored, or tuned in max-autotune, through
+    ``choices``: the compile's measured-choice service), then the runtime.  ``arena=False``: buffers allocated
+    per step, as on a GPU (tests run that path on the CPU)."""
     from kiln.runtime.module import CompiledGraph
     from kiln.tune.cpu import apply_schedules
     plan = make_plan(graph)
     dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
     node_of = {name: n for n, name in plan.buffer_of.items()}
-    report.tuning = apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune")
+    report.tuning = apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune",
+                                    choices=choices)
     report.tune_skipped = list(report.tuning.skipped)
     return CompiledGraph(graph, build_program(graph, plan, arena=arena), report)
 
 
-def triton_plan(graph: Graph, report: CompileReport, device: torch.device) -> Plan:
+def triton_plan(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None) -> Plan:
     """The GPU plan of ``graph``: each operator may replace steps with its own (``Operator.plan_gpu``: matmuls
     whose measured or recorded best is kiln's Triton template take their epilogue kernel in); every kernel gets its
-    launch schedule."""
+    launch schedule.  ``choices``: the compile's measured-choice service (else one for this plan)."""
     from kiln.codegen.triton import schedule_for
     from kiln.library import OPERATORS
+    from kiln.tune.choices import Choices
     plan = make_plan(graph)
-    for op in OPERATORS:  # operators with steps of their own (the matmul template with its epilogue)
-        if op.plan_gpu is not None:
-            op.plan_gpu(plan, graph, report, device)
+    own = choices is None
+    choices = Choices.for_compile(report.mode) if own else choices
+    try:
+        for op in OPERATORS:  # operators with steps of their own (the matmul template with its epilogue)
+            if op.plan_gpu is not None:
+                op.plan_gpu(plan, graph, report, device, choices)
+    finally:
+        if own:
+            choices.close()
     for k in plan.kernels:
         k.schedule = schedule_for(k)
     return plan
 
 
-def build_triton(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default") -> Any:
+def build_triton(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default",
+                 choices: Any = None) -> Any:
     """The GPU module of ``graph`` (Triton kernels; convolutions and the kernels between them channels-last),
     replayed as a CUDA graph in reduce-overhead and max-autotune."""
     from kiln.runtime.triton_module import with_cuda_graph
-    return with_cuda_graph(triton_graph(graph, report, device), report, mode)
+    return with_cuda_graph(triton_graph(graph, report, device, choices), report, mode)
 
 
-def triton_graph(graph: Graph, report: CompileReport, device: torch.device) -> Any:
+def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None) -> Any:
     """The ``TritonGraph`` of ``graph``, called as is (no CUDA graph)."""
     from kiln.runtime.triton_module import TritonGraph
     # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
     with config.scope(layout_optimization=True):
-        plan = triton_plan(graph, report, device)
+        plan = triton_plan(graph, report, device, choices)
         return TritonGraph(graph, build_program(graph, plan, arena=False), report, device)

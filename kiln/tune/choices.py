@@ -13,6 +13,10 @@ A compile makes one ``Choices`` (``Choices.for_compile``); the passes get it on 
 4. **predicted**: the asking pass's rule (or its baseline), not stored, so a later compile with budget left
    measures it.
 
+The tuners' schedules (the pointwise kernels' loop nests, kiln's GEMM blocking, the GPU matmul template's tiles)
+go through the same service and store: ``schedule`` answers the stored one, or what the tuner measured (in
+max-autotune), stored; their records and samples live in the same database.
+
 Every answer is kept in ``made`` (the compile report's ``choices``), with how it was reached.
 
     GEMM = Kind("gemm", 10, ("kiln", "onednn", "aten"))     # a pass declares its kind once
@@ -96,6 +100,7 @@ class Choices:
         self.budget_s = budget_s
         self.spent_s = 0.0  # estimated seconds of the measurements made or found stored (see ``decide``)
         self.made: list[Made] = []
+        self.schedules: list[Made] = []  # the tuners' schedules found stored or measured (the report's schedules)
         self._db_path = db_path
         self._db: TuningDB | None = None
         self._lines: list[str] = []
@@ -153,6 +158,41 @@ class Choices:
         self.db.put(kind.record_key(key), kind.record_kind, {"choice": verdict.choice, "note": verdict.line},
                     verdict.seconds, 0.0, structure=kind.record_kind)
         return self._record(kind, what, verdict.choice, "measured", verdict.line)
+
+    # ------------------------------------------------------------------ tuners' schedules
+    def stored_schedule(self, kind: str, key: str, what: str) -> dict | None:
+        """A tuner's stored schedule for one problem (``key``: its tuning-database key, ``kind`` its record kind):
+        the record's trace, recorded in ``made`` as ``schedule:<kind>``; None when there is none."""
+        record = self.db.get(key)
+        if record is None:
+            return None
+        self._record_schedule(kind, what, record.trace, "stored")
+        return record.trace
+
+    def store_schedule(self, kind: str, key: str, what: str, trace: dict, median_s: float, spread_s: float,
+                       structure: str | None = None) -> None:
+        """Keep a schedule a tuner measured (the next compile finds it), recorded in ``made``."""
+        self.db.put(key, kind, trace, median_s, spread_s, structure=structure or kind)
+        self._record_schedule(kind, what, trace, "measured", f"{median_s * 1e3:.3f} ms")
+
+    def schedule(self, kind: str, key: str, what: str,
+                 measure: Callable[[TuningDB], tuple[dict, float, float] | None] | None) -> dict | None:
+        """A tuner's schedule for one problem: stored (any mode); else, when ``measure`` is given (the compile
+        tunes), what ``measure(db)`` found - ``(trace, median s, spread s)``, stored here; the tuner may keep its
+        own samples in ``db`` on the way - ; else None: the tuner's rule (not recorded: one per kernel)."""
+        trace = self.stored_schedule(kind, key, what)
+        if trace is not None or measure is None:
+            return trace
+        found = measure(self.db)
+        if found is None:
+            return None
+        trace, median_s, spread_s = found
+        self.store_schedule(kind, key, what, trace, median_s, spread_s)
+        return trace
+
+    def _record_schedule(self, kind: str, what: str, trace: dict, how: str, note: str = "") -> None:
+        shown = ", ".join(f"{k}={v}" for k, v in trace.items() if k != "note")
+        self.schedules.append(Made(f"schedule:{kind}", what, shown, how, note))
 
     def can_measure(self, estimate_s: float = 0.0) -> bool:
         """Is there budget left for a measurement estimated at ``estimate_s``?"""

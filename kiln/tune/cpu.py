@@ -23,6 +23,7 @@ from kiln.codegen.cpp_schedule import CppSchedule, candidates, default_schedule,
 from kiln.ir.graph import Node
 from kiln.ir.kernel import Kernel
 from kiln.tune import cpu_pointwise, progress
+from kiln.tune.choices import Choices
 from kiln.tune.db import TuningDB
 from kiln.tune.measure import Candidate, measure
 
@@ -50,37 +51,47 @@ def _standalone(k: Kernel, dtype_of: dict[str, torch.dtype], node_of: dict[str, 
 
 
 def apply_schedules(kernels: list[Kernel], dtype_of: dict[str, torch.dtype], node_of: dict[str, Node],
-                    tune: bool, budget_s: float | None = None) -> TuneStats:
-    """Set ``k.schedule`` on every kernel (see the module docstring); what was measured or found."""
+                    tune: bool, budget_s: float | None = None, choices: Choices | None = None) -> TuneStats:
+    """Set ``k.schedule`` on every kernel (see the module docstring); what was measured or found.  ``choices``:
+    the compile's measured-choice service (its store; else one for this call)."""
     stats = TuneStats()
-    db = TuningDB.open()
+    own = choices is None
+    choices = choices if choices is not None else Choices()
     try:
         deadline = time.monotonic() + (budget_s if budget_s is not None else config.get().tune_budget_s)
         for done, k in enumerate(kernels):
             if tune:
                 progress.update(done, len(kernels), None, max(0.0, deadline - time.monotonic()))
             key = kernel_key(k, dtype_of)
-            record = db.get(key)
-            if record is not None:
-                k.schedule = CppSchedule.from_trace(record.trace)
+            kind = REDUCTION if k.is_reduction else POINTWISE
+            trace = choices.stored_schedule(kind, key, k.name)
+            if trace is not None:
+                k.schedule = CppSchedule.from_trace(trace)
                 stats.from_database += 1
                 continue
             k.schedule = default_schedule(k)
             if not tune or time.monotonic() > deadline:
                 continue
             try:
-                _tune(k, key, dtype_of, node_of, db, deadline, done, len(kernels), stats)
+                found = _tune(k, key, dtype_of, node_of, choices.db, deadline, stats)
             except Exception as e:  # noqa: BLE001 - tuning one kernel must never fail the compile
-                k.schedule = default_schedule(k)
                 stats.skipped.append(f"{k.name}: tuning failed ({type(e).__name__}: {e}); heuristic schedule")
+                continue
+            if found is not None:
+                trace, median_s, spread_s = found
+                k.schedule = CppSchedule.from_trace(trace)
+                choices.store_schedule(kind, key, k.name, trace, median_s, spread_s, structure=f"cpp:{kind}")
+                progress.update(done + 1, len(kernels), median_s, max(0.0, deadline - time.monotonic()))
     finally:
-        db.close()
+        if own:
+            choices.close()
     return stats
 
 
 def _tune(k: Kernel, key: str, dtype_of: dict[str, torch.dtype], node_of: dict[str, Node], db: TuningDB,
-          deadline: float, done: int, total: int, stats: TuneStats) -> None:
-    """Measure kernel ``k``'s candidates; keep the fastest in ``k.schedule`` and the database."""
+          deadline: float, stats: TuneStats) -> tuple[dict, float, float] | None:
+    """Measure kernel ``k``'s candidates (each pointwise one kept in ``db`` as a cost-model sample): the
+    fastest one's (trace, median s, spread s), or None when none ran."""
     space = candidates(k)
     nbytes = cpu_pointwise.kernel_bytes(k, node_of, dtype_of)
     space = _ranked(space, k, nbytes, db)
@@ -94,12 +105,10 @@ def _tune(k: Kernel, key: str, dtype_of: dict[str, torch.dtype], node_of: dict[s
             db.put(f"{key}|{sample.loops}|t{sample.threads}", cpu_pointwise.SAMPLE_KIND, sample.trace(), t,
                    m.spread_s or 0.0, structure=cpu_pointwise.SAMPLE_KIND)
     stats.skipped += [f"{m.name}: {m.status}" for m in results if m.status != "ok"]
-    if ok:
-        _, best = min(ok, key=lambda t: t[0])
-        k.schedule = CppSchedule.from_trace(best.trace)
-        kind = REDUCTION if k.is_reduction else POINTWISE
-        db.put(key, kind, best.trace, best.median_s, best.spread_s or 0.0, structure=f"cpp:{kind}")
-        progress.update(done + 1, total, best.median_s, max(0.0, deadline - time.monotonic()))
+    if not ok:
+        return None
+    _, best = min(ok, key=lambda t: t[0])
+    return best.trace, best.median_s, best.spread_s or 0.0
 
 
 def _ranked(space: list[CppSchedule], k: Kernel, nbytes: int, db: TuningDB) -> list[CppSchedule]:

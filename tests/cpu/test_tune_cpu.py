@@ -17,8 +17,12 @@ def test_max_autotune_measures_once_then_reuses():
     with torch.inference_mode():
         out = kiln.compile(_model, mode="max-autotune", fallback=False)(a, b)
     torch.testing.assert_close(out, _model(a, b), rtol=1.3e-5, atol=1.5e-5)
-    (first,) = [r.tuning for r in reports_since(position)]
+    (report,) = reports_since(position)
+    first = report.tuning
     assert first.measured >= 4, "each kernel's candidates should have been measured"
+    # through the choice service, and in the report (kiln.explain's "tuned schedules")
+    assert report.schedules and {m.how for m in report.schedules} == {"measured"}, report.schedules
+    assert "--- tuned schedules" in report.format()
     assert len(TuningDB.open().records()) >= 1
     torch._dynamo.reset()
     position = mark()
@@ -30,6 +34,7 @@ def test_max_autotune_measures_once_then_reuses():
     later = [r.tuning for r in reports_since(position)]
     assert [t.measured for t in later] == [0, 0]   # ... measure nothing
     assert all(t.from_database >= 1 for t in later)
+    assert all({m.how for m in r.schedules} == {"stored"} for r in reports_since(position))
 
 
 def small_model():

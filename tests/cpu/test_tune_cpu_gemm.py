@@ -8,7 +8,7 @@ import torch
 from kiln.library.gemm.source import GemmSchedule, schedule_for
 from kiln.library.gemm import op as cpu_gemm
 from kiln.library.gemm import tune as tg
-from kiln.tune.db import TuningDB
+from kiln.tune.choices import Choices
 from kiln.tune.ranking import spearman
 
 pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="no AVX2/AVX-512 compiler for kiln's kernels")
@@ -56,7 +56,7 @@ def test_correction_learns_what_the_estimate_misses():
 
 
 def test_tuning_measures_the_best_ranked_once(tmp_path, monkeypatch):
-    db = TuningDB.open(tmp_path / "tuning.sqlite")
+    choices = Choices(db_path=str(tmp_path / "tuning.sqlite"))
     calls = []
 
     def fake_measure(schedules, m, k, n):
@@ -64,18 +64,21 @@ def test_tuning_measures_the_best_ranked_once(tmp_path, monkeypatch):
         return [0.001 * (1 + i) for i in range(len(schedules))][::-1]  # the last measured is fastest
 
     try:
-        chosen = tg.schedule(96, 512, 256, tune=True, db=db, measure=fake_measure)
+        chosen = tg.schedule(96, 512, 256, tune=True, choices=choices, measure=fake_measure)
         space = tg.candidates(96, 512, 256, tg.Machine.here())
         assert len(calls) == 1 and len(calls[0]) == min(tg.MEASURED, len(space))  # the rule is in this space
         assert chosen == calls[0][-1]
-        samples = [r for r in db.records() if r.kind == tg.SAMPLE_KIND]
+        samples = [r for r in choices.db.records() if r.kind == tg.SAMPLE_KIND]
         assert len(samples) == len(calls[0])  # every timing is kept for the next fit
-        again = tg.schedule(96, 512, 256, tune=True, db=db,
+        again = tg.schedule(96, 512, 256, tune=True, choices=choices,
                             measure=lambda *a: pytest.fail("a tuned problem was measured again"))
         assert again == chosen
-        assert tg.schedule(96, 512, 257, tune=False, db=db) is None  # default mode: the rule, nothing measured
+        # the service reported both: measured, then stored
+        assert [(m.kind, m.how) for m in choices.schedules] == [(f"schedule:{tg.KIND}", "measured"),
+                                                            (f"schedule:{tg.KIND}", "stored")]
+        assert tg.schedule(96, 512, 257, tune=False, choices=choices) is None  # default mode: the rule
     finally:
-        db.close()
+        choices.close()
 
 
 @pytest.mark.parametrize("mr,kc,mc", [(8, 100, 16), (12, 512, 24), (8, 37, 8)])
@@ -110,10 +113,10 @@ def test_cost_model_ranks_measured_small_kernels(m, k, n):
 
 def test_a_product_too_big_for_the_budget_keeps_the_rule(tmp_path):
     from kiln import config
-    db = TuningDB.open(tmp_path / "tuning.sqlite")
+    choices = Choices(db_path=str(tmp_path / "tuning.sqlite"))
     try:
         with config.scope(tune_budget_s=0.001):
-            assert tg.schedule(512, 512, 512, tune=True, db=db,
+            assert tg.schedule(512, 512, 512, tune=True, choices=choices,
                                measure=lambda *a: pytest.fail("measured beyond the budget")) is None
     finally:
-        db.close()
+        choices.close()

@@ -121,3 +121,12 @@ def test_the_registry_lists_every_operator_package():
     packages = {p.name for p in (ROOT / "library").iterdir() if (p / "__init__.py").exists()}
     assert {op.name for op in library.OPERATORS} == packages
 
+
+
+def test_only_the_choice_service_opens_the_tuning_database():
+    """One store, reached through one service (tune/choices.py): the passes, the tuners and the GPU plan get the
+    compile's ``Choices``; only the service and ``kiln db`` (the command that manages the file) open it."""
+    allowed = {"tune/db.py", "tune/choices.py", "cli.py"}
+    opened = [str(p.relative_to(ROOT)) for p in ROOT.rglob("*.py")
+              if "TuningDB.open(" in p.read_text() and str(p.relative_to(ROOT)) not in allowed]
+    assert opened == []

@@ -143,7 +143,7 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
             if log:
                 log.hit(f"{packet.__name__} -> kiln GEMM")
             packed = cpu_gemm.pack_weight(w.attr("value").tensor.float())
-            tuned = tune_gemm.schedule(m, k, n, tune=tuning, note=choices.note)
+            tuned = tune_gemm.schedule(m, k, n, tune=tuning, choices=choices)
             if tuned is not None and log:
                 log.hit("kiln GEMM schedule from tuning")
             extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []

@@ -23,13 +23,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 
 from kiln import config
 from kiln.library.gemm.source import GemmSchedule, schedule_for
 from kiln.tune import timing
+from kiln.tune.choices import Choices
 from kiln.tune.ranking import Correction
 
 # 2: timed with cold weights; 3: the micro-kernel prefetches its C tile (K blocks' C re-reads got cheaper)
@@ -143,21 +144,13 @@ def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int, rounds: int
     return timing.drift_corrected(timing.round_times(calls, rounds))
 
 
-def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all,
-             note: Callable[[str], None] = lambda line: None) -> GemmSchedule | None:
-    """The database's schedule for this problem; else, when ``tune``, the fastest of the ``MEASURED``
-    best-ranked candidates (stored with every sample; ``note`` gets a line for the report); else None (the
-    rule, ``schedule_for``)."""
-    from kiln.tune.db import TuningDB
-    own = db is None
-    db = db or TuningDB.open()
-    try:
-        key = problem_key(m, k, n)
-        record = db.get(key)
-        if record is not None:
-            return GemmSchedule(**{f: record.trace[f] for f in ("mr", "kc", "mc")})
-        if not tune:
-            return None
+def schedule(m: int, k: int, n: int, tune: bool, choices: Choices,
+             measure: Callable[..., list[float]] = _time_all) -> GemmSchedule | None:
+    """This problem's schedule through the compile's measured-choice service (``choices``): the stored one;
+    else, when ``tune``, the fastest of the ``MEASURED`` best-ranked candidates (stored, with every timing as a
+    sample for the cost model; a line for the report); else None (the rule, ``schedule_for``)."""
+
+    def measured(db: Any) -> tuple[dict, float, float] | None:
         machine = Machine.here()
         ranked = rank(m, k, n, machine, fit_correction(_samples(db), machine))
         chosen = ranked[:MEASURED]
@@ -176,9 +169,9 @@ def schedule(m: int, k: int, n: int, tune: bool, db=None, measure=_time_all,
             f" {times[best] * 1e3:.3f} ms"
         if rule in chosen:
             line += f", the rule's {times[chosen.index(rule)] * 1e3:.3f} ms"
-        note(line)
-        db.put(key, KIND, chosen[best].trace(), times[best], max(times) - min(times), structure=KIND)
-        return chosen[best]
-    finally:
-        if own:
-            db.close()
+        choices.note(line)
+        return won.trace(), times[best], max(times) - min(times)
+
+    key = problem_key(m, k, n)
+    trace = choices.schedule(KIND, key, f"GEMM {m}x{k}x{n}", measured if tune else None)
+    return GemmSchedule(**{f: trace[f] for f in ("mr", "kc", "mc")}) if trace is not None else None

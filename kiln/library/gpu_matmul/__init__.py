@@ -15,9 +15,9 @@ from typing import Any
 from kiln.library.spec import Operator
 
 
-def _plan_gpu(plan: Any, graph: Any, report: Any, device: Any) -> None:
+def _plan_gpu(plan: Any, graph: Any, report: Any, device: Any, choices: Any) -> None:
     from kiln.library.gpu_matmul import fusion
-    fusion.fuse_into_plan(plan, graph, report, device)
+    fusion.fuse_into_plan(plan, graph, report, device, choices)
 
 
 def _records() -> tuple[str, ...]:

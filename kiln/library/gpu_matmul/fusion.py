@@ -141,10 +141,12 @@ def forced_config() -> MatmulConfig | None:
 
 
 def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[Node, str],
-                 strides_of: dict[Node, tuple[int, ...]], device: torch.device, tune: bool) -> tuple[list[Any], Stats]:
-    """The plan's steps with the chosen matmuls (and their epilogues) replaced by ``MatmulStep``s."""
-    from kiln.tune.db import TuningDB
+                 strides_of: dict[Node, tuple[int, ...]], device: torch.device, tune: bool,
+                 choices: Any = None) -> tuple[list[Any], Stats]:
+    """The plan's steps with the chosen matmuls (and their epilogues) replaced by ``MatmulStep``s; each choice
+    through ``choices`` (the compile's measured-choice service; else one for this call)."""
     from kiln.library.gpu_matmul.tune import Problem, measure_problems, operand_tensors
+    from kiln.tune.choices import Choices
     start = time.perf_counter()
     forced = forced_config()
     stats = Stats()
@@ -166,7 +168,8 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
     stats.candidates = len(candidates)
     if not candidates:
         return steps, stats
-    db = TuningDB.open()
+    own = choices is None
+    service = Choices() if own else choices
     choices: dict[int, dict] = {}
     try:
         problems: dict[str, Problem] = {}  # by database key: the layers of a transformer share one
@@ -177,21 +180,23 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
             source = template_source(spec, dtype_of)
             # the operands' strides, from meta tensors: nothing is allocated unless the problem is measured
             key = _key(source, spec, operand_tensors(node, buffer_of, strides_of, torch.device("meta")))
-            record = db.get(key)
-            if record is not None:
+            stored = service.stored_schedule(KIND, key, f"matmul {spec.m}x{spec.n}x{spec.k}")
+            if stored is not None:
                 stats.from_database += 1
-                choices[i] = record.trace
+                choices[i] = stored
             elif tune:
                 problems.setdefault(key, Problem(key, spec, source, node, epilogue)).members.append(i)
         if problems:
             for p in measure_problems(list(problems.values()), dtype_of, node_of, strides_of, device):
                 stats.problems.append(p)
                 stats.measured += p.measured
-                db.put(p.key, KIND, p.choice, p.median_s, p.spread_s, structure=f"{KIND}:{p.spec.bias}")
+                service.store_schedule(KIND, p.key, f"matmul {p.spec.m}x{p.spec.n}x{p.spec.k}", p.choice, p.median_s,
+                                       p.spread_s, structure=f"{KIND}:{p.spec.bias}")
                 for i in p.members:
                     choices[i] = p.choice
     finally:
-        db.close()
+        if own:
+            service.close()
     index_of = {id(s): j for j, s in enumerate(steps)}
     place: dict[int, MatmulStep] = {}  # plan position -> the fused step that takes it (the epilogue's, if any)
     moved: set[int] = set()            # extern steps whose matmul now runs inside a fused step later on
@@ -231,13 +236,13 @@ def _key(source: str, spec: MatmulSpec, operands: list[torch.Tensor]) -> str:
     return "gpu-matmul:" + hashlib.sha256(f"{text}|{strides}".encode()).hexdigest()[:32]
 
 
-def fuse_into_plan(plan: Any, graph: Any, report: Any, device: torch.device) -> None:
+def fuse_into_plan(plan: Any, graph: Any, report: Any, device: torch.device, choices: Any = None) -> None:
     """The GPU plan's matmuls whose measured (or recorded) best is the template take their epilogue kernel in
     (``fuse_matmuls``); the report gets the choices (``report.matmuls``) and the time spent."""
     if not config.get().matmul_templates or (device.type != "cuda" and forced_config() is None):
         return
     steps, stats = fuse_matmuls(plan.steps, graph.outputs, plan.buffer_of, plan.strides_of, device,
-                                tune=report.mode == "max-autotune")
+                                tune=report.mode == "max-autotune", choices=choices)
     report.phases["matmul_tuning"] = stats.seconds
     report.matmuls = stats
     fused = {id(s.epilogue) for s in steps if isinstance(s, MatmulStep) and s.epilogue is not None}
