@@ -337,6 +337,18 @@ def test_prelude_metadata():
         assert bad not in float_part, bad
 
 
+def test_the_prelude_header_is_a_header_a_compiler_reads_alone():
+    """codegen/prelude.h is real C++ (what an editor, a linter and g++ see), not text inside a Python string."""
+    import subprocess
+    from pathlib import Path
+    import kiln.codegen
+    header = Path(kiln.codegen.__file__).parent / "prelude.h"
+    assert header.read_text() in PRELUDE
+    proc = subprocess.run(["g++", "-std=c++17", "-fopenmp", "-fsyntax-only", "-x", "c++", str(header)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
 def test_all_loops_vectorized(built):
     _, loop_lines, remarks = built
     vec_lines = {int(m.group(1)) for m in re.finditer(r"prelude_test\.cpp:(\d+):\d+: optimized: loop vectorized",
