@@ -83,8 +83,11 @@ class Plan:
                 target = str(n.attr("target")).split("::")[-1]
                 ins = ", ".join(self._name(i) for i in n.inputs)
                 lines.append(f"{k:3d} extern {target}({ins}) -> {self.buffer_of.get(n, '-')}")
-            else:
-                lines.append(f"{k:3d} {type(s).__name__}")
+            else:  # an operator's own step
+                reads, writes = s.buffers()
+                ins = ", ".join(self._name(i) for i in s.node_inputs)
+                lines.append(f"{k:3d} {type(s).__name__} {s.describe()}: operands {ins}; reads "
+                             f"{', '.join(sorted(reads)) or '-'}; writes {', '.join(sorted(writes))}")
         return "\n".join(lines)
 
 
@@ -148,12 +151,12 @@ class Program:
     def _memory(self, n: Node, allocated: dict[Node, Allocation]) -> str:
         if n in self.escaping:
             return "per call (graph output)"
-        if n in self.offsets:
+        if self.arena and n in self.offsets:
             return f"arena @{self.offsets[n]}"
         if n in allocated:
             reuse = allocated[n].reuse
             return "allocated" + (f" in {self.plan.buffer_of.get(reuse, 'a dead input')}'s memory" if reuse else "")
-        return "per call"
+        return "per call (the library's result)"
 
 
 def _written(step: Any, plan: Plan) -> list[str]:

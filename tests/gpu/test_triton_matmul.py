@@ -125,3 +125,34 @@ def test_database_key_needs_no_allocation(tmp_path, monkeypatch):
     keys = {_key(source, spec, operand_tensors(node, plan.buffer_of, plan.strides_of, torch.device(d)))
             for d in ("meta", DEVICE)}
     assert len(keys) == 1
+
+
+def test_fuse_matmuls_before_and_after():
+    """The plan-level pass ``fuse_matmuls`` (library/gpu_matmul/fusion.py), before/after: each matmul and the
+    one kernel that consumes its product become one template step that writes the kernel's buffers (the
+    product itself is never stored); a matmul whose result is the graph's output is a template alone.  The
+    fused plan computes what eager does (the other tests of this file run it)."""
+    from kiln.library.gpu_matmul.fusion import fuse_matmuls
+    from kiln.schedule.plan import make_plan
+    model = Block().to(DEVICE).eval()
+    x = torch.randn(6, 40, device=DEVICE)
+    _, report = compile_and_run(model, x, matmul_templates=False)
+    with kiln.config.scope(layout_optimization=True, matmul_template_config="16,16,16,2,2,2"):
+        plan = make_plan(report.optimized)
+        assert plan.format() == "\n".join([
+            "  0 extern aten.addmm.default(buf1, buf2, view(buf0)) -> buf6",
+            "  1 kernel kernel_0_mul: reads buf6; writes buf7",
+            "  2 extern aten.addmm.default(buf4, buf7, view(buf3)) -> buf8",
+            "  3 kernel kernel_1_add_mul: reads buf2, buf8; writes buf10, buf9",
+            "  4 extern aten.mm.default(buf10, view(buf5)) -> buf11"])
+        plan.steps, stats = fuse_matmuls(plan.steps, report.optimized.outputs, plan.buffer_of, plan.strides_of,
+                                         torch.device(DEVICE), tune=False)
+    tile = "[16x16x16 group 2, 2 warps, 2 stages]"
+    assert plan.format() == "\n".join([
+        f"  0 MatmulStep matmul_kernel_0_mul: 6x56x40 epilogue kernel_0_mul {tile}: operands buf1, buf2, "
+        f"view(buf0); reads -; writes buf7",
+        f"  1 MatmulStep matmul_kernel_1_add_mul: 6x40x56 epilogue kernel_1_add_mul {tile}: operands buf4, buf7, "
+        f"view(buf3); reads buf2; writes buf10, buf9",
+        f"  2 MatmulStep matmul_buf11: 6x24x40 no epilogue {tile}: operands buf10, view(buf5); reads -; "
+        f"writes buf11"])
+    assert stats.candidates == 3 and len(stats.fused) == 3

@@ -145,3 +145,38 @@ kernel_1_sigmoid  outer=[8, 36]
   loop   buf6[36*i0 + i1] = sigmoid(buf5[i0 + 8*i1])""", strides={"buf2": (288, 1, 48, 8), "buf3": (288, 1, 48, 8),
                                                              "buf5": (288, 1, 48, 8)},
                channels_last={"buf2", "buf5"})
+
+
+def test_program_building_plans_the_memory_of_each_step():
+    """Program building (schedule/program.py), Plan in, Program out: with an arena (the CPU) each buffer gets an
+    offset, and a buffer takes the slot of one that died before it is written (buf5 in buf3's, buf6 in buf4's);
+    the matmuls write their arena slots through ``.out``; the graph's output is a per-call tensor.  Without an
+    arena (the GPU) each buffer is allocated before its first writer, the exp in place of the product it reads."""
+    from kiln.schedule.program import build_program
+    b = GraphBuilder()
+    x, w1, w2 = _input(b, (64, 32), 0), _input(b, (32, 32), 1), _input(b, (32, 32), 2)
+    m1 = build_extern(b, torch.ops.aten.mm.default, [b.add(Op.RELU, (x,)), w1], {}, (64, 32), torch.float32)
+    m2 = build_extern(b, torch.ops.aten.mm.default, [b.add(Op.EXP, (m1,)), w2], {}, (64, 32), torch.float32)
+    g = b.finish([b.add(Op.SIGMOID, (m2,))])
+    plan = make_plan(g)
+    steps = ["  0 kernel kernel_0_relu: reads buf0; writes buf3",
+             "  1 extern aten.mm.default(buf3, buf1) -> buf4",
+             "  2 kernel kernel_1_exp: reads buf4; writes buf5",
+             "  3 extern aten.mm.default(buf5, buf2) -> buf6",
+             "  4 kernel kernel_2_sigmoid: reads buf6; writes buf7"]
+    assert plan.format() == "\n".join(steps)
+
+    def program(arena: bool, memory: list[str]) -> str:
+        return "\n".join(f"{s:<72} {m}" for s, m in zip(steps, memory))
+
+    assert build_program(g, plan, arena=True).format() == program(True, [
+        "buf3: arena @0, 8 KiB", "buf4: arena @8192, 8 KiB", "buf5: arena @0, 8 KiB", "buf6: arena @8192, 8 KiB",
+        "buf7: per call (graph output), 8 KiB"])
+    assert build_program(g, plan, arena=False).format() == program(False, [
+        "buf3: allocated, 8 KiB", "buf4: allocated, 8 KiB", "buf5: allocated in buf4's memory, 8 KiB",
+        "buf6: allocated, 8 KiB", "buf7: per call (graph output), 8 KiB"])
+    inputs = random_inputs(g)
+    with torch.inference_mode():
+        for arena in (True, False):
+            got = build_cpu(g, CompileReport("program"), arena=arena)(inputs)
+            torch.testing.assert_close(got[0], interpret(g, inputs)[0], rtol=1.3e-5, atol=1.5e-5)
