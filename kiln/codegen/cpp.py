@@ -26,7 +26,7 @@ from kiln.ir.tiling import plan_tiles
 from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text, rounded, to_memory, value_type
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.loops import LoopNest
-from kiln.ir.ops import HALF, Op, compute_dtype, numel
+from kiln.ir.ops import HALF, Op, compute_dtype, numel, reduction_identity
 
 MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 
@@ -49,20 +49,7 @@ def _round_half_accs(phase: ReduceLoop, lines: list[str], indent: str) -> None:
 
 
 def _init(kind: Op, dtype: torch.dtype) -> str:
-    if kind is Op.SUM:
-        return literal(0, dtype)
-    if kind is Op.PROD:
-        return literal(1, dtype)
-    big = float("inf") if dtype.is_floating_point else None
-    if kind in (Op.AMAX, Op.ARGMAX):
-        if big is not None:
-            return literal(-big, dtype)
-        return {torch.int64: "INT64_MIN", torch.int32: "INT32_MIN", torch.int16: "INT16_MIN",
-                torch.int8: "INT8_MIN", torch.uint8: "uint8_t(0)", torch.bool: "false"}[dtype]
-    if big is not None:
-        return literal(big, dtype)
-    return {torch.int64: "INT64_MAX", torch.int32: "INT32_MAX", torch.int16: "INT16_MAX", torch.int8: "INT8_MAX",
-            torch.uint8: "uint8_t(255)", torch.bool: "true"}[dtype]
+    return literal(reduction_identity(kind, dtype), dtype)
 
 
 # a reduction combines partial results with the elementwise op of the same meaning

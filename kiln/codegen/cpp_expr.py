@@ -15,6 +15,7 @@ import torch
 from kiln.ir.index import Dyn, Lin, render
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
 from kiln.ir.ops import HALF, Op, compute_dtype
+from kiln.codegen.printing import OpTable, Rule, Temporaries
 
 CPP_TYPES = {
     torch.float32: "float", torch.float64: "double", torch.int64: "int64_t", torch.int32: "int32_t",
@@ -132,80 +133,64 @@ def literal(value: Any, dtype: torch.dtype) -> str:
     return f"{ctype(dtype)}({v})"
 
 
+def _math(name: str) -> Rule:
+    # float32: the prelude's vectorizable k_*; double: libm
+    return lambda a, d, ad: f"k_{name}({a[0]})" if ad == torch.float32 else f"std::{name}({a[0]})"
+
+
+def _t(d: torch.dtype) -> str:
+    return ctype(d)
+
+
+CPP_OPS = OpTable("C++", _INFIX, {
+    **{op: _math(name) for op, name in _MATH.items()},
+    Op.FLOORDIV: lambda a, d, ad: f"std::floor({a[0]} / {a[1]})" if ad.is_floating_point
+    else f"kiln_floordivi<{_t(d)}>({a[0]}, {a[1]})",
+    Op.REM: lambda a, d, ad: f"kiln_remf<{_t(d)}>({a[0]}, {a[1]})" if ad.is_floating_point
+    else f"kiln_remi<{_t(d)}>({a[0]}, {a[1]})",
+    Op.FMOD: lambda a, d, ad: f"std::fmod({a[0]}, {a[1]})" if ad.is_floating_point else f"({a[0]} % {a[1]})",
+    Op.POW: lambda a, d, ad: f"k_pow({a[0]}, {a[1]})" if ad == torch.float32
+    else f"{_t(d)}(std::pow({a[0]}, {a[1]}))",
+    Op.MAXIMUM: lambda a, d, ad: f"kiln_max<{_t(d)}>({a[0]}, {a[1]})",
+    Op.MINIMUM: lambda a, d, ad: f"kiln_min<{_t(d)}>({a[0]}, {a[1]})",
+    Op.LOGICAL_XOR: lambda a, d, ad: f"(bool({a[0]}) != bool({a[1]}))",
+    Op.WHERE: lambda a, d, ad: f"({a[0]} ? {a[1]} : {a[2]})",
+    Op.ABS: lambda a, d, ad: f"std::fabs({a[0]})" if ad.is_floating_point
+    else f"({a[0]} < 0 ? {_t(d)}(-{a[0]}) : {a[0]})",
+    Op.SQRT: lambda a, d, ad: f"std::sqrt({a[0]})",
+    Op.RSQRT: lambda a, d, ad: f"({_t(d)}(1) / std::sqrt({a[0]}))",
+    Op.RECIPROCAL: lambda a, d, ad: f"({_t(d)}(1) / {a[0]})",
+    Op.SIGMOID: lambda a, d, ad: f"k_sigmoid({a[0]})" if ad == torch.float32
+    else f"({_t(d)}(1) / ({_t(d)}(1) + std::exp(-{a[0]})))",
+    # NaN > 0 is false: written so that NaN passes through (and GCC if-converts it)
+    Op.RELU: lambda a, d, ad: f"(!({a[0]} <= 0) ? {a[0]} : {_t(d)}(0))" if ad.is_floating_point
+    else f"({a[0]} > 0 ? {a[0]} : {_t(d)}(0))",
+    **{op: (lambda a, d, ad, name=op.value: f"std::{name}({a[0]})") for op in (Op.FLOOR, Op.CEIL, Op.TRUNC)},
+    Op.ROUND: lambda a, d, ad: f"std::nearbyint({a[0]})",
+    Op.SIGN: lambda a, d, ad: f"({a[0]} > 0 ? {_t(d)}(1) : ({a[0]} < 0 ? {_t(d)}(-1) : {a[0]}))"
+    if ad.is_floating_point else f"{_t(d)}(({a[0]} > 0) - ({a[0]} < 0))",
+    Op.LOGICAL_NOT: lambda a, d, ad: f"(!{a[0]})",
+    Op.BITWISE_NOT: lambda a, d, ad: f"{_t(d)}(~{a[0]})",
+}, cast=lambda a, d, ad: f"static_cast<{_t(d)}>({a[0]})")
+
+
 def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype) -> str:
     """C++ for one operator applied to already-printed operands (half-precision ones already read as float: the
     operator computes in float, and the result is rounded where it is bound or stored)."""
     if dtype in HALF and op not in _EXACT:  # (a cast to a half type is its rounding)
         return rounded(op_text(op, args, torch.float32, compute_dtype(arg_dtype)), dtype)
-    dtype, arg_dtype = compute_dtype(dtype), compute_dtype(arg_dtype)
-    t = ctype(dtype)
-    fp = arg_dtype.is_floating_point
-    a = args[0]
-    if op in _INFIX:
-        return f"({a} {_INFIX[op]} {args[1]})"
-    if op in _MATH:
-        name = _MATH[op]
-        return f"k_{name}({a})" if arg_dtype == torch.float32 else f"std::{name}({a})"
-    if op is Op.DIV:
-        return f"({a} / {args[1]})"
-    if op is Op.FLOORDIV:
-        return f"std::floor({a} / {args[1]})" if fp else f"kiln_floordivi<{t}>({a}, {args[1]})"
-    if op is Op.REM:
-        return f"kiln_remf<{t}>({a}, {args[1]})" if fp else f"kiln_remi<{t}>({a}, {args[1]})"
-    if op is Op.FMOD:
-        return f"std::fmod({a}, {args[1]})" if fp else f"({a} % {args[1]})"
-    if op is Op.POW:
-        return f"k_pow({a}, {args[1]})" if arg_dtype == torch.float32 else f"{t}(std::pow({a}, {args[1]}))"
-    if op is Op.MAXIMUM:
-        return f"kiln_max<{t}>({a}, {args[1]})"
-    if op is Op.MINIMUM:
-        return f"kiln_min<{t}>({a}, {args[1]})"
-    if op is Op.LOGICAL_XOR:
-        return f"(bool({a}) != bool({args[1]}))"
-    if op is Op.WHERE:
-        return f"({a} ? {args[1]} : {args[2]})"
-    if op is Op.CAST:
-        return f"({a} != 0)" if dtype == torch.bool else f"static_cast<{t}>({a})"
-    if op is Op.NEG:
-        return f"(-{a})"
-    if op is Op.ABS:
-        return f"std::fabs({a})" if fp else f"({a} < 0 ? {t}(-{a}) : {a})"
-    if op is Op.SQRT:
-        return f"std::sqrt({a})"
-    if op is Op.RSQRT:
-        return f"({t}(1) / std::sqrt({a}))"
-    if op is Op.RECIPROCAL:
-        return f"({t}(1) / {a})"
-    if op is Op.SIGMOID:
-        return f"k_sigmoid({a})" if arg_dtype == torch.float32 else f"({t}(1) / ({t}(1) + std::exp(-{a})))"
-    if op is Op.RELU:
-        return f"(!({a} <= 0) ? {a} : {t}(0))" if fp else f"({a} > 0 ? {a} : {t}(0))"  # NaN > 0 is false
-    if op in (Op.FLOOR, Op.CEIL, Op.TRUNC):
-        return f"std::{op.value}({a})"
-    if op is Op.ROUND:
-        return f"std::nearbyint({a})"
-    if op is Op.SIGN:
-        if fp:
-            return f"({a} > 0 ? {t}(1) : ({a} < 0 ? {t}(-1) : {a}))"
-        return f"{t}(({a} > 0) - ({a} < 0))"
-    if op is Op.ISNAN:
-        return f"({a} != {a})"
-    if op is Op.LOGICAL_NOT:
-        return f"(!{a})"
-    if op is Op.BITWISE_NOT:
-        return f"{t}(~{a})"
-    raise NotImplementedError(f"C++ codegen: no rule for {op.value}")
+    return CPP_OPS.text(op, args, compute_dtype(dtype), compute_dtype(arg_dtype))
 
 
-class ExprPrinter:
-    """Prints expressions of one loop body, emitting shared subexpressions as temporaries."""
+class ExprPrinter(Temporaries):
+    """Prints expressions of one loop body, emitting shared subexpressions as temporaries (named by
+    ``printing.Temporaries``, keyed by the expression)."""
 
     def __init__(self, lines: list[str], indent: str, names: dict[KExpr, str] | None = None,
                  counter: list[int] | None = None):
+        super().__init__(names, counter)
         self.lines = lines
         self.indent = indent
-        self.names: dict[KExpr, str] = dict(names or {})
-        self.counter = counter if counter is not None else [0]
 
     def child(self, lines: list[str], indent: str) -> "ExprPrinter":
         """A printer for a nested loop body: sees the outer temporaries, adds its own."""
@@ -241,8 +226,7 @@ class ExprPrinter:
         return text if inline else self._bind(e, text)
 
     def _bind(self, e: KExpr, text: str) -> str:
-        name = f"t{self.counter[0]}"
-        self.counter[0] += 1
+        name = self.fresh()
         self.lines.append(f"{self.indent}const {value_type(e.dtype)} {name} = {text};")
         self.names[e] = name
         return name

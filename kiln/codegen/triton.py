@@ -38,7 +38,7 @@ from kiln import config
 from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
 from kiln.ir.tiling import plan_tiles
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
-from kiln.ir.ops import Op, contiguous_strides, numel
+from kiln.ir.ops import Op, contiguous_strides, numel, reduction_identity
 
 PERSISTENT_MAX = 4096   # row elements kept in registers by one program
 LOOP_RBLOCK = 1024      # chunk of a looped reduction
@@ -105,17 +105,7 @@ def schedule_for(k: Kernel) -> TritonSchedule:
 
 
 def _init(kind: Op, dtype: torch.dtype) -> str:
-    if kind is Op.SUM:
-        return literal(0, dtype)
-    if kind is Op.PROD:
-        return literal(1, dtype)
-    high = kind in (Op.AMIN, Op.ARGMIN)
-    if dtype.is_floating_point:
-        return 'float("inf")' if high else 'float("-inf")'
-    if dtype == torch.bool:
-        return "1" if high else "0"
-    info = torch.iinfo(dtype)
-    return str(info.max if high else info.min)
+    return literal(reduction_identity(kind, dtype), dtype)
 
 
 _REDUCE = {Op.SUM: "tl.sum({v}, 1, keep_dims=True)", Op.PROD: "tl.reduce({v}, 1, km.mul_combine, keep_dims=True)",

@@ -16,8 +16,9 @@ from typing import Any
 
 import torch
 
-from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, Var
+from kiln.ir.index import Dyn, Lin, render
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
+from kiln.codegen.printing import OpTable, Rule, Temporaries
 from kiln.ir.ops import HALF, Op, compute_dtype  # noqa: F401  (re-exported for triton.py)
 
 TL_TYPES = {
@@ -57,94 +58,86 @@ _UNARY_FN = {
 }
 
 
+def _unary(op: Op, fn: str) -> Rule:
+    """A function of a floating block; on integers the rounding ops are the identity and ``abs`` a select."""
+    def rule(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
+        if ad.is_floating_point:
+            if op is Op.TANH and d in HALF:  # rounded to half precision anyway: the fast hardware tanh
+                return f"km.tanh_half({a[0]})"
+            return f"{fn}({a[0]})"
+        if op in (Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND):
+            return a[0]
+        if op is Op.ABS:
+            return f"tl.where({a[0]} < 0, -{a[0]}, {a[0]})"
+        raise NotImplementedError(f"Triton codegen: no rule for {op.value}")
+    return rule
+
+
+def _floordiv(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
+    if ad.is_floating_point:
+        return f"tl.floor({a[0]} / {a[1]})"
+    x, b = a[0], a[1]  # Triton's // truncates like C: step down when the signs differ and it is inexact
+    return f"(({x} // {b}) - ((({x} % {b}) != 0) & (({x} < 0) != ({b} < 0))).to({tl_type(d)}))"
+
+
+def _rem(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
+    r = f"km.fmod({a[0]}, {a[1]})" if ad.is_floating_point else f"({a[0]} % {a[1]})"
+    return f"tl.where(({r} != 0) & (({r} < 0) != ({a[1]} < 0)), {r} + {a[1]}, {r})"
+
+
+def _extremum(fn: str) -> Rule:
+    def rule(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
+        nan = ", propagate_nan=tl.PropagateNan.ALL" if ad.is_floating_point else ""
+        return f"{fn}({a[0]}, {a[1]}{nan})"
+    return rule
+
+
+def _cast(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
+    if d in HALF:  # round to the half type, keep computing in fp32
+        return f"{a[0]}.to({tl_type(d)}).to(tl.float32)"
+    return f"{a[0]}.to({tl_type(d)})"
+
+
+TRITON_OPS = OpTable("Triton", _INFIX, {
+    **{op: _unary(op, fn) for op, fn in _UNARY_FN.items()},
+    Op.RECIPROCAL: lambda a, d, ad: f"(1.0 / {a[0]})",
+    Op.FLOORDIV: _floordiv,
+    Op.REM: _rem,
+    Op.FMOD: lambda a, d, ad: f"km.fmod({a[0]}, {a[1]})" if ad.is_floating_point else f"({a[0]} % {a[1]})",
+    Op.POW: lambda a, d, ad: f"km.pow({a[0]}, {a[1]})",
+    Op.MAXIMUM: _extremum("tl.maximum"),
+    Op.MINIMUM: _extremum("tl.minimum"),
+    Op.WHERE: lambda a, d, ad: f"tl.where({a[0]}, {a[1]}, {a[2]})",
+    Op.RELU: lambda a, d, ad: f"tl.where(({a[0]} > 0) | ({a[0]} != {a[0]}), {a[0]}, 0)" if ad.is_floating_point
+    else f"tl.where({a[0]} > 0, {a[0]}, 0)",
+    Op.SIGN: lambda a, d, ad: f"tl.where({a[0]} > 0, 1.0, tl.where({a[0]} < 0, -1.0, {a[0]}))"
+    if ad.is_floating_point else f"(({a[0]} > 0).to({tl_type(d)}) - ({a[0]} < 0).to({tl_type(d)}))",
+    Op.LOGICAL_NOT: lambda a, d, ad: f"({a[0]} == 0)",
+    Op.BITWISE_NOT: lambda a, d, ad: f"(~{a[0]})",
+}, cast=_cast)
+
+
 def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype) -> str:
     """Triton for one operator on already-printed operands (in their compute types)."""
-    a = args[0]
-    fp = arg_dtype.is_floating_point
-    if op in _INFIX:
-        return f"({a} {_INFIX[op]} {args[1]})"
-    if op is Op.TANH and fp and dtype in HALF:  # rounded to half precision anyway: the fast hardware tanh
-        return f"km.tanh_half({a})"
-    if op in _UNARY_FN and fp:
-        return f"{_UNARY_FN[op]}({a})"
-    if op in (Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND) and not fp:
-        return a
-    if op is Op.ABS:
-        return f"tl.where({a} < 0, -{a}, {a})"
-    if op is Op.NEG:
-        return f"(-{a})"
-    if op is Op.RECIPROCAL:
-        return f"(1.0 / {a})"
-    if op is Op.DIV:
-        return f"({a} / {args[1]})"
-    if op is Op.FLOORDIV:
-        if fp:
-            return f"tl.floor({a} / {args[1]})"
-        b = args[1]  # Triton's // truncates like C: step down when the signs differ and it is inexact
-        return f"(({a} // {b}) - ((({a} % {b}) != 0) & (({a} < 0) != ({b} < 0))).to({tl_type(dtype)}))"
-    if op is Op.REM:
-        r = f"km.fmod({a}, {args[1]})" if fp else f"({a} % {args[1]})"
-        return f"tl.where(({r} != 0) & (({r} < 0) != ({args[1]} < 0)), {r} + {args[1]}, {r})"
-    if op is Op.FMOD:
-        return f"km.fmod({a}, {args[1]})" if fp else f"({a} % {args[1]})"
-    if op is Op.POW:
-        return f"km.pow({a}, {args[1]})"
-    if op in (Op.MAXIMUM, Op.MINIMUM):
-        fn = "tl.maximum" if op is Op.MAXIMUM else "tl.minimum"
-        nan = ", propagate_nan=tl.PropagateNan.ALL" if fp else ""
-        return f"{fn}({a}, {args[1]}{nan})"
-    if op is Op.WHERE:
-        return f"tl.where({a}, {args[1]}, {args[2]})"
-    if op is Op.RELU:
-        return f"tl.where(({a} > 0) | ({a} != {a}), {a}, 0)" if fp else f"tl.where({a} > 0, {a}, 0)"
-    if op is Op.SIGN:
-        if fp:
-            return f"tl.where({a} > 0, 1.0, tl.where({a} < 0, -1.0, {a}))"
-        return f"(({a} > 0).to({tl_type(dtype)}) - ({a} < 0).to({tl_type(dtype)}))"
-    if op is Op.ISNAN:
-        return f"({a} != {a})"
-    if op is Op.LOGICAL_NOT:
-        return f"({a} == 0)"
-    if op is Op.BITWISE_NOT:
-        return f"(~{a})"
-    if op is Op.CAST:
-        if dtype in HALF:  # round to the half type, keep computing in fp32
-            return f"{a}.to({tl_type(dtype)}).to(tl.float32)"
-        if dtype == torch.bool:
-            return f"({a} != 0)"
-        return f"{a}.to({tl_type(dtype)})"
-    raise NotImplementedError(f"Triton codegen: no rule for {op.value}")
+    return TRITON_OPS.text(op, args, dtype, arg_dtype)
 
 
 def render_index(e: Lin, dyn) -> str:
-    """Python/Triton text of an index (operands are non-negative, so // and % agree with C)."""
-    parts = []
-    for a, c in e.terms:
-        if isinstance(a, Var):
-            s = a.name
-        elif isinstance(a, FloorDiv):
-            s = f"(({render_index(a.arg, dyn)}) // {a.k})"
-        elif isinstance(a, Mod):
-            s = f"(({render_index(a.arg, dyn)}) % {a.k})"
-        else:
-            s = dyn(a)
-        parts.append(s if c == 1 else f"{c} * {s}")
-    if e.const or not parts:
-        parts.append(str(e.const))
-    return " + ".join(parts).replace("+ -", "- ")
+    """Python/Triton text of an index (``ir/index.render`` with Python's floor division)."""
+    return render(e, dyn, floordiv="//", times=" * ")
 
 
-class TritonPrinter:
-    """Prints the expressions of one block body as ``tN = ...`` lines; shared by (expression, guard)."""
+class TritonPrinter(Temporaries):
+    """Prints the expressions of one block body as ``tN = ...`` lines (named by ``printing.Temporaries``),
+    shared by (expression, guard)."""
 
     def __init__(self, lines: list[str], indent: str, mask: str, scratch: dict[str, KExpr] | None = None,
                  names: dict[Any, str] | None = None, counter: list[int] | None = None):
+        super().__init__(names, counter)
         self.lines = lines
         self.indent = indent
         self.mask = mask                  # the block mask every load and store carries
         self.scratch = scratch or {}      # row-scratch buffer -> the value it holds (recomputed, not stored)
-        self.names: dict[Any, str] = dict(names or {})
-        self.counter = counter if counter is not None else [0]
 
     def child(self, lines: list[str], indent: str, mask: str) -> "TritonPrinter":
         return TritonPrinter(lines, indent, mask, self.scratch, self.names, self.counter)
@@ -191,8 +184,7 @@ class TritonPrinter:
                 args = [x if a.dtype == torch.bool else f"({x} != 0)" for x, a in zip(args, e.args)]
             arg_dtype = e.args[0].dtype if e.args else e.dtype
             text = op_text(e.op, args, e.dtype, arg_dtype)
-        name = f"t{self.counter[0]}"
-        self.counter[0] += 1
+        name = self.fresh()
         self.lines.append(f"{self.indent}{name} = {text}")
         self.names[key] = name
         return name

@@ -245,22 +245,21 @@ def unflatten(flat: Lin, shape: tuple[int, ...]) -> list[Lin]:
     return out
 
 
-def render(e: Lin, dyn: Callable[[Dyn], str]) -> str:
-    """C-like text (valid C++ and Triton/Python for non-negative operands)."""
+def render(e: Lin, dyn: Callable[[Dyn], str], floordiv: str = "/", times: str = "*") -> str:
+    """The index as text, the one renderer of both code generators: C++ with the defaults; Triton (Python) with
+    ``floordiv="//"`` - C's ``/`` truncates and Python's ``//`` floors, which agree here because index operands
+    are never negative.  ``dyn`` prints a data-dependent atom (a loaded index)."""
     parts: list[str] = []
     for a, c in e.terms:
-        s = _render_atom(a, dyn)
-        parts.append(s if c == 1 else f"{c}*{s}")
+        if isinstance(a, Var):
+            s = a.name
+        elif isinstance(a, FloorDiv):
+            s = f"(({render(a.arg, dyn, floordiv, times)}) {floordiv} {a.k})"
+        elif isinstance(a, Mod):
+            s = f"(({render(a.arg, dyn, floordiv, times)}) % {a.k})"
+        else:
+            s = dyn(a)
+        parts.append(s if c == 1 else f"{c}{times}{s}")
     if e.const or not parts:
         parts.append(str(e.const))
     return " + ".join(parts).replace("+ -", "- ")
-
-
-def _render_atom(a: Atom, dyn: Callable[[Dyn], str]) -> str:
-    if isinstance(a, Var):
-        return a.name
-    if isinstance(a, FloorDiv):
-        return f"(({render(a.arg, dyn)}) / {a.k})"
-    if isinstance(a, Mod):
-        return f"(({render(a.arg, dyn)}) % {a.k})"
-    return dyn(a)

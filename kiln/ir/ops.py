@@ -7,6 +7,7 @@ whatever has no lowering becomes ``EXTERN`` and runs the ATen op itself at run t
 from __future__ import annotations
 
 import enum
+import math
 
 import torch
 
@@ -168,3 +169,20 @@ def channels_last_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """Strides of an NCHW-shaped value stored NHWC (channels innermost)."""
     n, c, h, w = shape
     return (c * h * w, 1, w * c, c)
+
+
+def reduction_identity(kind: "Op", dtype: torch.dtype) -> float | int | bool:
+    """The value a reduction's accumulator starts from (each code generator prints it as its literal): 0 for a
+    sum, 1 for a product, the lowest value for a max (-inf; the type's minimum for integers), the highest for a
+    min."""
+    if kind is Op.SUM:
+        return 0
+    if kind is Op.PROD:
+        return 1
+    high = kind in (Op.AMIN, Op.ARGMIN)
+    if dtype.is_floating_point:
+        return math.inf if high else -math.inf
+    if dtype == torch.bool:
+        return high
+    info = torch.iinfo(dtype)
+    return info.max if high else info.min
