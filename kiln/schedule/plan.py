@@ -140,7 +140,11 @@ def build_triton(graph: Graph, report: CompileReport, device: torch.device, mode
 
 def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None) -> Any:
     """The ``TritonGraph`` of ``graph``, called as is (no CUDA graph)."""
+    from kiln.runtime import gpu_launch
+    from kiln.runtime.build import start_builds
     from kiln.runtime.triton_module import TritonGraph
+    if device.type == "cuda" and config.get().gpu_static_launch:  # (g++ in the background while kernels compile)
+        start_builds({"kiln_gpu_launch": gpu_launch.build_extension})
     # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
     with config.scope(layout_optimization=True):
