@@ -2,9 +2,9 @@
 
 [Note: static launch] Triton's own launcher is a Python function: per launch it asks for the current device and
 stream, builds launch metadata, checks hooks and scratch sizes, then calls a C function that reads every
-argument's ``data_ptr`` back through Python.  On the H200 machine that costs 11.3 us of host time per launch
-(``benchmarks/host_time.py --launches``), and a small model's call in default mode is host-bound: GPT (46
-kernels, 17 of them Triton launches) spent about 1.2 ms issuing 0.18 ms of kernels.
+argument's ``data_ptr`` back through Python: 7-10 us of host time per launch on the H200 machine, and a small
+model's call in default mode is host-bound (GPT: 46 kernels, 17 of them Triton launches, about 1.2 ms of host
+time issuing 0.18 ms of kernels).
 
 A kernel kiln compiled ahead (``TritonGraph._precompile``) has a fixed grid, fixed launch parameters and
 takes only buffer pointers (kiln's kernels bake every size in).  So everything but the pointers is known at
@@ -17,8 +17,9 @@ alignment the kernel was compiled for, fills the parameter array and calls ``cuL
                                                        if failed:  # misaligned -> Triton's JIT entry, or an error
                                                            RETRY_5(failed, (v9, v12))
 
-Measured on the H200 machine (host time per launch, GPU kept busy): Triton's JIT entry 10.8 us, Triton's
-compiled runner 6.7 us, a ctypes call into the same C loop 4.7 us (first version of this module).
+Measured on the H200 machine (host time per launch of a small kernel, GPU kept busy; ``benchmarks/host_time.py
+--launches``, one run): Triton's JIT entry 10.8 us, Triton's compiled runner 9.6 us, this launcher 4.9 us (4.2 us
+per kernel when ten go in one call).
 
 Kernels a record cannot describe (a scalar argument, thread-block clusters, cooperative or PDL launches, a
 scratch buffer Triton allocates per launch) keep Triton's launcher.  The driver is reached through the
