@@ -64,6 +64,6 @@ def _check_choices(text: str) -> None:
     """``choices`` names kinds and answers the choosing passes declare: checked now, not at the first call."""
     if text:
         from kiln.passes import pipeline  # noqa: F401  (its passes declare the kinds they choose)
-        from kiln.schedule import choose  # noqa: F401  (the layout kind)
+        from kiln.schedule import choose, operand_layout  # noqa: F401  (the layout kinds)
         from kiln.tune.choices import parse_forced
         parse_forced(text)

@@ -77,7 +77,7 @@ def _checked(name: str, value: Any, label: str) -> Any:
         # (which sizes kiln's kernels have is the Winograd pass's business, library/conv/select.py: tiles())
         raise ValueError(f"kiln: {label} expects comma-separated tile sizes such as '2' or '2,4' ('' turns "
                          f"Winograd off), got {value!r}")
-    if name == "choices" and not re.fullmatch(r"\s*(\w+\s*=\s*\w+\s*(,\s*\w+\s*=\s*\w+\s*)*)?,?\s*", value):
+    if name == "choices" and not re.fullmatch(r"\s*(\w+\s*=\s*[\w-]+\s*(,\s*\w+\s*=\s*[\w-]+\s*)*)?,?\s*", value):
         # (which kinds and answers exist is the choosing passes' business: tune/choices.py checks them)
         raise ValueError(f"kiln: {label} expects comma-separated kind=answer pairs such as 'gemm=kiln,conv=winograd2'"
                          f", got {value!r}")
@@ -182,7 +182,7 @@ class Config:
     choice_budget_s: float = 3.0
     # Fix choices instead of measuring them: comma-separated kind=answer, e.g. "gemm=kiln,conv=winograd2" (kinds:
     # gemm kiln|onednn|aten, conv onednn|gemm|direct|dw|winograd<m>, attention kiln|aten, half_in_fp32 half|fp32,
-    # layout contiguous|channels-last).  A forced kind applies wherever the machine and problem allow, also to
+    # layout contiguous|channels-last, bmm_layout as-given|a-column-major).  A forced kind applies wherever the machine and problem allow, also to
     # problems too small to measure.  For experiments, bug hunts and tests.
     choices: str = ""
     # max-autotune: a progress line on stderr from the start of each graph's compile (tune/progress.py)

@@ -63,6 +63,7 @@ class Plan:
     kernels: list[Kernel]
     strides_of: dict[Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # non-contiguous buffers
     cl_convs: set[Node] = dataclasses.field(default_factory=set)  # convolutions run channels-last
+    bmm_relayout: set[Node] = dataclasses.field(default_factory=set)  # bmm externs whose operands are re-laid out
 
     def _name(self, n: Node) -> str:
         """A value's buffer, or ``view(buffer)`` for a view the step takes of one."""

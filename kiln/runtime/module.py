@@ -329,15 +329,15 @@ class CompiledGraph:
         out_index = n.attr("out_index")
         strides = self.plan.strides_of.get(n)
 
-        # a half-precision CPU bmm: operand layouts measured on the first call (runtime/operand_layout.py)
-        layout = operand_layout.LayoutChoice() if operand_layout.applies(target, n.dtype, self.device) else None
+        # a half-precision CPU bmm the compile chose to re-lay out (schedule/operand_layout.py)
+        bmm_relayout = n in self.plan.bmm_relayout
 
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
             args, kwargs = build(values)
             if channels_last:
                 args[0] = args[0].contiguous(memory_format=torch.channels_last)
-            if layout is not None:
-                args = layout(args, lambda a: target(*a, **kwargs))
+            if bmm_relayout:
+                args = operand_layout.relayout(args)
             if out is not None:
                 target.overloadpacket.out(*args, **kwargs, out=out)
                 return None

@@ -98,12 +98,21 @@ def build_cpu(graph: Graph, report: CompileReport, arena: bool = True,
     ``choices``: the compile's measured-choice service), then the runtime.  ``arena=False``: buffers allocated
     per step, as on a GPU (tests run that path on the CPU)."""
     from kiln.runtime.module import CompiledGraph
+    from kiln.schedule.operand_layout import choose_bmm_layouts
+    from kiln.tune.choices import Choices
     from kiln.tune.cpu import apply_schedules
     plan = make_plan(graph)
-    dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
-    node_of = {name: n for n, name in plan.buffer_of.items()}
-    report.tuning = apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune",
-                                    choices=choices)
+    own = choices is None
+    choices = Choices.for_compile(report.mode) if own else choices
+    try:
+        choose_bmm_layouts(graph, plan, choices)
+        dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
+        node_of = {name: n for n, name in plan.buffer_of.items()}
+        report.tuning = apply_schedules(plan.kernels, dtype_of, node_of, tune=report.mode == "max-autotune",
+                                        choices=choices)
+    finally:
+        if own:
+            choices.close()
     report.tune_skipped = list(report.tuning.skipped)
     return CompiledGraph(graph, build_program(graph, plan, arena=arena), report)
 

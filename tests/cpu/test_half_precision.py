@@ -169,30 +169,28 @@ def test_tiled_transpose_reads_half_values(dtype):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
 
 
-def test_half_bmm_operand_layout_is_measured_and_kept():
-    """The first call of a bf16/fp16 CPU bmm times both operand layouts (runtime/operand_layout.py) and keeps
-    the faster; the adapted operands hold the same values."""
-    import time
-
+def test_half_bmm_operand_layout_is_chosen_by_the_compile():
+    """A bf16/fp16 CPU bmm's operand layout (as the plan gives it, or A column-major and B row-major) is a measured
+    choice of the compile (schedule/operand_layout.py, kind bmm_layout), in the report; forced either way, the
+    results are eager's (the re-laid-out operands hold the same values)."""
+    from kiln.report import mark, reports_since
     from kiln.runtime import operand_layout
 
-    a = torch.randn(3, 8, 5).to(torch.bfloat16)
-    b = torch.randn(3, 7, 5).to(torch.bfloat16).transpose(-1, -2)
-    calls = []
+    def fn(a, b):
+        return torch.bmm(a.transpose(1, 2), b)
 
-    def run(args):  # the column-major variant is the slow one here
-        calls.append(args[0].stride())
-        if args[0].stride(-2) == 1:
-            time.sleep(0.01)
-        return torch.bmm(*args)
-
-    choice = operand_layout.LayoutChoice()
-    got = choice([a, b], run)
-    assert choice.label == "as given" and got[0] is a and len(calls) == 6
-    assert choice([a, b], run)[0] is a and len(calls) == 6  # decided once
-    adapted = operand_layout._fast_layout([a, b])
+    a, b = torch.randn(3, 5, 8).to(torch.bfloat16), torch.randn(3, 5, 7).to(torch.bfloat16)
+    expected = fn(a, b)
+    for answer in ("as-given", "a-column-major"):
+        torch._dynamo.reset()
+        position = mark()
+        got = kiln.compile(fn, fallback=False, choices=f"bmm_layout={answer}")(a, b)
+        made = [(m.kind, m.choice, m.how) for r in reports_since(position) for m in r.choices]
+        assert ("bmm_layout", answer, "forced") in made, made
+        torch.testing.assert_close(got, expected, rtol=1e-2, atol=1e-2)
+    adapted = operand_layout.relayout([a.transpose(1, 2), b])
     assert adapted[0].stride(-2) == 1 and adapted[1].is_contiguous()
-    torch.testing.assert_close(torch.bmm(*adapted), torch.bmm(a, b), rtol=0, atol=0)
+    torch.testing.assert_close(torch.bmm(*adapted), torch.bmm(a.transpose(1, 2), b), rtol=0, atol=0)
     assert operand_layout.applies(torch.ops.aten.bmm.default, torch.float16, torch.device("cpu"))
     assert not operand_layout.applies(torch.ops.aten.bmm.default, torch.float32, torch.device("cpu"))
     assert not operand_layout.applies(torch.ops.aten.mm.default, torch.bfloat16, torch.device("cpu"))
@@ -201,7 +199,7 @@ def test_half_bmm_operand_layout_is_measured_and_kept():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_half_attention_products_match_eager(dtype):
     """q @ k^T and att @ v on views of one linear's result (hand-written attention), in half precision: kiln's
-    result is as close to the fp32 model as eager's, whichever operand layout the first call chose."""
+    result is as close to the fp32 model as eager's, whichever operand layout the compile chose."""
     torch.manual_seed(0)
     lin = torch.nn.Linear(64, 3 * 64)
 
@@ -222,3 +220,26 @@ def test_half_attention_products_match_eager(dtype):
         lin.float()
     eager_err = (expected.float() - reference).abs().max().item()
     assert (got.float() - reference).abs().max().item() <= 2 * eager_err + 1e-3
+
+
+def test_bmm_layout_candidates_use_the_plans_strides_and_agree(candidate_recorder):
+    """The measured candidates run on operands laid out as the plan gives them (a transposed view here), compute
+    the same product either way, and the answer goes into Plan.bmm_relayout."""
+    from kiln.ir.extern import build_extern
+    from kiln.ir.graph import GraphBuilder
+    from kiln.ir.ops import Op
+    from kiln.schedule.operand_layout import choose_bmm_layouts
+    from kiln.schedule.plan import make_plan
+    b = GraphBuilder()
+    a = b.add(Op.INPUT, (), shape=(3, 6, 5), dtype=torch.bfloat16, index=0)
+    y = b.add(Op.INPUT, (), shape=(3, 6, 7), dtype=torch.bfloat16, index=1)
+    at = b.add(Op.PERMUTE, (b.add(Op.EXP, (a,)),), dims=(0, 2, 1))  # [3, 5, 6], a view of a kernel's buffer
+    out = build_extern(b, torch.ops.aten.bmm.default, [at, y], {}, (3, 5, 7), torch.bfloat16)
+    g = b.finish([out])
+    plan = make_plan(g)
+    recorder = candidate_recorder("a-column-major")
+    choose_bmm_layouts(g, plan, recorder)
+    ((what, calls),) = recorder.candidates.items()
+    assert "strides [30, 1, 5]" in what, what  # the permuted view of the [3, 6, 5] buffer
+    torch.testing.assert_close(calls["as-given"](), calls["a-column-major"](), rtol=1.6e-2, atol=1e-2)  # (bf16)
+    assert plan.bmm_relayout == {out}

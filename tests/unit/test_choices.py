@@ -96,3 +96,14 @@ def test_every_compile_measures_the_same_problems(tmp_path):
         second = compile_once()
     assert first[:2] == (["fast", "slow", "slow"], ["measured", "predicted", "predicted"]) and first[2] == [1]
     assert second[:2] == (["fast", "slow", "slow"], ["stored", "predicted", "predicted"]) and second[2] == []
+
+
+def test_answers_with_a_hyphen_can_be_forced():
+    """``layout=channels-last`` and ``bmm_layout=a-column-major`` pass Config's check (it once allowed only word
+    characters, so the layout could not be forced from an option or KILN_CHOICES)."""
+    import kiln
+    from kiln import config
+    from kiln.schedule import choose, operand_layout  # noqa: F401  (they declare the kinds)
+    with config.scope(choices="layout=channels-last,bmm_layout=a-column-major"):
+        assert parse_forced(config.get().choices) == {"layout": "channels-last", "bmm_layout": "a-column-major"}
+    kiln.compile(lambda x: x + 1, choices="layout=channels-last")  # (checked when compile is called)
