@@ -112,6 +112,13 @@ def _has_ref(v: Any) -> bool:
     return False
 
 
+def is_flat(template: Any) -> bool:
+    """Do the template's tensors (and baked values) all sit at its top level (no tensor inside a list argument or a
+    keyword argument)?  Such a call can be written out with each argument in its place."""
+    args, kwargs = template
+    return not (any(_has_ref(a) for a in args if not isinstance(a, (InputRef, Baked))) or _has_ref(kwargs))
+
+
 def argument_builder(template: Any) -> Any:
     """A function ``values -> (args, kwargs)`` for an EXTERN template, built once per node.
 
@@ -121,8 +128,7 @@ def argument_builder(template: Any) -> Any:
     top-level slots.  Templates with tensors nested inside lists (``cat``'s operand list) use ``substitute``.
     """
     args, kwargs = template
-    nested = any(_has_ref(a) for a in args if not isinstance(a, (InputRef, Baked))) or _has_ref(kwargs)
-    if nested:
+    if not is_flat(template):
         return lambda values: substitute(template, values)
     proto = [a.value if isinstance(a, Baked) else a for a in args]
     slots = [(i, a.index) for i, a in enumerate(args) if isinstance(a, InputRef)]

@@ -19,28 +19,51 @@ Example (a convolution, its BatchNorm/ReLU kernel over the convolution's result 
             bad_input(0, v0, NODE_1, cuda_0)
         if not v0.is_contiguous():
             v0 = v0.contiguous()
-        v3 = EXTERN_2(None, v0, CONST_3)  # aten.convolution.default
-        v9 = v3.as_strided((2, 8, 6, 6), (288, 1, 48, 8), v3.storage_offset())
-        del v3
-        KERNEL_4((v9, CONST_5, CONST_6))  # kernel_0_relu (over the convolution's result, in place)
-        v10 = VIEW_7(v9)
+        v3 = EXTERN_2(v0.contiguous(memory_format=torch.channels_last), CONST_3, None, [1, 1], [1, 1], [1, 1],
+                      False, [0, 0], 1)  # aten.convolution.default
+        if v3.stride() != (288, 1, 48, 8):
+            v3 = RESTRIDE_4(v3)
+        stream = STREAM_6()
+        failed = LAUNCH_5(stream, v3, CONST_7, CONST_8)  # kernel_0_relu (over the convolution's result, in place)
+        if failed:  # a buffer not 16-byte aligned (-> Triton's JIT entry), or a launch error
+            RETRY_9(failed, (v3, CONST_7, CONST_8))
+        v10 = v3.as_strided((2, 288), (288, 1), v3.storage_offset())  # reshape
         ...
         return [v12]
 """
 from __future__ import annotations
 
+import functools
+import math
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
+from kiln.ir.extern import Baked, InputRef, is_flat
 from kiln.ir.graph import Node
 from kiln.ir.interp import view_layout
-from kiln.ir.ops import VIEW, Op, contiguous_strides
+from kiln.ir.ops import VIEW, Op, channels_last_strides, contiguous_strides
 from kiln.runtime.errors import InputMismatch
 
 if TYPE_CHECKING:
     from kiln.ir.program import Allocation
     from kiln.runtime.module import CompiledGraph
+
+
+def _literal(a: Any) -> bool:
+    """Is ``repr(a)`` Python that evaluates to ``a`` (numbers, bools, None, strings and lists/tuples of them)?"""
+    if a is None or isinstance(a, (bool, int, str)):
+        return True
+    if isinstance(a, float):
+        return math.isfinite(a)
+    if isinstance(a, (list, tuple)):
+        return all(_literal(x) for x in a)
+    return False
+
+
+def _restrided(result: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """A library result copied into the strides the kernels read it with."""
+    return torch.empty_strided(result.shape, strides, dtype=result.dtype, device=result.device).copy_(result)
 
 
 def bad_input(k: int, t: torch.Tensor, n: Node, device: torch.device) -> None:
@@ -189,13 +212,66 @@ class _Writer:
 
     def extern(self, n: Node) -> None:
         m = self.m
+        what = f"  # {n.attr('target')}"
+        if self.extern_inline(n, what):
+            return
         args = ", ".join(self.value(i) for i in n.inputs)
         call = self.glob(m.extern_call(n), "EXTERN")
-        what = f"  # {n.attr('target')}"
         if n in m.planned:  # the library writes into the buffer allocated for it
             self.emit(f"{call}({self.value(n)}, {args}){what}")
         else:
             self.emit(f"{self.bind(n, m.plan.strides_of.get(n))} = {call}(None, {args}){what}")
+
+    def extern_inline(self, n: Node, what: str) -> bool:
+        """The library call written out in the wrapper - the op with each argument in its place, a channels-last
+        convolution's input converted only where its layout is not known to be channels-last, the result's
+        layout checked as ``CompiledGraph.extern_call`` does - instead of a call of that generic closure (its
+        argument builder, checks and frames cost ~2 us per call).  False where the closure must stay (tensors
+        nested in list arguments, a re-laid-out bmm)::
+
+            v148 = CONV_13(v147, CONST_12, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)  # aten.convolution
+            if v148.stride() != (200704, 1, 3584, 64):
+                v148 = RESTRIDE_14(v148)
+        """
+        m = self.m
+        template = n.attr("template")
+        if not is_flat(template) or n in m.plan.bmm_relayout:
+            return False
+        args_t, kwargs_t = template
+        parts = [self.argument(a, n) for a in args_t]
+        parts += [f"{k}={self.argument(v, n)}" for k, v in kwargs_t.items()]
+        if n in m.plan.cl_convs and args_t and isinstance(args_t[0], InputRef):
+            x = n.inputs[args_t[0].index]
+            known = self.strides.get(self.value(x))
+            if len(x.shape) != 4 or known != channels_last_strides(x.shape):
+                parts[0] = f"{parts[0]}.contiguous(memory_format=torch.channels_last)"
+        target = n.attr("target")
+        if n in m.planned:  # the library writes into the buffer allocated for it (its .out overload)
+            call = self.glob(target.overloadpacket.out, "EXTERN_OUT")
+            self.emit(f"{call}({', '.join(parts + [f'out={self.value(n)}'])}){what}")
+            return True
+        strides = m.plan.strides_of.get(n)
+        index = n.attr("out_index")
+        v = self.bind(n, strides)
+        self.emit(f"{v} = {self.glob(target, 'EXTERN')}({', '.join(parts)})"
+                  + (f"[{index}]" if index is not None else "") + what)
+        if strides is None:
+            self.emit(f"if not {v}.is_contiguous():")
+            self.emit(f"    {v} = {v}.contiguous()")
+        else:  # the kernels read it through these strides
+            self.emit(f"if {v}.stride() != {tuple(strides)!r}:")
+            self.emit(f"    {v} = {self.glob(functools.partial(_restrided, strides=tuple(strides)), 'RESTRIDE')}({v})")
+        return True
+
+    def argument(self, a: Any, n: Node) -> str:
+        """An extern argument as text: its tensor's name, a literal, or a global holding the value."""
+        if isinstance(a, InputRef):
+            return self.value(n.inputs[a.index])
+        if isinstance(a, Baked):
+            return self.glob(a.value, "BAKED")
+        if _literal(a):
+            return repr(a)
+        return self.glob(a, "ARG")
 
     def segment(self, index: int) -> None:
         for kernel, (fn, args, takes_tuple, direct) in zip(self.m.segments[index], self.launchers(index)):

@@ -191,3 +191,20 @@ def test_view_chains_with_a_copying_step_are_views_around_the_copy():
     assert copies and all("reshape" in ln for ln in copies), report.wrapper
     # every other view is one as_strided: no view op runs by itself
     assert not [ln for ln in report.wrapper.splitlines() if "VIEW_" in ln and "(copies)" not in ln], report.wrapper
+
+
+def test_library_calls_are_written_out_with_their_arguments():
+    """Each extern is the op called with its arguments in place (no generic closure); a channels-last
+    convolution's input is converted only where its layout is not known to be channels-last already (the
+    graph's NCHW input, not the kernel output between the convolutions); results equal the interpreted call's."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)).to(DEVICE).eval()
+    x = torch.randn(2, 4, 6, 6, device=DEVICE)
+    with torch.inference_mode():
+        got, report = compile_and_run(model, x, library_selection=False)
+        module = _module(report)
+        interpreted = module.interpret([x])
+        torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(got, interpreted[0], rtol=0, atol=0)
+    calls = [ln for ln in report.wrapper.splitlines() if "aten.convolution" in ln]
+    assert len(calls) == 2 and all("(None, " not in ln for ln in calls), report.wrapper
+    assert [("memory_format=torch.channels_last" in ln) for ln in calls] == [True, False], report.wrapper
