@@ -1,6 +1,6 @@
 """Latency of one call on the GPU, eager against kiln's default mode: each call synchronized before and after
 (launch and host overhead count), median of 30 calls, in rounds that alternate them.  kiln runs its generated
-wrapper (``kiln.runtime.wrapper``); "interpreted" is the same compiled graph run by the interpreting call.
+wrapper (``kiln.codegen.gpu_call``); "interpreted" is the same compiled graph run by the interpreting call.
 
     python -m benchmarks.call_latency --models mlp,seed,gpt,resnet18 [--rounds 3]
 """

@@ -150,7 +150,7 @@ class Config:
     # GPU max-autotune: how many of the matmul template's best-ranked tile configurations are compiled and timed
     # per problem (benchmarks/matmul_cost_model.py times them all to check the ranking).
     matmul_measured_configs: int = 2
-    # GPU: calls run the generated straight-line Python wrapper of the plan (runtime/wrapper.py, [Note: generated
+    # GPU: calls run the generated straight-line Python wrapper of the plan (codegen/gpu_call.py, [Note: generated
     # wrapper]); False: the interpreted plan, step by step (what benchmarks/call_latency.py compares it with and
     # benchmarks/memory_steps.py measures step by step).
     gpu_call_wrapper: bool = True

@@ -49,7 +49,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("code generation", "kiln.codegen.cpp:translation_unit", "cpu",
           "C++17 + OpenMP + SIMD, one translation unit per graph; native library calls inside it"),
     Stage("code generation", "kiln.codegen.triton:module_source", "gpu",
-          "@triton.jit kernels from the same kernel IR; a generated straight-line call (runtime/wrapper.py)"),
+          "@triton.jit kernels from the same kernel IR; a generated straight-line call (codegen/gpu_call.py)"),
     Stage("build", "kiln.runtime.build:load_module", "cpu",
           "g++ into a content-addressed cache: a warm compile loads, never rebuilds"),
     Stage("run", "kiln.runtime.module:CompiledGraph", "both",

@@ -32,7 +32,7 @@ class CompileReport:
     native_externs: list[str] = dataclasses.field(default_factory=list)  # ... of them called from C++ (native.py)
     memory: dict[str, Any] = dataclasses.field(default_factory=dict)  # arena size, buffers, reuse
     source: str = ""
-    wrapper: str = ""             # GPU: the generated straight-line call (kiln.runtime.wrapper)
+    wrapper: str = ""             # GPU: the generated straight-line call (kiln.codegen.gpu_call)
     fallback: str | None = None
     from_cache: bool = False
     compile_seconds: float = 0.0
@@ -115,7 +115,7 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
         title = "generated Triton" if r.target == "triton" else "generated C++ (without the math prelude)"
         out += ["", f"--- {title}", _strip_prelude(r.source)]
     if source and r.wrapper:
-        out += ["", "--- generated call (kiln.runtime.wrapper: the program as straight-line Python)", r.wrapper]
+        out += ["", "--- generated call (kiln.codegen.gpu_call: the program as straight-line Python)", r.wrapper]
     return "\n".join(out)
 
 

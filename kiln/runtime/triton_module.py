@@ -21,15 +21,15 @@ from typing import Any, Callable, Iterator
 import torch
 
 from kiln import config
+from kiln.codegen.gpu_call import build_wrapper
 from kiln.codegen.triton import TritonKernelWriter, module_source
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.report import CompileReport
 from kiln.runtime import checking, gpu_launch, profiling
-from kiln.runtime.errors import InputMismatch
 from kiln.ir.program import OwnStep, Plan
+from kiln.runtime.errors import InputMismatch
 from kiln.runtime.module import CompiledGraph, _storage_uses
-from kiln.runtime.wrapper import build_wrapper
 
 _loaded: dict[str, Any] = {}
 
@@ -76,7 +76,8 @@ class TritonGraph(CompiledGraph):
             for n in graph.nodes if n.op is Op.EXTERN)
         # calls run the generated straight-line wrapper (see [Note: generated wrapper]) unless the configuration
         # asks for the interpreted plan (Config.gpu_call_wrapper)
-        built = build_wrapper(self, self._segment_calls, self._fused_call) if config.get().gpu_call_wrapper else None
+        built = build_wrapper(self, self._segment_calls, self._fused_call, _bad_input) \
+            if config.get().gpu_call_wrapper else None
         self._wrapped, report.wrapper = built if built is not None else (None, "")
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
@@ -218,6 +219,11 @@ class TritonGraph(CompiledGraph):
                 fn(tensors)
                 continue
             _launch_jit(fn, s, *tensors)
+
+
+def _bad_input(k: int, t: torch.Tensor, n: Node, device: torch.device) -> None:
+    """The generated call's answer to a caller's input that does not match the graph's."""
+    raise InputMismatch(k, n.dtype, n.shape, device.type, t)
 
 
 def _launch_jit(fn: Any, s: Any, *tensors: torch.Tensor) -> None:

@@ -1,4 +1,4 @@
-"""The generated straight-line call (kiln.runtime.wrapper) against the interpreted program and eager."""
+"""The generated straight-line call (kiln.codegen.gpu_call) against the interpreted program and eager."""
 import pytest
 import torch
 from torch import nn

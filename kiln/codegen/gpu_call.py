@@ -1,4 +1,5 @@
-"""The straight-line call of a compiled GPU graph: its program written out once as Python source.
+"""The straight-line call of a compiled GPU graph: its program written out once as Python source (a code
+generator: the runtime, ``runtime/triton_module.py``, builds it once and calls it).
 
 [Note: generated wrapper] ``CompiledGraph.__call__`` interprets the program on every call: per step it looks
 values up in a dict by node, walks view chains, and asks each allocation and library call how to run.  A
@@ -43,11 +44,9 @@ from kiln.ir.extern import Baked, InputRef, is_flat
 from kiln.ir.graph import Node
 from kiln.ir.interp import view_layout
 from kiln.ir.ops import VIEW, Op, channels_last_strides, contiguous_strides
-from kiln.runtime.errors import InputMismatch
 
 if TYPE_CHECKING:
     from kiln.ir.program import Allocation
-    from kiln.runtime.module import CompiledGraph
 
 
 def _literal(a: Any) -> bool:
@@ -66,16 +65,12 @@ def _restrided(result: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
     return torch.empty_strided(result.shape, strides, dtype=result.dtype, device=result.device).copy_(result)
 
 
-def bad_input(k: int, t: torch.Tensor, n: Node, device: torch.device) -> None:
-    raise InputMismatch(k, n.dtype, n.shape, device.type, t)
-
-
 Launchers = Callable[[int], list[tuple[Callable, list[Node], bool, Any]]]
 
 
 class _Writer:
-    def __init__(self, module: "CompiledGraph", launchers: Launchers,
-                 fused: Callable[[Any], tuple[Callable, list[Node]]]):
+    def __init__(self, module: Any, launchers: Launchers, fused: Callable[[Any], tuple[Callable, list[Node]]],
+                 bad_input: Callable[..., None]):
         self.m = module
         self.launchers = launchers
         self.fused = fused
@@ -330,18 +325,20 @@ class _Writer:
         return "\n".join(self.lines) + "\n"
 
 
-def build_wrapper(module: "CompiledGraph", launchers: Launchers,
-                  fused: Callable[[Any], tuple[Callable, list[Node]]]
+def build_wrapper(module: Any, launchers: Launchers, fused: Callable[[Any], tuple[Callable, list[Node]]],
+                  bad_input: Callable[..., None]
                   ) -> tuple[Callable[[Sequence[torch.Tensor]], list[torch.Tensor]], str] | None:
     """(call, source) for ``module``'s program, or None where the interpreted call must stay.
 
     ``launchers(segment)`` gives the segment's kernels as (callable, argument nodes, takes one tuple, direct),
     where ``direct`` is the launcher of a kernel compiled for 16-byte aligned buffers (its ``static`` launch and
     ``stream``, or its Triton ``runner`` and trailing ``constants``), or None;
-    ``fused(step)`` a fused step's (callable, argument nodes)."""
+    ``fused(step)`` a fused step's (callable, argument nodes); ``bad_input(k, tensor, node, device)`` raises the
+    runtime's error for a caller's input that does not match.  ``module`` is the runtime's ``CompiledGraph``
+    (its prepared calls: ``extern_call``, ``allocate``, ``output_value``, ``view_fn``)."""
     if module.arena_mode or module.mutated_inputs:
         return None
-    writer = _Writer(module, launchers, fused)
+    writer = _Writer(module, launchers, fused, bad_input)
     source = writer.write()
     code = compile(source, "<kiln call wrapper>", "exec")
     exec(code, writer.ns)
