@@ -3,6 +3,7 @@
 # in ~11 min and OpInfo over the whole op_db in ~1 min per dtype.  From the repo root, through the device tool:
 #   BUDGET_S=580 FUZZ_FROM=0 FUZZ_TO=5000 FUZZ_STEP=1000 bash benchmarks/device_cpu_sweep.sh fuzz    (carry: .whl)
 #   BUDGET_S=580 bash benchmarks/device_cpu_sweep.sh gpu opinfo
+#   BUDGET_S=580 GPU_S=150 bash benchmarks/device_cpu_sweep.sh gpu perf    (tests/gpu, then host time and the runner)
 # .whl holds the expecttest wheel (pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 # expecttest; .whl in .git/info/exclude).  Results come back as $OUT/fuzz.tgz and $OUT/opinfo.tgz (only 8 files
 # come back from a call); RESULTS.md "session 12" has the first run.
@@ -17,6 +18,10 @@ for what in "$@"; do
   case $what in
   gpu)
     timeout ${GPU_S:-240} python3 -m pytest -q -x tests/gpu -p no:cacheprovider > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; tail -5 $OUT/gpu_tests.log;;
+  perf)
+    # GPU default mode against Inductor: host vs device time per call, launch paths, then the suite runner
+    timeout $(( $(left) / 3 )) python3 -m benchmarks.host_time --models ${PERF_MODELS:-seed,resnet18,gpt} --dtype bf16 --launches --cprofile > $OUT/host_time.log 2>&1; echo "host_time rc=$?"; grep -v Warn $OUT/host_time.log | head -20
+    timeout $(left) python3 -m benchmarks.runner --device cuda --dtype bf16 --backends eager,inductor,kiln --modes default,reduce-overhead --repeats 5 --calls 10 --json $OUT/runner.json > $OUT/runner.log 2>&1; echo "runner rc=$?"; grep "^| " $OUT/runner.log;;
   fuzz)
     a=${FUZZ_FROM:-0}; b=${FUZZ_TO:-10000}; step=${FUZZ_STEP:-500}; mkdir -p /tmp/fz
     while [ $a -lt $b ] && [ $(left) -gt ${FUZZ_CHUNK_S:-100} ]; do
