@@ -37,15 +37,6 @@ SHARED: dict[Op, Rule] = {
 }
 
 
-def floating_only(target: str, op: Op, rule: Rule) -> Rule:
-    """``rule`` for a floating-point operand; an integer one has no lowering in this target."""
-    def checked(a: list[str], dtype: torch.dtype, arg_dtype: torch.dtype) -> str:
-        if not arg_dtype.is_floating_point:
-            raise NotImplementedError(f"{target} codegen: no rule for {op.value}")
-        return rule(a, dtype, arg_dtype)
-    return checked
-
-
 class OpTable:
     """A target's operators: ``text(op, operands, dtype, arg_dtype)``."""
 

@@ -43,7 +43,7 @@ def _no_libraries(_: Any) -> dict[str, Callable[[], Any]]:
     return {}
 
 
-def _no_records() -> tuple[str, ...]:
+def _nothing() -> tuple[Any, ...]:
     return ()
 
 
@@ -59,12 +59,12 @@ class Operator:
     # node -> the strides this operator's library writes the node's result with whatever its inputs, or None
     fixed_strides: Callable[[Any], tuple[int, ...] | None] = _none
     # op overload packets whose ``.out`` overload writes into a buffer the caller gives (the arena)
-    out_variants: Callable[[], tuple[Any, ...]] = _no_records
+    out_variants: Callable[[], tuple[Any, ...]] = _nothing
     # (plan, graph, report, device, choices) -> None: rewrite a GPU plan's steps in place (its own step kinds),
     # its measured choices through ``choices`` (the compile's service)
     plan_gpu: Callable[..., None] | None = None
     # the tuning database record kinds this operator reads and writes (its measured choices' kinds and tuners)
-    records: Callable[[], tuple[str, ...]] = _no_records
+    records: Callable[[], tuple[str, ...]] = _nothing
 
 
 def when_selecting(run: Pass) -> Pass:

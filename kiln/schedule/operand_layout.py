@@ -11,8 +11,6 @@ applies (it was measured at the first call, at run time, before).
 """
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
 from kiln.ir.graph import Graph, Node
@@ -49,9 +47,11 @@ def _random(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype
 def choose_bmm_layouts(graph: Graph, plan: Plan, choices: Choices) -> None:
     """Set ``plan.bmm_relayout``: the half-precision CPU bmm externs that run faster re-laid out."""
     plan.bmm_relayout = set()
+    if not _on_cpu(graph):
+        return
     for n in graph.nodes:
         if n.op is not Op.EXTERN or not applies(n.attr("target"), n.dtype, torch.device("cpu")) \
-                or len(n.inputs) != 2 or not _on_cpu(graph):
+                or len(n.inputs) != 2:
             continue
         (sa, oa), (sb, ob) = (_layout(i, plan) for i in n.inputs)
         a, b = n.inputs
@@ -73,6 +73,3 @@ def choose_bmm_layouts(graph: Graph, plan: Plan, choices: Choices) -> None:
 
 def _on_cpu(graph: Graph) -> bool:
     return all(c.attr("value").tensor.device.type == "cpu" for c in graph.nodes if c.op is Op.CONSTANT)
-
-
-__all__: list[Any] = ["BMM_LAYOUT", "choose_bmm_layouts"]

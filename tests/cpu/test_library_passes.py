@@ -45,6 +45,37 @@ def _linear_gelu():
     return b.finish([b.add(Op.MUL, (half, cdf))])
 
 
+# the linear + gelu graph as built, and after select_gemm put it on kiln's GEMM (gemm_epilogue's input)
+_LINEAR_GELU = """\
+graph(%in0: f32[8, 64]):
+  %0 = constant(value=const<(96, 64)>) : f32[96, 64]
+  %1 = constant(value=const<(96,)>) : f32[96]
+  %2 = permute(%0, dims=(1, 0)) : f32[64, 96]
+  %3 = extern(%1, %in0, %2, target=aten.addmm.default, out_index=None) : f32[8, 96]
+  %4 = full(value=0.5) : f32[]
+  %5 = expand(%4, shape=(8, 96)) : f32[8, 96]
+  %6 = mul(%3, %5) : f32[8, 96]
+  %7 = full(value=-0.7071067811865476) : f32[]
+  %8 = expand(%7, shape=(8, 96)) : f32[8, 96]
+  %9 = mul(%3, %8) : f32[8, 96]
+  %10 = erfc(%9) : f32[8, 96]
+  %11 = mul(%6, %10) : f32[8, 96]
+  return (%11)"""
+_LINEAR_GELU_ON_KILNS_GEMM = """\
+graph(%in0: f32[8, 64]):
+  %0 = constant(value=const<(96,)>) : f32[96]
+  %1 = extern(%in0, %0, target=kiln.linear_packed.default, out_index=None) : f32[8, 96]
+  %2 = full(value=0.5) : f32[]
+  %3 = expand(%2, shape=(8, 96)) : f32[8, 96]
+  %4 = mul(%1, %3) : f32[8, 96]
+  %5 = full(value=-0.7071067811865476) : f32[]
+  %6 = expand(%5, shape=(8, 96)) : f32[8, 96]
+  %7 = mul(%1, %6) : f32[8, 96]
+  %8 = erfc(%7) : f32[8, 96]
+  %9 = mul(%4, %8) : f32[8, 96]
+  return (%9)"""
+
+
 def _conv_add_relu():
     b = GraphBuilder()
     x, r = inp(b, (1, 16, 20, 20)), inp(b, (1, 16, 20, 20))
@@ -83,54 +114,14 @@ def test_select_gemm_puts_a_linear_on_kilns_gemm():
     """kiln GEMM (a weight packed at compile time, not shown: baked)."""
     from kiln.library.gemm.select import select_gemm
     g = _linear_gelu()
-    run_pass(_with('gemm=kiln', select_gemm), g, """\
-graph(%in0: f32[8, 64]):
-  %0 = constant(value=const<(96, 64)>) : f32[96, 64]
-  %1 = constant(value=const<(96,)>) : f32[96]
-  %2 = permute(%0, dims=(1, 0)) : f32[64, 96]
-  %3 = extern(%1, %in0, %2, target=aten.addmm.default, out_index=None) : f32[8, 96]
-  %4 = full(value=0.5) : f32[]
-  %5 = expand(%4, shape=(8, 96)) : f32[8, 96]
-  %6 = mul(%3, %5) : f32[8, 96]
-  %7 = full(value=-0.7071067811865476) : f32[]
-  %8 = expand(%7, shape=(8, 96)) : f32[8, 96]
-  %9 = mul(%3, %8) : f32[8, 96]
-  %10 = erfc(%9) : f32[8, 96]
-  %11 = mul(%6, %10) : f32[8, 96]
-  return (%11)""", """\
-graph(%in0: f32[8, 64]):
-  %0 = constant(value=const<(96,)>) : f32[96]
-  %1 = extern(%in0, %0, target=kiln.linear_packed.default, out_index=None) : f32[8, 96]
-  %2 = full(value=0.5) : f32[]
-  %3 = expand(%2, shape=(8, 96)) : f32[8, 96]
-  %4 = mul(%1, %3) : f32[8, 96]
-  %5 = full(value=-0.7071067811865476) : f32[]
-  %6 = expand(%5, shape=(8, 96)) : f32[8, 96]
-  %7 = mul(%1, %6) : f32[8, 96]
-  %8 = erfc(%7) : f32[8, 96]
-  %9 = mul(%4, %8) : f32[8, 96]
-  return (%9)""")
+    run_pass(_with('gemm=kiln', select_gemm), g, _LINEAR_GELU, _LINEAR_GELU_ON_KILNS_GEMM)
 
 
 def test_select_gemm_puts_a_linear_on_onednn():
     """oneDNN's linear, on the untransposed weight."""
     from kiln.library.gemm.select import select_gemm
     g = _linear_gelu()
-    run_pass(_with('gemm=onednn', select_gemm), g, """\
-graph(%in0: f32[8, 64]):
-  %0 = constant(value=const<(96, 64)>) : f32[96, 64]
-  %1 = constant(value=const<(96,)>) : f32[96]
-  %2 = permute(%0, dims=(1, 0)) : f32[64, 96]
-  %3 = extern(%1, %in0, %2, target=aten.addmm.default, out_index=None) : f32[8, 96]
-  %4 = full(value=0.5) : f32[]
-  %5 = expand(%4, shape=(8, 96)) : f32[8, 96]
-  %6 = mul(%3, %5) : f32[8, 96]
-  %7 = full(value=-0.7071067811865476) : f32[]
-  %8 = expand(%7, shape=(8, 96)) : f32[8, 96]
-  %9 = mul(%3, %8) : f32[8, 96]
-  %10 = erfc(%9) : f32[8, 96]
-  %11 = mul(%6, %10) : f32[8, 96]
-  return (%11)""", """\
+    run_pass(_with('gemm=onednn', select_gemm), g, _LINEAR_GELU, """\
 graph(%in0: f32[8, 64]):
   %0 = constant(value=const<(96, 64)>) : f32[96, 64]
   %1 = constant(value=const<(96,)>) : f32[96]
@@ -152,19 +143,7 @@ def test_gemm_epilogue_takes_the_gelu_into_kilns_gemm():
     from kiln.library.gemm.select import select_gemm
     g = _linear_gelu()
     g = dce(select_gemm(g, RewriteLog(choices=Choices('gemm=kiln'))))
-    run_pass(_with('gemm=kiln', fuse_gemm_gelu), g, """\
-graph(%in0: f32[8, 64]):
-  %0 = constant(value=const<(96,)>) : f32[96]
-  %1 = extern(%in0, %0, target=kiln.linear_packed.default, out_index=None) : f32[8, 96]
-  %2 = full(value=0.5) : f32[]
-  %3 = expand(%2, shape=(8, 96)) : f32[8, 96]
-  %4 = mul(%1, %3) : f32[8, 96]
-  %5 = full(value=-0.7071067811865476) : f32[]
-  %6 = expand(%5, shape=(8, 96)) : f32[8, 96]
-  %7 = mul(%1, %6) : f32[8, 96]
-  %8 = erfc(%7) : f32[8, 96]
-  %9 = mul(%4, %8) : f32[8, 96]
-  return (%9)""", """\
+    run_pass(_with('gemm=kiln', fuse_gemm_gelu), g, _LINEAR_GELU_ON_KILNS_GEMM, """\
 graph(%in0: f32[8, 64]):
   %0 = constant(value=const<(96,)>) : f32[96]
   %1 = extern(%in0, %0, target=kiln.linear_packed.default, out_index=None) : f32[8, 96]
