@@ -20,8 +20,10 @@ for what in "$@"; do
     timeout ${GPU_S:-240} python3 -m pytest -q -x tests/gpu -p no:cacheprovider > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; tail -5 $OUT/gpu_tests.log;;
   perf)
     # GPU default mode against Inductor: host vs device time per call, launch paths, then the suite runner
-    timeout $(( $(left) / 3 )) python3 -m benchmarks.host_time --models ${PERF_MODELS:-seed,resnet18,gpt} --dtype bf16 --launches --cprofile > $OUT/host_time.log 2>&1; echo "host_time rc=$?"; grep -v Warn $OUT/host_time.log | head -20
-    timeout $(left) python3 -m benchmarks.runner --device cuda --dtype bf16 --backends eager,inductor,kiln --modes default,reduce-overhead --repeats 5 --calls 10 --json $OUT/runner.json > $OUT/runner.log 2>&1; echo "runner rc=$?"; grep "^| " $OUT/runner.log;;
+    mkdir -p /tmp/wrappers
+    timeout $(( $(left) / 3 )) python3 -m benchmarks.host_time --models ${PERF_MODELS:-seed,resnet18,gpt} --dtype bf16 --launches --externs --cprofile --dump /tmp/wrappers > $OUT/host_time.log 2>&1; echo "host_time rc=$?"; grep -v Warn $OUT/host_time.log | head -20
+    tar -C /tmp/wrappers -czf $OUT/wrappers.tgz .
+    timeout $(left) python3 -m benchmarks.runner --device cuda --dtype bf16 --backends eager,inductor,kiln --modes default,reduce-overhead --repeats 5 --calls 10 ${RUNNER_MODELS:+--models $RUNNER_MODELS} --json $OUT/runner.json > $OUT/runner.log 2>&1; echo "runner rc=$?"; grep "^| " $OUT/runner.log;;
   fuzz)
     a=${FUZZ_FROM:-0}; b=${FUZZ_TO:-10000}; step=${FUZZ_STEP:-500}; mkdir -p /tmp/fz
     while [ $a -lt $b ] && [ $(left) -gt ${FUZZ_CHUNK_S:-100} ]; do

@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import time
+from typing import Any, Callable
 
 import torch
 
@@ -160,17 +161,78 @@ def launches() -> None:
         print(f"  {statistics.median(rounds):7.2f} us  {label}")
 
 
+def _host_each(paths: dict[str, Callable[[], Any]], count: int = 200) -> None:
+    for label, fn in paths.items():
+        fn()
+        rounds = []
+        for _ in range(5):
+            torch.cuda.synchronize()
+            torch.cuda._sleep(int(1e9))
+            start = time.perf_counter()
+            for _ in range(count):
+                fn()
+            rounds.append((time.perf_counter() - start) / count * 1e6)
+            torch.cuda.synchronize()
+        print(f"  {statistics.median(rounds):7.2f} us  {label}")
+
+
+def externs(dtype: torch.dtype) -> None:
+    """Host time of the calls a generated GPU call makes besides launches, each way it could make them: a
+    ResNet-18 3x3 convolution (channels-last, no bias) through ATen's dispatcher entry or cuDNN's op, an addmm
+    into an out tensor, allocations and views."""
+    aten = torch.ops.aten
+    x = torch.randn(1, 64, 56, 56, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(64, 64, 3, 3, device="cuda", dtype=dtype).contiguous(memory_format=torch.channels_last)
+    w_nchw = w.contiguous()
+    a, b, bias = (torch.randn(256, 768, device="cuda", dtype=dtype), torch.randn(768, 768, device="cuda", dtype=dtype),
+                  torch.randn(768, device="cuda", dtype=dtype))
+    out = torch.empty(256, 768, device="cuda", dtype=dtype)
+    conv = aten.convolution.default
+    cudnn = aten.cudnn_convolution.default
+    cudnn_flags = torch.backends.cudnn
+    buf = torch.empty(256 * 768, device="cuda", dtype=dtype)
+    cuda = torch.device("cuda")
+    paths = {
+        "aten.convolution.default (OpOverload), NHWC weight": lambda: conv(x, w, None, [1, 1], [1, 1], [1, 1], False,
+                                                                           [0, 0], 1),
+        "aten.convolution.default, NCHW weight (converted in the call)": lambda: conv(
+            x, w_nchw, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1),
+        "torch.convolution (C binding)": lambda: torch.convolution(x, w, None, [1, 1], [1, 1], [1, 1], False,
+                                                                   [0, 0], 1),
+        "aten.cudnn_convolution.default": lambda: cudnn(x, w, [1, 1], [1, 1], [1, 1], 1, False, False, True),
+        "aten.cudnn_convolution + flags read per call": lambda: cudnn(
+            x, w, [1, 1], [1, 1], [1, 1], 1, cudnn_flags.benchmark, cudnn_flags.deterministic,
+            cudnn_flags.allow_tf32),
+        "aten.addmm.out (OpOverloadPacket)": lambda: aten.addmm.out(bias, a, b, out=out),
+        "torch.addmm(out=)": lambda: torch.addmm(bias, a, b, out=out),
+        "torch.empty_strided(shape, strides, dtype=, device=)": lambda: torch.empty_strided(
+            (256, 768), (768, 1), dtype=dtype, device=cuda),
+        "torch.empty(shape, dtype=, device=)": lambda: torch.empty((256, 768), dtype=dtype, device=cuda),
+        "t.as_strided(shape, strides, t.storage_offset())": lambda: buf.as_strided((256, 768), (768, 1),
+                                                                                   buf.storage_offset()),
+        "t.as_strided(shape, strides)": lambda: buf.as_strided((256, 768), (768, 1)),
+        "t.as_strided(shape, strides, 768)": lambda: buf.as_strided((256, 768), (768, 1), 768),
+        "t.view(shape)": lambda: buf.view(256, 768),
+        "t.stride() != (...)": lambda: buf.stride() != (1,),
+    }
+    print(f"\nhost time per library call and per tensor op (GPU kept busy), {dtype}:")
+    _host_each(paths)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="seed,mlp,gpt,resnet18")
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--launches", action="store_true")
+    p.add_argument("--externs", action="store_true", help="host time of library calls, allocations, views")
     p.add_argument("--cprofile", action="store_true", help="also where kiln's host time goes, per model")
     p.add_argument("--dump", default="", help="a folder to write kiln's generated call of each model into")
     args = p.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     if args.launches:
         launches()
+    if args.externs:
+        externs(dtype)
     if args.models:
         models(args.models.split(","), dtype, args.cprofile, args.dump)
 

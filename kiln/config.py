@@ -129,7 +129,8 @@ class Config:
     # weights: faster convolutions (H200, bf16, reduce-overhead: ResNet-18 batch 16 0.46-0.49 ms with copies,
     # 0.56-0.64 ms without), but the copies sit beside the model's own weights (ResNet-18: 22 MiB in bf16).
     # Default mode never holds copies (its memory stays at eager's): BatchNorm runs in the convolution's epilogue
-    # kernel and cuDNN converts the weight's layout inside each call.  False: no copies in any mode.
+    # kernel and a copy kernel of kiln's converts the weight's layout before each convolution into a transient
+    # buffer (schedule/layout.weight_copies).  False: no copies in any mode.
     gpu_weight_copies: bool = True
     # In reduce-overhead and max-autotune, let cuDNN measure its algorithms for the graph's convolutions
     # (cudnn.benchmark, only while kiln's graph runs; the choice is cached per shape by PyTorch, so only the
@@ -220,6 +221,11 @@ class Config:
         "tune_progress": ("KILN_TUNE_PROGRESS", bool),
         "disabled_passes": ("KILN_DISABLED_PASSES", str),
     }
+
+    def holds_weight_copies(self, mode: str) -> bool:
+        """Does a GPU compile in ``mode`` hold modified copies of the model's weights beside them (channels-last
+        ones for cuDNN, BatchNorm-folded ones)?  Outside default mode, when ``gpu_weight_copies`` allows it."""
+        return self.gpu_weight_copies and mode != "default"
 
     @classmethod
     def from_env(cls) -> "Config":

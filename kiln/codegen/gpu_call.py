@@ -28,7 +28,7 @@ Example (a convolution, its BatchNorm/ReLU kernel over the convolution's result 
         failed = LAUNCH_5(stream, v3, CONST_7, CONST_8)  # kernel_0_relu (over the convolution's result, in place)
         if failed:  # a buffer not 16-byte aligned (-> Triton's JIT entry), or a launch error
             RETRY_9(failed, (v3, CONST_7, CONST_8))
-        v10 = v3.as_strided((2, 288), (288, 1), v3.storage_offset())  # reshape
+        v10 = v3.as_strided((2, 288), (288, 1))  # reshape
         ...
         return [v12]
 """
@@ -80,6 +80,7 @@ class _Writer:
         self.locals: set[str] = set()
         self.strides: dict[str, tuple[int, ...]] = {}  # local -> its strides (known when it is made)
         self.aligned: set[str] = set()  # names whose data is 16-byte aligned on every call (kernels launch direct)
+        self.offsets: dict[str, int] = {}  # names whose storage offset is known when the call is written
         self.lines: list[str] = []
         self.has_stream = False  # ``stream`` (the current CUDA stream) set in the call's code so far
 
@@ -95,6 +96,7 @@ class _Writer:
 
     def bind(self, n: Node, strides: tuple[int, ...] | None = None) -> str:
         name = f"v{self.position[n]}"
+        self.offsets.pop(name, None)
         self.bound[n] = name
         self.locals.add(name)
         self.strides[name] = tuple(strides) if strides is not None else contiguous_strides(n.shape)
@@ -120,7 +122,7 @@ class _Writer:
         (a reshape of a permuted tensor copies), the views before it are one ``as_strided``, the step runs as
         itself, and the views after it are one ``as_strided`` of its result::
 
-            v89 = v88.as_strided((8, 512, 2304), (1179648, 2304, 1), v88.storage_offset())  # reshape
+            v89 = v88.as_strided((8, 512, 2304), (1179648, 2304, 1))  # reshape
             v94 = v89.as_strided((8, 12, 512, 64), (1179648, 64, 2304, 1), ...)  # slice reshape permute
             v99 = VIEW_19(v94)  # reshape (copies)
         """
@@ -147,9 +149,8 @@ class _Writer:
             target = self.bind(last, strides)
             if src in self.aligned and offset * last.dtype.itemsize % 16 == 0:
                 self.aligned.add(target)
-            shift = f" + {offset}" if offset else ""
-            self.emit(f"{target} = {src}.as_strided({tuple(last.shape)!r}, {strides!r}, "
-                      f"{src}.storage_offset(){shift})  # {' '.join(v.op.value for v in chain[:k])}")
+            self.emit(f"{target} = {src}.as_strided({tuple(last.shape)!r}, {strides!r}{self.offset(src, target, offset)})"
+                      f"  # {' '.join(v.op.value for v in chain[:k])}")
             if k == len(chain):
                 return target
             src = target
@@ -159,6 +160,17 @@ class _Writer:
         target = self.bind(copy, tuple(meta.stride()))
         self.emit(f"{target} = {self.glob(fns[k], 'VIEW')}({src})  # {copy.op.value} (copies)")
         return target if copy is n else self.view(n)
+
+    def offset(self, src: str, target: str, shift: int) -> str:
+        """The storage-offset argument of ``target = src.as_strided(...)``, ``shift`` elements past ``src``'s
+        start: none where it is ``src``'s own (as_strided keeps it), a number where ``src``'s is known when the
+        call is written (a buffer of ours starts its storage), else read per call."""
+        known = self.offsets.get(src)
+        if known is not None:
+            self.offsets[target] = known + shift
+        if not shift:
+            return ""
+        return f", {known + shift}" if known is not None else f", {src}.storage_offset() + {shift}"
 
     def constant(self, n: Node, value: torch.Tensor) -> str:
         name = self.bound[n] = self.glob(value, "CONST")
@@ -190,6 +202,7 @@ class _Writer:
         if a.reuse is None:  # (the caching allocator's blocks are 512-byte aligned)
             target = self.bind(a.node, strides)
             self.aligned.add(target)
+            self.offsets[target] = 0
             self.emit(f"{target} = torch.empty_strided({shape!r}, {strides!r}, "
                       f"dtype={self.glob(a.dtype, 'DTYPE')}, device={self.glob(self.m.device, 'DEVICE')})")
             return
@@ -199,7 +212,9 @@ class _Writer:
             target = self.bind(a.node, strides)
             if src in self.aligned:
                 self.aligned.add(target)
-            self.emit(f"{target} = {view}.as_strided({shape!r}, {strides!r}, {src}.storage_offset())")
+            self.emit(f"{target} = {view}.as_strided({shape!r}, {strides!r})")  # (keeps its storage offset)
+            if self.offsets.get(src) == 0:
+                self.offsets[target] = 0
         else:  # a library result: taken only if this call holds its storage alone (checked per call)
             m, reuse = self.m, a.reuse
             alloc = self.glob(lambda t: m.allocate(a, {reuse: t}), "ALLOC")

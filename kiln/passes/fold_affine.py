@@ -113,7 +113,7 @@ def copy_weights(weight: torch.Tensor, log: RewriteLog | None) -> bool:
     its own weight, so the copy doubles its memory)."""
     from kiln import config
     mode = log.mode if log is not None else "default"
-    return weight.device.type == "cpu" or (config.get().gpu_weight_copies and mode != "default")
+    return weight.device.type == "cpu" or config.get().holds_weight_copies(mode)
 
 
 def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:

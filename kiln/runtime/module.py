@@ -133,10 +133,9 @@ class CompiledGraph:
                 t = t.as_strided(n.shape, plan.strides_of[n]) if n in plan.strides_of else t.view(n.shape)
                 self.static[n] = t
                 self.ptrs[self.slot_of[plan.buffer_of[n]]] = t.data_ptr()
-        # NHWC copies of weights for the library; on a GPU only in the modes that hold copies: the copy is held
-        # beside the model's own weights, while cuDNN converts a weight in the call, into memory it frees at once
-        relayout = program.arena or (config.get().gpu_weight_copies and report.mode != "default")
-        cl_weights = {c.inputs[1] for c in plan.cl_convs} if relayout else set()
+        # NHWC copies of weights for the library (a GPU compile that may not hold copies had its kernels copy
+        # them: schedule/layout.weight_copies; those left are weights whose NHWC layout is their NCHW one)
+        cl_weights = {c.inputs[1] for c in plan.cl_convs}
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:
                 t = n.attr("value").tensor.to(self.device).contiguous()  # folded scalars may sit on the CPU

@@ -30,6 +30,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+@pytest.fixture
+def no_tf32():
+    """fp32 convolutions and matmuls in fp32 (not TF32) while the test runs: kiln and eager may pick different
+    cuDNN algorithms (channels-last against NCHW), whose TF32 roundings differ by ~1e-3 relative."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
 def compile_and_run(model, *inputs, **options):
     """Compile ``model`` for the Triton target (no fallback, one graph), call it once: (outputs, report)."""
     import kiln

@@ -1,12 +1,15 @@
 """GPU memory: planned buffers come from the caching allocator in plan order and are released after their last
-reader; no weight is copied on a GPU (BatchNorm stays in the epilogue, cuDNN relayouts inside the call)."""
+reader; no weight is copied on a GPU in default mode (BatchNorm stays in the epilogue, a kernel of kiln's writes a
+convolution's weight channels-last into a transient buffer just before it)."""
+import copy
+
 import pytest
 import torch
 from torch import nn
 
 import kiln
 from benchmarks.models import MODELS
-from kiln.ir.ops import Op
+from kiln.ir.ops import Op, channels_last_strides
 from kiln.report import mark, reports_since
 from kiln.schedule.plan import triton_graph
 from tests.gpu.conftest import DEVICE, HAS_CUDA, compile_and_run
@@ -27,7 +30,7 @@ class Block(nn.Module):
 
 
 
-def test_planned_buffers_are_allocated_once_and_released():
+def test_planned_buffers_are_allocated_once_and_released(no_tf32):
     model = Block().to(DEVICE).eval()
     model.bn.running_mean.uniform_(-1, 1)
     model.bn.running_var.uniform_(0.5, 2)
@@ -69,6 +72,43 @@ def test_no_weight_copies_on_the_gpu_in_default_mode_or_when_asked(options):
         if n.op is Op.CONSTANT:
             t = n.attr("value").tensor
             assert t.untyped_storage().data_ptr() in own or t.numel() <= 4096, (n, tuple(t.shape))
+
+
+def test_default_mode_relays_out_weights_in_a_kernel_before_each_convolution(no_tf32):
+    """Default mode holds no channels-last weights: each channels-last convolution whose weight's NHWC order differs
+    from its NCHW order (not a 1x1 one) reads a copy a pointwise kernel writes just before it.  Modes that hold
+    weight copies convert the weights once, at load."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 16, 3, padding=1), nn.ReLU(),
+                          nn.Conv2d(16, 16, 1), nn.ReLU()).to(DEVICE).eval()
+    x = torch.randn(2, 3, 8, 8, device=DEVICE)
+    # (kiln's oneDNN and Winograd convolutions would take these on the CPU interpreter's path)
+    got, report = compile_and_run(model, x, disabled_passes="winograd,prepack_conv")
+    with torch.inference_mode():
+        expected = model(x)
+    torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+    module = triton_graph(report.optimized, report, torch.device(DEVICE))
+    plan = module.plan
+    convs = [s.node for s in plan.steps if getattr(s, "node", None) is not None
+             and "convolution" in str(s.node.attr("target"))]
+    assert len(convs) == 3 and set(convs) <= plan.cl_convs
+    for conv in convs:
+        w = conv.inputs[1]
+        if w.shape[2:] == (1, 1):
+            assert w.op is Op.CONSTANT  # its NHWC layout is its NCHW one
+            continue
+        assert w.op is Op.CAST and w.inputs[0].op is Op.CONSTANT
+        assert plan.strides_of[w] == channels_last_strides(w.shape)
+        step = next(k for k, s in enumerate(plan.steps) if getattr(s, "node", None) is conv)
+        assert plan.buffer_of[w] in plan.steps[step - 1].buffers()[1]  # written by the step before the convolution
+    with torch.inference_mode():
+        torch.testing.assert_close(module([x])[0], expected, rtol=1e-4, atol=1e-5)
+    holding = copy.copy(report)
+    holding.mode = "reduce-overhead"
+    held = triton_graph(report.optimized, holding, torch.device(DEVICE))
+    assert not any(n.op is Op.CAST for n in held.plan.buffer_of)
+    with torch.inference_mode():
+        torch.testing.assert_close(held([x])[0], expected, rtol=1e-4, atol=1e-5)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="measures CUDA memory")

@@ -193,7 +193,7 @@ def test_view_chains_with_a_copying_step_are_views_around_the_copy():
     assert not [ln for ln in report.wrapper.splitlines() if "VIEW_" in ln and "(copies)" not in ln], report.wrapper
 
 
-def test_library_calls_are_written_out_with_their_arguments():
+def test_library_calls_are_written_out_with_their_arguments(no_tf32):
     """Each extern is the op called with its arguments in place (no generic closure); a channels-last
     convolution's input is converted only where its layout is not known to be channels-last already (the
     graph's NCHW input, not the kernel output between the convolutions); results equal the interpreted call's."""
