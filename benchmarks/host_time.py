@@ -190,7 +190,7 @@ def externs(dtype: torch.dtype) -> None:
     conv = aten.convolution.default
     cudnn = aten.cudnn_convolution.default
     cudnn_flags = torch.backends.cudnn
-    buf = torch.empty(256 * 768, device="cuda", dtype=dtype)
+    buf = torch.empty(257 * 768, device="cuda", dtype=dtype)  # (room for the offset view)
     cuda = torch.device("cuda")
     paths = {
         "aten.convolution.default (OpOverload), NHWC weight": lambda: conv(x, w, None, [1, 1], [1, 1], [1, 1], False,

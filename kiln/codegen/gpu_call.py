@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from kiln.ir.extern import Baked, InputRef, is_flat
+from kiln.ir.extern import Baked, InputRef, fast_callable, is_flat
 from kiln.ir.graph import Node
 from kiln.ir.interp import view_layout
 from kiln.ir.ops import VIEW, Op, channels_last_strides, contiguous_strides
@@ -215,7 +215,20 @@ class _Writer:
             self.emit(f"{target} = {view}.as_strided({shape!r}, {strides!r})")  # (keeps its storage offset)
             if self.offsets.get(src) == 0:
                 self.offsets[target] = 0
-        else:  # a library result: taken only if this call holds its storage alone (checked per call)
+        elif a.reuse.dtype == a.dtype:  # a library result: taken if this call holds its storage alone, and
+            # the storage holds the new layout (checked per call, as CompiledGraph.allocate does)
+            end = (sum((n - 1) * st for n, st in zip(shape, strides)) + 1 if all(shape) else 0) * a.dtype.itemsize
+            target = self.bind(a.node, strides)
+            uses = self.glob(torch._C._storage_Use_Count, "STORAGE_USES")
+            self.emit(f"storage = {src}.untyped_storage()")
+            self.emit(f"if {uses}(storage._cdata) == 2 and {src}.storage_offset() * {a.dtype.itemsize} + {end} "
+                      f"<= storage.nbytes():")
+            self.emit(f"    {target} = {src}.as_strided({shape!r}, {strides!r})")
+            self.emit("else:")
+            self.emit(f"    {target} = torch.empty_strided({shape!r}, {strides!r}, "
+                      f"dtype={self.glob(a.dtype, 'DTYPE')}, device={self.glob(self.m.device, 'DEVICE')})")
+            self.emit("del storage")
+        else:
             m, reuse = self.m, a.reuse
             alloc = self.glob(lambda t: m.allocate(a, {reuse: t}), "ALLOC")
             self.emit(f"{self.bind(a.node, a.strides)} = {alloc}({src})")
@@ -257,13 +270,13 @@ class _Writer:
                 parts[0] = f"{parts[0]}.contiguous(memory_format=torch.channels_last)"
         target = n.attr("target")
         if n in m.planned:  # the library writes into the buffer allocated for it (its .out overload)
-            call = self.glob(target.overloadpacket.out, "EXTERN_OUT")
+            call = self.glob(fast_callable(target, out=True), "EXTERN_OUT")
             self.emit(f"{call}({', '.join(parts + [f'out={self.value(n)}'])}){what}")
             return True
         strides = m.plan.strides_of.get(n)
         index = n.attr("out_index")
         v = self.bind(n, strides)
-        self.emit(f"{v} = {self.glob(target, 'EXTERN')}({', '.join(parts)})"
+        self.emit(f"{v} = {self.glob(fast_callable(target), 'EXTERN')}({', '.join(parts)})"
                   + (f"[{index}]" if index is not None else "") + what)
         if strides is None:
             self.emit(f"if not {v}.is_contiguous():")

@@ -41,6 +41,24 @@ def checked_source(weight_node: Any) -> Any:
     return weight_node.attr("value").tensor if config.get().check else None
 
 
+# Library ops called through the torch function of the same name: that C binding parses its arguments and calls
+# the op unboxed, where calling the OpOverload takes the boxed path through Python - host time per call on the
+# H200 machine's host (benchmarks/host_time.py --externs): convolution 20.2 us as an OpOverload, 13.8 us bound;
+# addmm into an out tensor 14.0 and 12.1 us.  Only overloads that the binding picks from these arguments alone
+# (the others of the same name take an argument these calls never pass: out_dtype, out=).
+_BOUND = ("convolution.default", "addmm.default", "mm.default", "bmm.default", "baddbmm.default")
+
+
+def fast_callable(target: Any, out: bool = False) -> Any:
+    """What a generated call calls for ``target`` (an OpOverload): its torch C binding where ``_BOUND`` lists it,
+    else the op itself.  ``out``: the call writes into ``out=`` (the op's ``.out`` overload, which the binding
+    picks when given ``out=``)."""
+    overload = f"{getattr(target, '_opname', '')}.{getattr(target, '_overloadname', '')}"
+    if getattr(target, "namespace", None) == "aten" and overload in _BOUND:
+        return getattr(torch._C._VariableFunctions, target._opname)
+    return target.overloadpacket.out if out else target
+
+
 def substitute(template: Any, values: Sequence[Any]) -> Any:
     if isinstance(template, InputRef):
         return values[template.index]

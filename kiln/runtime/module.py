@@ -15,7 +15,7 @@ import torch
 
 from kiln.codegen.cpp import native_calls, translation_unit
 from kiln import config
-from kiln.ir.extern import argument_builder, short_name
+from kiln.ir.extern import argument_builder, fast_callable, short_name
 from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.interp import view_function
 from kiln.ir.ops import VIEW, Op, contiguous_strides
@@ -331,6 +331,9 @@ class CompiledGraph:
         # a half-precision CPU bmm the compile chose to re-lay out (schedule/operand_layout.py)
         bmm_relayout = n in self.plan.bmm_relayout
 
+        op = fast_callable(target)
+        write = fast_callable(target, out=True) if n in self.planned else None  # (only planned ones have .out)
+
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
             args, kwargs = build(values)
             if channels_last:
@@ -338,9 +341,9 @@ class CompiledGraph:
             if bmm_relayout:
                 args = operand_layout.relayout(args)
             if out is not None:
-                target.overloadpacket.out(*args, **kwargs, out=out)
+                write(*args, **kwargs, out=out)
                 return None
-            result = target(*args, **kwargs)
+            result = op(*args, **kwargs)
             if out_index is not None:
                 result = result[out_index]
             if strides is None:

@@ -207,4 +207,40 @@ def test_library_calls_are_written_out_with_their_arguments(no_tf32):
     torch.testing.assert_close(got, interpreted[0], rtol=0, atol=0)
     calls = [ln for ln in report.wrapper.splitlines() if "aten.convolution" in ln]
     assert len(calls) == 2 and all("(None, " not in ln for ln in calls), report.wrapper
+    # through torch's C binding of the op (ir/extern.fast_callable), not the OpOverload
+    bound = {name for name, value in module._wrapped.__globals__.items() if value is torch.convolution}
+    assert all(ln.split("(")[0].split("= ")[-1] in bound for ln in calls), report.wrapper
     assert [("memory_format=torch.channels_last" in ln) for ln in calls] == [True, False], report.wrapper
+
+
+def test_a_library_result_is_written_over_only_when_the_call_holds_it_alone(no_tf32):
+    """The kernel after a convolution writes over the convolution's result when nothing else holds that storage;
+    when something else does (here the test keeps a view of it, as a library caching its result would), the
+    generated call allocates instead and the view keeps its values."""
+    model = nn.Sequential(nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1)).to(DEVICE).eval()
+    x = torch.randn(2, 4, 6, 6, device=DEVICE)
+    with torch.inference_mode():
+        got, report = compile_and_run(model, x, library_selection=False)
+        module = _module(report)
+        first = model[0](x)
+    assert "storage.nbytes()" in report.wrapper, report.wrapper  # the reuse is written out with its check
+    line = next(ln for ln in report.wrapper.splitlines() if "aten.convolution" in ln)
+    name = line.split("(")[0].split("= ")[-1]
+    ns = module._wrapped.__globals__
+    library = ns[name]
+    held = []
+
+    def keeping(*args):
+        result = library(*args)
+        if keep:
+            held.append(result.detach())  # another tensor on the same storage
+        return result
+
+    ns[name] = keeping
+    try:
+        with torch.inference_mode():
+            for keep in (False, True):
+                torch.testing.assert_close(module([x])[0], got, rtol=0, atol=0)
+    finally:
+        ns[name] = library
+    torch.testing.assert_close(held[0], first, rtol=1e-4, atol=1e-5)  # not overwritten by the ReLU kernel

@@ -213,3 +213,34 @@ def test_interp_rejects_wrong_input_count():
 def test_interp_softmax():
     x = torch.randn(4, 8, generator=torch.Generator().manual_seed(3))
     torch.testing.assert_close(interpret(softmax_graph(), [x])[0], torch.softmax(x, dim=1))
+
+
+def test_fast_callables_compute_what_their_overloads_do():
+    """The C bindings a generated call uses instead of an OpOverload (ir/extern._BOUND) pick that overload from
+    the call's arguments: equal results, in the out tensor where given one; other ops are called as they are."""
+    from kiln.ir.extern import fast_callable
+    aten = torch.ops.aten
+    g = torch.Generator().manual_seed(0)
+
+    def r(*shape):
+        return torch.randn(*shape, generator=g)
+
+    x, w, b = r(2, 4, 7, 7).contiguous(memory_format=torch.channels_last), r(6, 4, 3, 3), r(6)
+    a, m, c = r(5, 3), r(3, 4), r(4)
+    p, q = r(2, 5, 3), r(2, 3, 4)
+    calls = [(aten.convolution.default, (x, w, b, [2, 1], [1, 0], [1, 1], False, [0, 0], 1), {}),
+             (aten.convolution.default, (x, r(4, 1, 3, 3), None, [1, 1], [1, 1], [1, 1], False, [0, 0], 4), {}),
+             (aten.addmm.default, (c, a, m), {"beta": 0.5, "alpha": 2.0}),
+             (aten.mm.default, (a, m), {}), (aten.bmm.default, (p, q), {}),
+             (aten.baddbmm.default, (r(2, 5, 4), p, q), {"alpha": 0.25})]
+    for op, args, kwargs in calls:
+        fn = fast_callable(op)
+        assert fn is not op and fn.__name__ == op._opname
+        expected = op(*args, **kwargs)
+        assert torch.equal(fn(*args, **kwargs), expected), op
+        if op is not aten.convolution.default:
+            out = torch.empty_like(expected)
+            fast_callable(op, out=True)(*args, **kwargs, out=out)
+            assert torch.equal(out, expected), op
+    assert fast_callable(aten.add.Tensor) is aten.add.Tensor
+    assert fast_callable(aten.add.Tensor, out=True) is aten.add.out
