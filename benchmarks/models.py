@@ -255,11 +255,12 @@ MODELS: dict[str, Factory] = {
 }
 
 # Larger batches of the same models (the GPU suite: enough work to fill an H200).
+MODELS["seed_b16"] = functools.partial(seed, batch=16)
 MODELS["resnet18_b16"] = functools.partial(resnet18, batch=16)
 MODELS["gpt_b8x512"] = functools.partial(gpt, batch=8, seq=512)
 
 SUITE: list[str] = ["seed", "mlp", "resnet18", "gpt", "chain"]
-GPU_SUITE: list[str] = ["seed", "mlp", "resnet18", "resnet18_b16", "gpt", "gpt_b8x512", "chain"]
+GPU_SUITE: list[str] = ["seed", "seed_b16", "mlp", "resnet18", "resnet18_b16", "gpt", "gpt_b8x512", "chain"]
 
 # Keyword arguments for quick smoke runs (``runner --small``) and tests.
 SMALL: dict[str, dict[str, int]] = {

@@ -50,7 +50,7 @@ DTYPES = ("fp32", "bf16", "fp16")
 # Warnings not worth recording (torch's own deprecation notices while tracing).
 _NOISE_WARNINGS = (DeprecationWarning, PendingDeprecationWarning, FutureWarning)
 DEFAULT_SUITE = ("seed", "mlp", "resnet18", "gpt", "chain")  # mirrors benchmarks.models.SUITE (no torch import)
-GPU_SUITE = ("seed", "mlp", "resnet18", "resnet18_b16", "gpt", "gpt_b8x512", "chain")  # models.GPU_SUITE
+GPU_SUITE = ("seed", "seed_b16", "mlp", "resnet18", "resnet18_b16", "gpt", "gpt_b8x512", "chain")  # models.GPU_SUITE
 
 
 # ------------------------------------------------------------------------------------------ command line
