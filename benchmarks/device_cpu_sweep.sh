@@ -21,7 +21,7 @@ for what in "$@"; do
   perf)
     # GPU default mode against Inductor: host vs device time per call, launch paths, then the suite runner
     mkdir -p /tmp/wrappers
-    timeout $(( $(left) / 3 )) python3 -m benchmarks.host_time --models ${PERF_MODELS:-seed,resnet18,gpt} --dtype bf16 --launches --externs --cprofile --dump /tmp/wrappers > $OUT/host_time.log 2>&1; echo "host_time rc=$?"; grep -v Warn $OUT/host_time.log | head -20
+    timeout $(( $(left) / 3 )) python3 -m benchmarks.host_time --models ${PERF_MODELS:-seed,resnet18,gpt} --dtype bf16 --launches --externs --cprofile --kernels ${KERNELS:-0} --dump /tmp/wrappers > $OUT/host_time.log 2>&1; echo "host_time rc=$?"; grep -v Warn $OUT/host_time.log | head -20
     tar -C /tmp/wrappers -czf $OUT/wrappers.tgz .
     timeout $(left) python3 -m benchmarks.runner --device cuda --dtype bf16 --backends eager,inductor,kiln --modes default,reduce-overhead --repeats 5 --calls 10 ${RUNNER_MODELS:+--models $RUNNER_MODELS} --json $OUT/runner.json > $OUT/runner.log 2>&1; echo "runner rc=$?"; grep "^| " $OUT/runner.log;;
   fuzz)

@@ -24,19 +24,24 @@ from typing import Any, Callable
 import torch
 
 
-def device_us(fn, inputs, calls: int = 5) -> tuple[float, int]:
+def device_kernels(fn, inputs, calls: int = 5) -> list[tuple[str, float, int]]:
+    """(kernel name, device us per call, launches per call) for each kernel a call runs (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CUDA]) as p:
         for _ in range(calls):
             fn(*inputs)
         torch.cuda.synchronize()
-    total, count = 0.0, 0
+    out = []
     for e in p.key_averages():
         t = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0)
         if t > 0:
-            total += t
-            count += e.count
-    return total / calls, count // calls
+            out.append((e.key, t / calls, e.count // calls))
+    return sorted(out, key=lambda row: -row[1])
+
+
+def device_us(fn, inputs, calls: int = 5) -> tuple[float, int]:
+    rows = device_kernels(fn, inputs, calls)
+    return sum(r[1] for r in rows), sum(r[2] for r in rows)
 
 
 def host_us(fn, inputs, kernels: int) -> float:
@@ -67,7 +72,7 @@ def wall_us(fn, inputs, calls: int = 30) -> float:
     return statistics.median(rounds)
 
 
-def models(names: list[str], dtype: torch.dtype, cprofile: bool = False, dump: str = "") -> None:
+def models(names: list[str], dtype: torch.dtype, cprofile: bool = False, dump: str = "", kernels: int = 0) -> None:
     import kiln
     from benchmarks import models as suite
     print(f"{'model':<14}{'backend':<10}{'kernels':>8}{'device us':>11}{'host us':>10}{'wall us':>10}")
@@ -85,6 +90,10 @@ def models(names: list[str], dtype: torch.dtype, cprofile: bool = False, dump: s
                       f"{wall_us(fn, inputs):>10.1f}", flush=True)
             if cprofile:
                 host_profile(fns["kiln"], inputs)
+            for label in ("inductor", "kiln") if kernels else ():
+                print(f"  {label}: the {kernels} longest kernels per call (us, launches)")
+                for key, us, count in device_kernels(fns[label], inputs)[:kernels]:
+                    print(f"    {us:8.1f} {count:3d}  {key[:100]}")
             if dump:
                 from kiln.report import reports
                 wrapper = [r.wrapper for r in reports() if getattr(r, "wrapper", "")]
@@ -226,6 +235,7 @@ def main() -> None:
     p.add_argument("--launches", action="store_true")
     p.add_argument("--externs", action="store_true", help="host time of library calls, allocations, views")
     p.add_argument("--cprofile", action="store_true", help="also where kiln's host time goes, per model")
+    p.add_argument("--kernels", type=int, default=0, help="list each model's N longest kernels, Inductor and kiln")
     p.add_argument("--dump", default="", help="a folder to write kiln's generated call of each model into")
     args = p.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
@@ -234,7 +244,7 @@ def main() -> None:
     if args.externs:
         externs(dtype)
     if args.models:
-        models(args.models.split(","), dtype, args.cprofile, args.dump)
+        models(args.models.split(","), dtype, args.cprofile, args.dump, args.kernels)
 
 
 if __name__ == "__main__":
