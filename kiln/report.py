@@ -103,7 +103,7 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
     m = r.matmuls
     if m is not None and m.candidates:
         out.append(f"--- matmuls: {m.candidates} candidates for the Triton template, {m.from_database} decided by "
-                   f"the tuning database, {m.predicted} predicted, {m.measured} variants measured ({m.seconds:.1f} s); "
+                   f"the tuning database, {m.measured} variants measured ({m.seconds:.1f} s); "
                    f"{len(m.fused)} run as templates, {len(m.kept_extern)} stay on cuBLAS")
         out += [f"  template {line}" for line in m.fused]
     if r.memory:

@@ -13,10 +13,8 @@ Only matmuls with an epilogue to take in are candidates (see ``fuse_matmuls``).
 
 The choice: a tuning-database record for this problem when there is one (any mode); otherwise in
 ``max-autotune`` every candidate is compiled (in parallel) and timed on the GPU (CUDA events, median), the
-fastest wins and is recorded; otherwise (``default``) ``predicted_choice`` decides without measuring: the template
-(in the cost model's best tile configuration) for a memory-bound half-precision problem whose grid fills the GPU,
-cuBLAS for the rest - cuBLAS won on the suite's compute-bound shapes, the template on its memory-bound ones with an
-epilogue (benchmarks/RESULTS.md, sessions 4 and 17).
+fastest wins and is recorded; otherwise (``default``) the heuristic keeps cuBLAS, which wins on most shapes of
+the suite in our measurements unless tuned (see benchmarks/RESULTS.md).
 
 Before (plan steps)::                            After::
 
@@ -129,7 +127,6 @@ class Stats:
     """What ``fuse_matmuls`` did, for the report."""
     candidates: int = 0
     from_database: int = 0
-    predicted: int = 0         # decided by ``predicted_choice`` (default mode, nothing recorded)
     measured: int = 0          # template configurations and extern paths timed
     fused: list[str] = dataclasses.field(default_factory=list)
     kept_extern: list[str] = dataclasses.field(default_factory=list)
@@ -141,37 +138,6 @@ def forced_config() -> MatmulConfig | None:
     """``Config.matmul_template_config``: the one tile configuration every matmul then runs in, or None."""
     text = config.get().matmul_template_config.strip()
     return MatmulConfig.from_trace([int(v) for v in text.split(",")]) if text else None
-
-
-# Arithmetic intensity (FLOPs per byte of A, B and C) below which a half-precision matmul is memory-bound: the
-# tensor-core rate over the memory bandwidth (H200: ~990 TFLOP/s dense bf16 / 4.8 TB/s = 206; A100: 312 / 2.0 =
-# 156).  Below it cuBLAS and the template both run at the bandwidth, and fusing the epilogue saves C's round trip
-# through memory, one launch and (default mode) a library call's host time - 12 us per call on the H200 machine.
-MEMORY_BOUND_INTENSITY = 200.0
-
-
-def intensity(spec: MatmulSpec) -> float:
-    """FLOPs per byte the problem must move at least (A, B and C once each)."""
-    item = torch.empty((), dtype=spec.dtype).element_size()
-    return 2 * spec.m * spec.n * spec.k / (item * (spec.m * spec.k + spec.k * spec.n + spec.m * spec.n))
-
-
-def predicted_choice(spec: MatmulSpec, device: torch.device) -> dict:
-    """Default mode's choice where nothing is recorded (no measuring): the template, in the cost model's best tile
-    configuration, for a half-precision problem with an epilogue that is memory-bound (``intensity`` below
-    ``MEMORY_BOUND_INTENSITY``) and whose grid covers at least half the SMs (the template has no split-K: a
-    smaller grid leaves bandwidth unused that cuBLAS's kernels reach); cuBLAS otherwise.  fp32 stays on cuBLAS
-    until measured (without TF32 its ridge is ~14 FLOPs per byte and the template's fp32 dot is untested for speed)."""
-    from kiln.library.gpu_matmul.tune import rank_configs
-    if spec.epilogue is None or spec.dtype not in (torch.bfloat16, torch.float16):
-        return {"choice": "extern"}
-    if intensity(spec) >= MEMORY_BOUND_INTENSITY or device.type != "cuda":
-        return {"choice": "extern"}
-    sms = torch.cuda.get_device_properties(device).multi_processor_count
-    best = rank_configs(spec, sms)[0]
-    if -(-spec.m // best.block_m) * -(-spec.n // best.block_n) < sms / 2:
-        return {"choice": "extern"}
-    return {"choice": "template", "config": best.trace()}
 
 
 def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[Node, str],
@@ -220,9 +186,6 @@ def fuse_matmuls(steps: list[Any], graph_outputs: list[Node], buffer_of: dict[No
                 choices[i] = stored
             elif tune:
                 problems.setdefault(key, Problem(key, spec, source, node, epilogue)).members.append(i)
-            else:
-                stats.predicted += 1
-                choices[i] = predicted_choice(spec, device)
         if problems:
             for p in measure_problems(list(problems.values()), dtype_of, node_of, strides_of, device):
                 stats.problems.append(p)
