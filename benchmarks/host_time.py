@@ -214,6 +214,8 @@ def externs(dtype: torch.dtype) -> None:
             cudnn_flags.allow_tf32),
         "aten.addmm.out (OpOverloadPacket)": lambda: aten.addmm.out(bias, a, b, out=out),
         "torch.addmm(out=)": lambda: torch.addmm(bias, a, b, out=out),
+        "torch.addmm (allocates its result)": lambda: torch.addmm(bias, a, b),
+        "torch.mm(out=)": lambda: torch.mm(a, b, out=out),
         "torch.empty_strided(shape, strides, dtype=, device=)": lambda: torch.empty_strided(
             (256, 768), (768, 1), dtype=dtype, device=cuda),
         "torch.empty(shape, dtype=, device=)": lambda: torch.empty((256, 768), dtype=dtype, device=cuda),

@@ -130,7 +130,7 @@ class Config:
     # 0.56-0.64 ms without), but the copies sit beside the model's own weights (ResNet-18: 22 MiB in bf16).
     # Default mode never holds copies (its memory stays at eager's): BatchNorm runs in the convolution's epilogue
     # kernel and a copy kernel of kiln's converts the weight's layout before each convolution into a transient
-    # buffer (schedule/layout.weight_copies).  False: no copies in any mode.
+    # buffer (schedule/layout.relayout_copies).  False: no copies in any mode.
     gpu_weight_copies: bool = True
     # In reduce-overhead and max-autotune, let cuDNN measure its algorithms for the graph's convolutions
     # (cudnn.benchmark, only while kiln's graph runs; the choice is cached per shape by PyTorch, so only the

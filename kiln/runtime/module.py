@@ -134,7 +134,7 @@ class CompiledGraph:
                 self.static[n] = t
                 self.ptrs[self.slot_of[plan.buffer_of[n]]] = t.data_ptr()
         # NHWC copies of weights for the library (a GPU compile that may not hold copies had its kernels copy
-        # them: schedule/layout.weight_copies; those left are weights whose NHWC layout is their NCHW one)
+        # them: schedule/layout.relayout_copies; those left are weights whose NHWC layout is their NCHW one)
         cl_weights = {c.inputs[1] for c in plan.cl_convs}
         for n, name in plan.buffer_of.items():
             if n.op is Op.CONSTANT:

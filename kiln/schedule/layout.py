@@ -25,6 +25,7 @@ import torch
 from kiln import library
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op, channels_last_strides
+from kiln.ir.program import Plan
 from kiln.passes.rewrite import copy_with_inputs
 
 aten = torch.ops.aten
@@ -76,13 +77,14 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
     cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and _is_aten_conv2d(c)}
     # weights go channels-last only when nothing but convolutions reads them
     cl_convs = {c for c in cl_convs if readers.get(c.inputs[1], set()) <= {"extern"}}
-    for c in cl_convs:  # a weight's channels-last copy (weight_copies), made by a kernel of ours
+    for c in cl_convs:  # a weight's channels-last copy (relayout_copies), made by a kernel of ours
         if c.inputs[1].attr(WEIGHT_COPY):
             nhwc[c.inputs[1]] = channels_last_strides(c.inputs[1].shape)
     return nhwc, cl_convs
 
 
-WEIGHT_COPY = "channels_last_weight"  # attribute of the copy nodes weight_copies inserts
+WEIGHT_COPY = "channels_last_weight"  # attributes of the copy nodes relayout_copies inserts
+VIEW_COPY = "view_copy"
 
 
 def needs_relayout(shape: tuple[int, ...]) -> bool:
@@ -92,26 +94,65 @@ def needs_relayout(shape: tuple[int, ...]) -> bool:
     return moved != sorted(moved, key=(0, 2, 3, 1).index)
 
 
-def weight_copies(graph: Graph, cl_convs: set[Node]) -> Graph:
-    """``graph`` with each channels-last convolution's constant weight copied to channels-last by a kernel of
-    kiln's, just before the convolution - where the model's weights may not be held twice (a GPU in default
-    mode).  Left as they are, cuDNN converts each weight inside the call with ATen's copy (3 us each in ResNet-18
-    on the H200, 54 of its 232 us); our copy kernel is a pointwise kernel like any other, its buffer reused
-    once the convolution has read it.  Before/after (``choose_layouts`` then stores ``w'`` channels-last)::
+def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
+    """``graph`` with the layout changes a GPU call would otherwise leave to ATen made by copy kernels of kiln's
+    (pointwise kernels like any other, their buffers reused once read), rebuilt once from ``plan`` (its
+    ``make_plan``):
+
+    - **copying views**: a library call's operand that is a view chain its realized base cannot give in the
+      layout the plan stores it in (``view_layout`` is None: a reshape of a permuted value, e.g. attention heads
+      merged back for the output projection).  The generated call would run the chain with ``reshape``, which
+      copies with ATen's generic strided copy (GPT at 8x512 on the H200: 16 such copies, 213 of its 1115 us);
+      the copy node's kernel reads through the views by index and writes the operand contiguous;
+    - **weights** (``weights``: where the model's weights may not be held twice, a GPU in default mode): each
+      channels-last convolution's constant weight copied channels-last just before it.  Left as they are, cuDNN
+      converts each weight inside the call with ATen's copy (3 us each in ResNet-18 on the H200, 54 of its 232
+      us); ``choose_layouts`` stores the copy channels-last.
+
+    Before/after::
 
         %w = constant [64, 64, 3, 3]            %w = constant [64, 64, 3, 3]
         %y = extern aten.convolution(%x, %w)    %w' = cast(%w) {channels_last_weight}
                                                 %y = extern aten.convolution(%x, %w')
+        %p = permute(%o, [0, 2, 1, 3])          %p = permute(%o, [0, 2, 1, 3])
+        %r = reshape(%p, [4096, 768])           %r = reshape(%p, [4096, 768])
+        %z = extern aten.addmm(%b, %r, %w)      %r' = cast(%r) {view_copy}
+                                                %z = extern aten.addmm(%b, %r', %w)
     """
-    chosen = {c for c in cl_convs if c.inputs[1].op is Op.CONSTANT and needs_relayout(c.inputs[1].shape)}
-    if not chosen:
+    from kiln.ir.graph import mutates
+    from kiln.ir.interp import view_layout
+    from kiln.ir.ops import VIEW, contiguous_strides
+    chosen_weights = {c for c in plan.cl_convs if c.inputs[1].op is Op.CONSTANT
+                      and needs_relayout(c.inputs[1].shape)} if weights else set()
+
+    def copies(v: Node) -> bool:
+        """Is ``v`` a view chain the generated call would have to run as a copy?"""
+        chain = []
+        while v not in plan.buffer_of and v.op in VIEW:
+            chain.append(v)
+            v = v.inputs[0]
+        if not chain or v not in plan.buffer_of or v.op is Op.CONSTANT:  # (a weight's view is made once)
+            return False
+        strides = plan.strides_of.get(v) or contiguous_strides(v.shape)
+        return view_layout(v.shape, strides, v.dtype, chain[::-1]) is None
+
+    copied = {n: [k for k, x in enumerate(n.inputs) if copies(x)] for n in graph.nodes
+              if n.op is Op.EXTERN and not mutates(n)}
+    copied = {n: ks for n, ks in copied.items() if ks}
+    if not chosen_weights and not copied:
         return graph
     b = GraphBuilder()
     new: dict[Node, Node] = {}
+    made: dict[Node, Node] = {}  # one copy per view read by several calls
     for n in graph.nodes:
-        inputs = tuple(new[i] for i in n.inputs)
-        if n in chosen:
+        inputs = list(new[i] for i in n.inputs)
+        for k in copied.get(n, ()):
+            v = n.inputs[k]
+            if v not in made:
+                made[v] = b.add(Op.CAST, [new[v]], dtype=v.dtype, **{VIEW_COPY: True})
+            inputs[k] = made[v]
+        if n in chosen_weights:
             w = inputs[1]
-            inputs = (inputs[0], b.add(Op.CAST, [w], dtype=w.dtype, **{WEIGHT_COPY: True})) + inputs[2:]
-        new[n] = copy_with_inputs(n, inputs, b)
+            inputs[1] = b.add(Op.CAST, [w], dtype=w.dtype, **{WEIGHT_COPY: True})
+        new[n] = copy_with_inputs(n, tuple(inputs), b)
     return b.finish([new[o] for o in graph.outputs])

@@ -22,14 +22,14 @@ from kiln.ir.program import Plan
 from kiln.report import CompileReport
 from kiln.schedule.fuse import Group, partition
 from kiln.schedule.kernel_build import NotFusable, build_kernel
-from kiln.schedule.layout import WEIGHT_COPY, choose_layouts, library_layouts, weight_copies
+from kiln.schedule.layout import VIEW_COPY, WEIGHT_COPY, choose_layouts, library_layouts, relayout_copies
 from kiln.schedule.program import build_program
 
 
 def _kernel_name(index: int, group: Group) -> str:
     ops = []
     for m in group.members:
-        what = "weight_nhwc" if m.attr(WEIGHT_COPY) else m.op.value
+        what = "weight_nhwc" if m.attr(WEIGHT_COPY) else "copy" if m.attr(VIEW_COPY) else m.op.value
         if what not in ops:
             ops.append(what)
     return f"kernel_{index}_" + "_".join(ops[:4])
@@ -158,8 +158,7 @@ def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choi
     # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
     with config.scope(layout_optimization=True):
-        if not config.get().holds_weight_copies(report.mode):
-            graph = weight_copies(graph, make_plan(graph).cl_convs)
+        graph = relayout_copies(graph, make_plan(graph), weights=not config.get().holds_weight_copies(report.mode))
         plan = triton_plan(graph, report, device, choices)
         return TritonGraph(graph, build_program(graph, plan, arena=False), report, device)
 

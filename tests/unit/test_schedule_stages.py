@@ -180,3 +180,40 @@ def test_program_building_plans_the_memory_of_each_step():
         for arena in (True, False):
             got = build_cpu(g, CompileReport("program"), arena=arena)(inputs)
             torch.testing.assert_close(got[0], interpret(g, inputs)[0], rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_relayout_copies_gives_library_operands_no_view_can_give_a_copy_kernel():
+    """schedule/layout.relayout_copies, before/after: the reshape of a permuted value that mm reads is no view of
+    a buffer, so a copy node (``view_copy``) is inserted before the call; it becomes a kernel that reads through
+    the views (exp fuses into it: no buffer of its own); the transposed weight, which *is* a view, is passed as
+    one; the plan computes what the interpreter does."""
+    from kiln.schedule.layout import relayout_copies
+    b = GraphBuilder()
+    x, w = _input(b, (2, 3, 4), 0), _input(b, (10, 3), 1)
+    p = b.add(Op.PERMUTE, (b.add(Op.EXP, (x,)),), dims=(0, 2, 1))
+    r = b.add(Op.RESHAPE, (p,), shape=(8, 3))
+    mm = build_extern(b, torch.ops.aten.mm.default, [r, b.add(Op.PERMUTE, (w,), dims=(1, 0))], {}, (8, 10),
+                      torch.float32)
+    g = b.finish([mm])
+    after = relayout_copies(g, make_plan(g), weights=True)
+    assert format_graph(after) == """\
+graph(%in0: f32[2, 3, 4], %in1: f32[10, 3]):
+  %0 = exp(%in0) : f32[2, 3, 4]
+  %1 = permute(%0, dims=(0, 2, 1)) : f32[2, 4, 3]
+  %2 = reshape(%1, shape=(8, 3)) : f32[8, 3]
+  %3 = permute(%in1, dims=(1, 0)) : f32[3, 10]
+  %4 = cast(%2, view_copy=True) : f32[8, 3]
+  %5 = extern(%4, %3, target=aten.mm.default, out_index=None) : f32[8, 10]
+  return (%5)"""
+    plan = make_plan(after)
+    assert plan.format() == """\
+  0 kernel kernel_0_copy: reads buf0; writes buf2
+  1 extern aten.mm.default(buf2, view(buf1)) -> buf3"""
+    assert "\n".join(k.format() for k in plan.kernels) == """\
+kernel_0_copy  outer=[8, 3]
+  loop   buf2[3*i0 + i1] = f32(exp(buf0[12*((i0) / 4) + ((i0) % 4) + 4*i1]))"""
+    inputs = random_inputs(g)
+    with torch.inference_mode():
+        got = build_cpu(after, CompileReport("stages"))(inputs)
+    torch.testing.assert_close(got[0], interpret(g, inputs)[0], rtol=1.3e-5, atol=1.5e-5)
+    assert relayout_copies(after, plan, weights=True) is after  # nothing left to copy
