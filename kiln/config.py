@@ -83,6 +83,9 @@ def _checked(name: str, value: Any, label: str) -> Any:
                          f", got {value!r}")
     if name == "triton_persistent_schedule" and value and not re.fullmatch(r"\s*[0-9]+\s*,\s*[0-9]+\s*", value):
         raise ValueError(f"kiln: {label} expects two comma-separated ints (xblock,num_warps) or '', got {value!r}")
+    if name == "triton_tile_schedule" and value and not re.fullmatch(r"\s*[0-9]+(\s*,\s*[0-9]+){2}\s*", value):
+        raise ValueError(f"kiln: {label} expects three comma-separated ints (tile_x,tile_y,num_warps) or '', got "
+                         f"{value!r}")
     if name == "matmul_template_config" and value and not re.fullmatch(r"\s*[0-9]+(\s*,\s*[0-9]+){5}\s*", value):
         raise ValueError(f"kiln: {label} expects six comma-separated ints (block_m,block_n,block_k,group_m,"
                          f"num_warps,num_stages) or '', got {value!r}")
@@ -148,6 +151,9 @@ class Config:
     # GPU: persistent reductions run with this "xblock,num_warps" instead of the rule's (experiments:
     # benchmarks/gpu_sched_sweep.py); "" keeps the rule.
     triton_persistent_schedule: str = ""
+    # GPU: 2-D tiled pointwise kernels (a transposing read) run with this "tile_x,tile_y,num_warps" (tile_x along
+    # the stores' unit-stride axis) instead of the rule's (experiments: benchmarks/gpu_sched_sweep.py --tiles).
+    triton_tile_schedule: str = ""
     # GPU max-autotune: how many of the matmul template's best-ranked tile configurations are compiled and timed
     # per problem (benchmarks/matmul_cost_model.py times them all to check the ranking).
     matmul_measured_configs: int = 2
@@ -211,6 +217,7 @@ class Config:
         "matmul_template_config": ("KILN_MATMUL_TEMPLATE_CONFIG", str),
         "compile_workers": ("KILN_COMPILE_WORKERS", int),
         "triton_persistent_schedule": ("KILN_TRITON_PERSISTENT_SCHEDULE", str),
+        "triton_tile_schedule": ("KILN_TRITON_TILE_SCHEDULE", str),
         "matmul_measured_configs": ("KILN_MATMUL_MEASURED_CONFIGS", int),
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
         "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),

@@ -69,7 +69,7 @@ class TritonSchedule:
         return (self.grid, self.grid_y, self.grid_z)
 
 
-TILE_X, TILE_Y = 64, 32  # 2-D tiles for pointwise kernels with transposed operands
+TILE_X, TILE_Y, TILE_WARPS = 64, 32, 4  # 2-D tiles for pointwise kernels with transposed operands
 
 def _pow2(n: int) -> int:
     p = 1
@@ -88,7 +88,10 @@ def schedule_for(k: Kernel) -> TritonSchedule:
     tiles = plan_tiles(k)
     if tiles is not None:
         others = rows // (tiles.a.size * tiles.b.size)
-        return TritonSchedule(TILE_X, TILE_Y, True, 4, -(-tiles.b.size // TILE_X), -(-tiles.a.size // TILE_Y),
+        tile_x, tile_y, warps = TILE_X, TILE_Y, TILE_WARPS
+        if config.get().triton_tile_schedule.strip():  # (experiments: benchmarks/gpu_sched_sweep.py --tiles)
+            tile_x, tile_y, warps = (int(v) for v in config.get().triton_tile_schedule.split(","))
+        return TritonSchedule(tile_x, tile_y, True, warps, -(-tiles.b.size // tile_x), -(-tiles.a.size // tile_y),
                               others)
     forced = config.get().triton_persistent_schedule.strip()  # (experiments: benchmarks/gpu_sched_sweep.py)
     if k.is_reduction and k.rsize <= PERSISTENT_MAX and forced:
