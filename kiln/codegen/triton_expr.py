@@ -34,7 +34,7 @@ def tl_type(dtype: torch.dtype) -> str:
 
 def literal(value: Any, dtype: torch.dtype) -> str:
     if dtype == torch.bool:
-        return "1" if value else "0"
+        return "True" if value else "False"  # (Triton: an i1 constant; "1" would be i32 and turn a mask into an int)
     if dtype.is_floating_point:
         v = float(value)
         if math.isnan(v):
@@ -174,6 +174,8 @@ class TritonPrinter(Temporaries):
                 text += ".to(tl.float32)"
         elif isinstance(e, KOp) and e.op is Op.WHERE:
             cond = self.expr(e.args[0], guard)
+            if e.args[0].dtype != torch.bool:  # a mask must be i1: Triton rejects a load masked by an integer
+                cond = f"({cond} != 0)"
             g_true = cond if guard is None else f"{guard} & {cond}"
             g_false = f"({cond} == 0)" if guard is None else f"{guard} & ({cond} == 0)"
             text = f"tl.where({cond}, {self.expr(e.args[1], g_true)}, {self.expr(e.args[2], g_false)})"

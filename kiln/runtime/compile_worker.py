@@ -11,6 +11,7 @@ Job: ``{"id", "path", "kernel", "dtypes": ["bfloat16", ...], "grid": [x, y, z], 
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from typing import Any
@@ -46,9 +47,15 @@ def compile_job(job: dict) -> None:
 
 
 def main() -> None:
+    # The answers go to the parent through the original stdout; file descriptor 1 then points at stderr, because
+    # a failing compile prints its MLIR diagnostics (the module's IR) to fd 1 from C++, which would break the
+    # protocol and read as a crashed worker instead of the error.
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
     _install_stub_driver(json.loads(sys.argv[1]))
     import torch  # noqa: F401  (imported before the first job, while the parent is still tracing)
-    print(json.dumps({"ready": True}), flush=True)
+    print(json.dumps({"ready": True}), file=answers, flush=True)
     for line in sys.stdin:
         job = json.loads(line)
         start = time.perf_counter()
@@ -57,7 +64,7 @@ def main() -> None:
             answer = {"id": job["id"], "ok": True, "seconds": time.perf_counter() - start}
         except Exception as exc:  # noqa: BLE001 - reported to the parent, which compiles it itself
             answer = {"id": job["id"], "ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        print(json.dumps(answer), flush=True)
+        print(json.dumps(answer), file=answers, flush=True)
 
 
 if __name__ == "__main__":

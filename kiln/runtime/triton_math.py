@@ -101,6 +101,8 @@ else:
 
     @triton.jit
     def pow(x, y):
+        if isinstance(y, (int, float)):  # (interpreted: a literal exponent as a block, so '&' of its tests works)
+            y = tl.full(x.shape, y, tl.float32)
         r = tl.exp(y * tl.log(tl.abs(x)))
         odd = (tl.floor(y) == y) & (tl.floor(y * 0.5) * 2.0 != y)
         r = tl.where((x < 0) & odd, -r, r)

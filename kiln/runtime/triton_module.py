@@ -186,6 +186,19 @@ class TritonGraph(CompiledGraph):
         self.static_launches = sum(1 for steps in self._launches for fn, _, _ in steps
                                    if isinstance(fn, _Launcher) and fn.static is not None)
 
+    def compile_jobs(self, jobs: list[tuple[int, int]] | None = None) -> list[dict[str, Any]]:
+        """The compile worker's job for each launch ``(segment, position)`` (default: every launch), the way
+        ``kiln.runtime.compile_worker`` takes them: module file, kernel, argument dtypes, grid and constants."""
+        if jobs is None:
+            jobs = [(i, j) for i, steps in enumerate(self._launches) for j in range(len(steps))]
+        specs = []
+        for k, (i, j) in enumerate(jobs):
+            fn, args, s = self._launches[i][j]
+            specs.append({"id": k, "path": self._module_path, "kernel": self.segments[i][j],
+                          "dtypes": [str(n.dtype).removeprefix("torch.") for n in args], "grid": list(s.grid3),
+                          "constants": {"XBLOCK": s.xblock, "RBLOCK": max(s.rblock, 1)}, "num_warps": s.num_warps})
+        return specs
+
     def _compile_in_workers(self, jobs: list[tuple[int, int]], phases: dict[str, float]) -> None:
         """Compile these launches in the worker processes first (see compile_pool); what they leave undone
         the thread pool below compiles here."""
@@ -193,14 +206,8 @@ class TritonGraph(CompiledGraph):
         pool = compile_pool.get()
         if pool is None or len(jobs) < 2:
             return
-        specs = []
-        for k, (i, j) in enumerate(jobs):
-            fn, args, s = self._launches[i][j]
-            specs.append({"id": k, "path": self._module_path, "kernel": self.segments[i][j],
-                          "dtypes": [str(n.dtype).removeprefix("torch.") for n in args], "grid": list(s.grid3),
-                          "constants": {"XBLOCK": s.xblock, "RBLOCK": max(s.rblock, 1)}, "num_warps": s.num_warps})
         start = time.perf_counter()
-        answers = pool.compile(specs)
+        answers = pool.compile(self.compile_jobs(jobs))
         phases["compile_workers"] = time.perf_counter() - start
         phases["kernels_by_workers"] = sum(1 for a in answers.values() if a.get("ok"))
 

@@ -1,0 +1,77 @@
+"""Every kernel the Triton generator writes must build for a real GPU, not only run in Triton's interpreter
+(kiln/testing/gpu_build.py): T5 fell back to eager on the H200 because a load was masked by an integer tensor,
+which the interpreter runs without complaint.  Without a GPU the kernels are built for Hopper (sm_90) by kiln's
+compile workers (front end, MLIR, LLVM, ptxas; no CUDA context); each zoo model must also match eager through
+the Triton target."""
+import pytest
+import torch
+
+from kiln.schedule.plan import triton_graph
+from kiln.testing import zoo
+from kiln.testing.gpu_build import gpu_build_errors
+from tests.gpu.conftest import DEVICE, compile_and_run
+
+pytest.importorskip("triton.backends.nvidia.driver")
+
+
+class _Module:
+    """A stand-in for a TritonGraph: the compile jobs of a hand-written module file."""
+
+    def __init__(self, path, kernels):
+        self.jobs = [{"id": k, "path": str(path), "kernel": name, "dtypes": ["float32", "float32"], "grid": [1, 1, 1],
+                      "constants": {"XBLOCK": 128, "RBLOCK": 1}, "num_warps": 4} for k, name in enumerate(kernels)]
+
+    def compile_jobs(self):
+        return self.jobs
+
+
+def test_a_kernel_the_gpu_compiler_rejects_is_reported(tmp_path):
+    path = tmp_path / "kernels.py"
+    path.write_text('''import triton
+import triton.language as tl
+
+
+@triton.jit
+def int_mask(x, y, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(y + i, tl.load(x + i, mask=(i < 100).to(tl.int32)), mask=i < 100)
+
+
+@triton.jit
+def bool_mask(x, y, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):
+    i = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)
+    tl.store(y + i, tl.load(x + i, mask=i < 100), mask=i < 100)
+''')
+    errors = gpu_build_errors(_Module(path, ["int_mask", "bool_mask"]))
+    assert list(errors) == ["int_mask"], errors
+
+
+class _GuardedGather(torch.nn.Module):
+    """A gather guarded by ``ones(bool) & (idx >= 0)``: the constant True joins the load's mask."""
+
+    def forward(self, x, idx):
+        keep = torch.ones(idx.shape, dtype=torch.bool, device=idx.device) & (idx >= 0)
+        return torch.where(keep, x[torch.where(keep, idx, 0)], 0.0)
+
+
+def test_a_bool_constant_in_a_load_mask_builds():
+    """Triton reads the literal ``1`` as i32, and ``1 & cond`` as an i32 mask, which its compiler rejects on a
+    load (the T5 failure); a bool constant is ``True``."""
+    x, idx = torch.randn(10, device=DEVICE), torch.randint(-3, 10, (64,), device=DEVICE)
+    got, report = compile_and_run(_GuardedGather(), x, idx)
+    torch.testing.assert_close(got, _GuardedGather()(x, idx))
+    assert "True &" in report.source or "& True" in report.source, report.source
+    assert gpu_build_errors(triton_graph(report.optimized, report, torch.device(DEVICE))) == {}
+
+
+@pytest.mark.zoo
+@pytest.mark.parametrize("name", list(zoo.specs()))
+def test_zoo_model_on_the_triton_target_matches_eager_and_builds(name):
+    pytest.importorskip("transformers")
+    torch._dynamo.reset()
+    model, inputs = zoo.build(name, size="ci")
+    model, inputs = model.to(DEVICE), tuple(t.to(DEVICE) for t in inputs)
+    got, report = compile_and_run(model, *inputs)
+    with torch.inference_mode():
+        zoo.assert_close(got, model(*inputs), rtol=1e-3, atol=1e-4)
+    assert gpu_build_errors(triton_graph(report.optimized, report, torch.device(DEVICE))) == {}
