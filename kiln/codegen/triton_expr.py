@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from kiln.ir.index import Dyn, Lin, render
-from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
+from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar, subexprs
 from kiln.codegen.printing import OpTable, Rule, Temporaries
 from kiln.ir.ops import HALF, Op, compute_dtype  # noqa: F401  (re-exported for triton.py)
 
@@ -138,12 +138,23 @@ class TritonPrinter(Temporaries):
         self.indent = indent
         self.mask = mask                  # the block mask every load and store carries
         self.scratch = scratch or {}      # row-scratch buffer -> the value it holds (recomputed, not stored)
+        self._unguarded: set[KExpr] = set()
 
     def child(self, lines: list[str], indent: str, mask: str) -> "TritonPrinter":
         return TritonPrinter(lines, indent, mask, self.scratch, self.names, self.counter)
 
     def index(self, e: Lin, guard: str | None = None) -> str:
         return render_index(e, lambda d: self._dyn(d, guard))
+
+    def _loads(self, e: KExpr) -> bool:
+        """Does evaluating ``e`` still need a load (one not yet printed without a guard, which any guard may
+        reuse)?  Gather indices count; so does a row-scratch value, which stands for its loads."""
+        if e in self._unguarded:
+            return False
+        if any(isinstance(x, KLoad) and (x, None) not in self.names for x in subexprs(e)):
+            return True
+        self._unguarded.add(e)  # (names only grow: once true, it stays true)
+        return False
 
     def _dyn(self, d: Dyn, guard: str | None) -> str:
         return f"({self.expr(d.expr, guard)})"
@@ -152,6 +163,8 @@ class TritonPrinter(Temporaries):
         return self.mask if guard is None else f"{self.mask} & {guard}"
 
     def expr(self, e: KExpr, guard: str | None = None) -> str:
+        if guard is not None and not self._loads(e):
+            guard = None  # nothing here reads memory: its value is the same under every guard, computed once
         key = (e, guard)
         if key in self.names:
             return self.names[key]

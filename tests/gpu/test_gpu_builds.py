@@ -75,3 +75,14 @@ def test_zoo_model_on_the_triton_target_matches_eager_and_builds(name):
     with torch.inference_mode():
         zoo.assert_close(got, model(*inputs), rtol=1e-3, atol=1e-4)
     assert gpu_build_errors(triton_graph(report.optimized, report, torch.device(DEVICE))) == {}
+
+
+def test_a_value_without_loads_of_its_own_is_computed_once_under_all_guards():
+    """The gather's index (``where(keep, idx, 0)``, wrapped for negative values) sits under the guards of the
+    wheres around it; all it reads was loaded without a guard, so each of its steps is printed once
+    (codegen/triton_expr.TritonPrinter), not once per guard."""
+    x, idx = torch.randn(10, device=DEVICE), torch.randint(-3, 10, (64,), device=DEVICE)
+    got, report = compile_and_run(_GuardedGather(), x, idx)
+    torch.testing.assert_close(got, _GuardedGather()(x, idx))
+    lines = [ln.split(" = ", 1)[1] for ln in report.source.splitlines() if " = " in ln and ln.strip().startswith("t")]
+    assert len(lines) == len(set(lines)), report.source  # no step printed twice
