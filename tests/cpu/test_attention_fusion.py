@@ -46,3 +46,39 @@ def test_attention_fusion(kind, fused, kernel, extern):
     assert (extern in report.externs) == fused, report.externs
     # kiln's kernel is called from the generated C++ (runtime/native.py), ATen's through Python
     assert ("attention" in report.native_externs) == (fused and kernel == "kiln"), report.native_externs
+
+
+class _Sdpa(nn.Module):
+    """F.scaled_dot_product_attention (traced as ATen's CPU flash attention), then the output projection.
+    ``split``: the query is heads split from a projection (a transposed view); else a contiguous [B, H, T, D]."""
+
+    def __init__(self, split: bool, c: int = 64, h: int = 4):
+        super().__init__()
+        self.qkv, self.proj, self.h, self.split = nn.Linear(c, 3 * c), nn.Linear(c, c), h, split
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in self.qkv(x).split(c, dim=2))
+        if not self.split:
+            q = (q * 1.5).contiguous()
+        y = F.scaled_dot_product_attention(q, k, v)
+        return torch.relu(self.proj(y.transpose(1, 2).reshape(b, t, c)))
+
+
+@pytest.mark.parametrize("split", [True, False])
+def test_cpu_flash_attention_output_layout_follows_the_query(split):
+    """ATen's CPU flash attention writes its output in the query's layout: heads split from a projection give
+    [B, T, H, D] memory, so merging the heads for the output projection is a view and the projection is called
+    from the generated C++ (library/attention: the layout fact); a contiguous query gives a contiguous output,
+    whose merge copies.  Either way the result is eager's."""
+    torch.manual_seed(0)
+    model = _Sdpa(split).eval()
+    x = torch.randn(2, 16, 64)
+    position = mark()
+    with torch.inference_mode():
+        compiled = kiln.compile(model, fallback=False, choices="gemm=kiln")  # (both linears: kiln's GEMM)
+        torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(x + 1), model(x + 1), rtol=1e-5, atol=1e-5)
+    report = reports_since(position)[-1]
+    assert "_scaled_dot_product_flash_attention_for_cpu" in report.externs, report.externs
+    assert report.native_externs.count("linear_packed") == (2 if split else 1), report.native_externs

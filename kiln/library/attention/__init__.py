@@ -14,8 +14,9 @@ from typing import Any
 
 import torch
 
-from kiln.ir.graph import Node
-from kiln.ir.ops import Op
+from kiln.ir.graph import Node, view_root
+from kiln.ir.interp import view_layout
+from kiln.ir.ops import Op, contiguous_strides
 from kiln.library.attention import fuse, op
 from kiln.library.spec import GraphPass, Operator
 
@@ -25,11 +26,42 @@ def _writes_heads_merged(target: Any) -> bool:
         getattr(target, "overloadpacket", None) is torch.ops.aten.scaled_dot_product_attention
 
 
+def _heads_merged(shape: tuple[int, ...]) -> tuple[int, ...]:
+    b, h, t, d = shape
+    return (t * h * d, d, h * d, 1)
+
+
 def _fixed_strides(n: Node) -> tuple[int, ...] | None:
-    if n.op is Op.EXTERN and len(n.shape) == 4 and _writes_heads_merged(n.attr("target")):
-        b, h, t, d = n.shape
-        return (t * h * d, d, h * d, 1)
+    if n.op is not Op.EXTERN or len(n.shape) != 4:
+        return None
+    if _writes_heads_merged(n.attr("target")):
+        return _heads_merged(n.shape)
+    if n.attr("target") is _SDPA_CPU and n.attr("out_index") == 0 and n.shape[1] > 1 and n.shape[2] > 1:
+        # ATen's CPU flash attention writes its output dense in the query's stride order: [B, T, H, D] memory
+        # when the query is heads split from a projection (then merging the heads after it is a view, and the
+        # projection that reads it can be a native call), contiguous for a contiguous query.  The generated
+        # call checks the strides of every library result and re-lays out one that differs, so a wrong guess
+        # costs a copy, not a result.
+        q = _query_strides(n.inputs[0])
+        if q is not None and q[3] == 1 and q[1] < q[2]:
+            return _heads_merged(n.shape)
     return None
+
+
+_SDPA_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _query_strides(q: Node) -> tuple[int, ...] | None:
+    """The query's strides as the plan will lay it out: its view chain over a contiguous base (or one whose
+    layout a library fixes), or None where the chain copies."""
+    root = view_root(q)
+    chain = []
+    while q is not root:
+        chain.append(q)
+        q = q.inputs[0]
+    base = (_fixed_strides(root) if root.op is Op.EXTERN else None) or contiguous_strides(root.shape)
+    found = view_layout(root.shape, base, root.dtype, chain[::-1]) if chain else (base, 0)
+    return tuple(found[0]) if found is not None else None
 
 
 OPERATOR = Operator(
