@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from kiln.ir.graph import Graph, Node
-from kiln.ir.ops import Op
+from kiln.ir.ops import VIEW, Op
 
 
 def _python_floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -157,6 +157,16 @@ def view_function(n: Node) -> Callable[[torch.Tensor], torch.Tensor]:
         shape = n.shape
         return lambda t: t.expand(shape)
     return lambda t: eval_node(n, [t])
+
+
+def view_chain(n: Node, is_base: Callable[[Node], bool] | None = None) -> tuple[Node, list[Node]]:
+    """(base, the view ops from it up to ``n``, innermost first): ``n``'s view chain down to the first node
+    ``is_base`` accepts (default: the first that is not a view) - what ``view_layout`` takes."""
+    chain = []
+    while not (is_base(n) if is_base is not None else n.op not in VIEW):
+        chain.append(n)
+        n = n.inputs[0]
+    return n, chain[::-1]
 
 
 def view_layout(shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype,

@@ -23,8 +23,9 @@ from typing import Any
 import torch
 
 from kiln import library
-from kiln.ir.graph import Graph, GraphBuilder, Node
-from kiln.ir.ops import Op, channels_last_strides
+from kiln.ir.graph import Graph, GraphBuilder, Node, mutates
+from kiln.ir.interp import view_chain, view_layout
+from kiln.ir.ops import VIEW, Op, channels_last_strides, contiguous_strides
 from kiln.ir.program import Plan
 from kiln.passes.rewrite import copy_with_inputs
 
@@ -119,26 +120,21 @@ def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
         %z = extern aten.addmm(%b, %r, %w)      %r' = cast(%r) {view_copy}
                                                 %z = extern aten.addmm(%b, %r', %w)
     """
-    from kiln.ir.graph import mutates
-    from kiln.ir.interp import view_layout
-    from kiln.ir.ops import VIEW, contiguous_strides
     chosen_weights = {c for c in plan.cl_convs if c.inputs[1].op is Op.CONSTANT
                       and needs_relayout(c.inputs[1].shape)} if weights else set()
 
     def copies(v: Node) -> bool:
         """Is ``v`` a view chain the generated call would have to run as a copy?"""
-        chain = []
-        while v not in plan.buffer_of and v.op in VIEW:
-            chain.append(v)
-            v = v.inputs[0]
-        if not chain or v not in plan.buffer_of or v.op is Op.CONSTANT:  # (a weight's view is made once)
+        base, chain = view_chain(v, lambda m: m in plan.buffer_of or m.op not in VIEW)
+        if not chain or base not in plan.buffer_of or base.op is Op.CONSTANT:  # (a weight's view is made once)
             return False
-        strides = plan.strides_of.get(v) or contiguous_strides(v.shape)
-        return view_layout(v.shape, strides, v.dtype, chain[::-1]) is None
+        strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
+        return view_layout(base.shape, strides, base.dtype, chain) is None
 
-    copied = {n: [k for k, x in enumerate(n.inputs) if copies(x)] for n in graph.nodes
-              if n.op is Op.EXTERN and not mutates(n)}
-    copied = {n: ks for n, ks in copied.items() if ks}
+    copied: dict[Node, list[int]] = {}  # library call -> the positions of the operands to copy
+    for n in graph.nodes:
+        if n.op is Op.EXTERN and not mutates(n) and (ks := [k for k, x in enumerate(n.inputs) if copies(x)]):
+            copied[n] = ks
     if not chosen_weights and not copied:
         return graph
     b = GraphBuilder()

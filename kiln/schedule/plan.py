@@ -118,14 +118,16 @@ def build_cpu(graph: Graph, report: CompileReport, arena: bool = True,
     return CompiledGraph(graph, build_program(graph, plan, arena=arena), report)
 
 
-def triton_plan(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None) -> Plan:
+def triton_plan(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None,
+                plan: Plan | None = None) -> Plan:
     """The GPU plan of ``graph``: each operator may replace steps with its own (``Operator.plan_gpu``: matmuls
     whose measured or recorded best is kiln's Triton template take their epilogue kernel in); every kernel gets its
-    launch schedule.  ``choices``: the compile's measured-choice service (else one for this plan)."""
+    launch schedule.  ``choices``: the compile's measured-choice service (else one for this plan); ``plan``:
+    ``make_plan(graph)`` when the caller has made it already."""
     from kiln.codegen.triton import schedule_for
     from kiln.library import OPERATORS
     from kiln.tune.choices import Choices
-    plan = make_plan(graph)
+    plan = plan if plan is not None else make_plan(graph)
     own = choices is None
     choices = Choices.for_compile(report.mode) if own else choices
     try:
@@ -158,7 +160,9 @@ def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choi
     # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
     with config.scope(layout_optimization=True):
-        graph = relayout_copies(graph, make_plan(graph), weights=not config.get().holds_weight_copies(report.mode))
-        plan = triton_plan(graph, report, device, choices)
+        first = make_plan(graph)
+        copied = relayout_copies(graph, first, weights=not config.get().holds_weight_copies(report.mode))
+        plan = triton_plan(copied, report, device, choices, plan=first if copied is graph else None)
+        graph = copied
         return TritonGraph(graph, build_program(graph, plan, arena=False), report, device)
 

@@ -32,7 +32,7 @@ from kiln import config, library
 from kiln.codegen.cpp import native_calls
 from kiln.ir.extern import Baked
 from kiln.ir.graph import Graph, Node, mutates
-from kiln.ir.interp import view_layout
+from kiln.ir.interp import view_chain, view_layout
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op, contiguous_strides
 from kiln.ir.program import Allocation, ExternStep, Plan, Program
@@ -118,15 +118,11 @@ def _native_calls(plan: Plan, arena: bool, escaping: set[Node], slot_of: dict[st
 
     def layout(v: Node) -> tuple[tuple[int, ...], int] | None:
         """(strides, offset in elements) of ``v`` in its realized base's buffer."""
-        base = base_of(v, plan.buffer_of)
+        base, chain = view_chain(v, lambda m: m in plan.buffer_of)
         if base in oneDNN_weights:  # held channels-last for oneDNN (runtime: the constants)
             return None
         strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
-        chain = []
-        while v is not base:
-            chain.append(v)
-            v = v.inputs[0]
-        return view_layout(base.shape, strides, base.dtype, chain[::-1])  # None: a step copies
+        return view_layout(base.shape, strides, base.dtype, chain)  # None: a step copies
 
     def strides_of(v: Node) -> tuple[int, ...] | None:
         found = layout(v)

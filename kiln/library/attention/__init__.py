@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from kiln.ir.graph import Node, view_root
-from kiln.ir.interp import view_layout
+from kiln.ir.graph import Node
+from kiln.ir.interp import view_chain, view_layout
 from kiln.ir.ops import Op, contiguous_strides
 from kiln.library.attention import fuse, op
 from kiln.library.spec import GraphPass, Operator
@@ -54,13 +54,9 @@ _SDPA_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 def _query_strides(q: Node) -> tuple[int, ...] | None:
     """The query's strides as the plan will lay it out: its view chain over a contiguous base (or one whose
     layout a library fixes), or None where the chain copies."""
-    root = view_root(q)
-    chain = []
-    while q is not root:
-        chain.append(q)
-        q = q.inputs[0]
+    root, chain = view_chain(q)
     base = (_fixed_strides(root) if root.op is Op.EXTERN else None) or contiguous_strides(root.shape)
-    found = view_layout(root.shape, base, root.dtype, chain[::-1]) if chain else (base, 0)
+    found = view_layout(root.shape, base, root.dtype, chain)
     return tuple(found[0]) if found is not None else None
 
 
