@@ -123,7 +123,10 @@ def hf_spec(name: str, family: str, model: str, ci: dict[str, Any], full: dict[s
     def build(size: str, attn: str | None, input_seed: int) -> tuple[nn.Module, tuple[Tensor, ...]]:
         transformers = transformers_module()
         cls = getattr(transformers, model)
-        options = {**(ci if size == "ci" else full), **({"attn_implementation": attn} if attn else {})}
+        # use_cache=False: one forward pass, no key/value cache built for a later decoding step (building it is
+        # not model work, and some transformers versions build it with a deepcopy Dynamo cannot trace)
+        options = {"use_cache": False, **(ci if size == "ci" else full),
+                   **({"attn_implementation": attn} if attn else {})}
         config = cls.config_class(**options)
         torch.manual_seed(SEED)
         net = cls(config)
