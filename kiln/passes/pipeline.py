@@ -15,6 +15,7 @@ from kiln.passes.cse import cse
 from kiln.passes.dce import dce
 from kiln.passes.fold import fold_constants
 from kiln.passes.fold_affine import fold_affine
+from kiln.passes.fold_pad import fold_pad
 from kiln.passes.half_in_fp32 import half_in_fp32
 from kiln.passes.order import hoist_last_readers
 from kiln.passes.rewrite import RewriteLog
@@ -45,6 +46,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("cse", cse),                              # merge duplicates before folding, so each constant is folded once
     ("fold_constants", _fold),                 # weights are constants: BN scale/shift, transposed weights
     ("fold_affine", _fold_affine),             # needs folded per-channel constants: BN -> conv/linear weights
+    ("fold_pad", fold_pad),                    # before the library passes, which choose each convolution by its
+                                               # padded shape; its pad node dies in the next line
     ("dce_folded", lambda g, log: dce(g)),     # the unfolded layers: else the library passes pack their weights too
     ("half_in_fp32", _half_in_fp32),           # after folding, before the library passes: they see fp32 products
     # the operators' passes (kiln/library: kiln's GEMM, convolutions, attention), in their registry's order:

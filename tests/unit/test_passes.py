@@ -827,3 +827,53 @@ def test_fusion_stores_a_residual_stream_that_consumers_would_reread():
                                                                                                shape=(8, 64))))
     g2 = b2.finish([b2.add(Op.SUM, (y,), axes=(1,), keepdim=True), b2.add(Op.MUL, (y, y))])
     assert y not in decide_realized(g2)[0]
+
+
+# ------------------------------------------------------------------------------------------------ fold_pad
+
+def _padded_conv(pads, value=0.0, padding=(1, 0)):
+    b = GraphBuilder()
+    x = inp(b, (2, 3, 6, 7))
+    shape = tuple(s + a + c for s, (a, c) in zip((2, 3, 6, 7), pads))
+    n = shape[0]
+    p = b.add(Op.PAD, (x,), shape=shape, pads=tuple(pads), value=value)
+    w = const(b, randn(4, 3, 3, 3))
+    ho, wo = (shape[2] + 2 * padding[0] - 3) // 2 + 1, shape[3] + 2 * padding[1] - 2
+    conv = build_extern(b, aten.convolution.default, [p, w, None, [2, 1], list(padding), [1, 1], False, [0, 0], 1],
+                        {}, (n, 4, ho, wo), F32)
+    return b.finish([conv])
+
+
+def test_fold_pad_symmetric_zero_pad_becomes_convolution_padding():
+    from kiln.passes.fold_pad import fold_pad
+    log = RewriteLog()
+    out = run_pass(lambda g: dce(fold_pad(g, log)), _padded_conv(((0, 0), (0, 0), (1, 1), (2, 2))), """\
+graph(%in0: f32[2, 3, 6, 7]):
+  %0 = pad(%in0, pads=((0, 0), (0, 0), (1, 1), (2, 2)), value=0.0) : f32[2, 3, 8, 11]
+  %1 = constant(value=const<(4, 3, 3, 3)>) : f32[4, 3, 3, 3]
+  %2 = extern(%0, %1, target=aten.convolution.default, out_index=None) : f32[2, 4, 4, 9]
+  return (%2)""", """\
+graph(%in0: f32[2, 3, 6, 7]):
+  %0 = constant(value=const<(4, 3, 3, 3)>) : f32[4, 3, 3, 3]
+  %1 = extern(%in0, %0, target=aten.convolution.default, out_index=None) : f32[2, 4, 4, 9]
+  return (%1)""")
+    from kiln.ir.extern import extern_args
+    assert extern_args(out.outputs[0])[0][4] == [2, 2]  # padding (1, 0) + the pad's (1, 2)
+    assert log.counts == {"zero pad -> convolution padding": 1}
+
+
+@pytest.mark.parametrize("pads,value", [
+    (((0, 0), (0, 0), (0, 1), (0, 1)), 0.0),   # TensorFlow's stride-2 "same": more after than before
+    (((0, 0), (0, 0), (1, 1), (1, 1)), 1.0),   # not zeros
+    (((1, 1), (0, 0), (1, 1), (1, 1)), 0.0),   # pads the batch too
+    (((0, 0), (0, 0), (-1, -1), (0, 0)), 0.0),  # a crop
+])
+def test_fold_pad_keeps_pads_convolution_padding_cannot_say(pads, value):
+    from kiln.passes.fold_pad import fold_pad
+    if any(a < 0 for a, _ in pads):
+        g = _padded_conv(pads, value, padding=(1, 1))
+    else:
+        g = _padded_conv(pads, value)
+    log = RewriteLog()
+    out = fold_pad(g, log)
+    assert format_graph(out) == format_graph(g) and not log.counts
