@@ -38,6 +38,8 @@ KEEP_WHOLE = (
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict[Any, Any]:
+    from kiln.frontend.fused_layers import fused_layer_decompositions
     table = dict(core_aten_decompositions())
     keep = set(KEEP_WHOLE)
-    return {op: fn for op, fn in table.items() if getattr(op, "overloadpacket", None) not in keep}
+    return {**{op: fn for op, fn in table.items() if getattr(op, "overloadpacket", None) not in keep},
+            **fused_layer_decompositions()}

@@ -26,8 +26,8 @@ LIBRARY_EXTERNS = {"convolution", "onednn_convolution", "conv_winograd", "conv_g
                    "addmm", "bmm", "baddbmm", "onednn_linear", "linear_packed", "scaled_dot_product_attention",
                    "_scaled_dot_product_flash_attention_for_cpu", "max_pool2d_with_indices", "avg_pool2d"}
 # cumsum (RoBERTa's, OPT's and BLOOM's positions from the attention mask) is a scan, which kiln's kernel IR
-# cannot express yet; torch.nn's fused inference fast path has no decomposition (zoo_torch's note)
-EXPECTED_EXTERNS = LIBRARY_EXTERNS | {"cumsum"} | zoo_torch.FAST_OPS
+# cannot express yet; torch.nn's fused inference fast path is decomposed by kiln (zoo_torch's note)
+EXPECTED_EXTERNS = LIBRARY_EXTERNS | {"cumsum"}
 RTOL, ATOL = 1e-3, 1e-4
 
 
