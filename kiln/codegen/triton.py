@@ -61,20 +61,20 @@ class TritonSchedule:
     persistent: bool
     num_warps: int
     grid: int
-    grid_y: int = 1    # (2-D tiled pointwise kernels put both tile indices on the first axis)
-    grid_z: int = 1    # 2-D tiled pointwise kernels: the remaining (outer) loop positions
+    grid_y: int = 1    # 2-D tiled pointwise kernels: tiles along the transposed axis
+    grid_z: int = 1    #   ... and the remaining (outer) loop positions
 
     @property
     def grid3(self) -> tuple[int, int, int]:
         return (self.grid, self.grid_y, self.grid_z)
 
 
-# 2-D tiles for pointwise kernels with transposed operands: TILE_X along the stores' unit-stride loop, TILE_Y
-# along the transposed loads'.  The tiles sharing a load row run next to each other (``_tiled_pointwise``).
-# H200, bf16 [16, 128, 220, 220] channels-last -> NCHW with a ReLU (benchmarks/transpose_tiles.py, 2026-12-03):
-# 32x64 113 us (load tiles fastest) against 128-135 us (store tiles fastest); 64x128 and 128x64 with 8 warps
-# the same; Inductor's kernel 109 us.
-TILE_X, TILE_Y, TILE_WARPS = 32, 64, 4
+# 2-D tiles for pointwise kernels with transposed operands.  H200, bf16 [16, 128, 220, 220] channels-last ->
+# NCHW + bias + ReLU, interleaved rounds (benchmarks/transpose_tiles.py, 2026-12-03): every tile shape, tile
+# order and cache hint tried is within 96-104 us (Inductor's kernel 96.3, this one 102.2, the load side's tiles
+# first on a flat axis 98-99), so the shape is not what separates kiln's 125 us from Inductor's 109 inside the
+# seed_b16 model (benchmarks/results/*-session18*).
+TILE_X, TILE_Y, TILE_WARPS = 64, 32, 4
 
 def _pow2(n: int) -> int:
     p = 1
@@ -96,9 +96,8 @@ def schedule_for(k: Kernel) -> TritonSchedule:
         tile_x, tile_y, warps = TILE_X, TILE_Y, TILE_WARPS
         if config.get().triton_tile_schedule.strip():  # (experiments: benchmarks/gpu_sched_sweep.py --tiles)
             tile_x, tile_y, warps = (int(v) for v in config.get().triton_tile_schedule.split(","))
-        # one flat grid axis over both tile indices (``_tiled_pointwise``); the outer positions on the third
-        return TritonSchedule(tile_x, tile_y, True, warps, -(-tiles.b.size // tile_x) * -(-tiles.a.size // tile_y),
-                              1, others)
+        return TritonSchedule(tile_x, tile_y, True, warps, -(-tiles.b.size // tile_x), -(-tiles.a.size // tile_y),
+                              others)
     forced = config.get().triton_persistent_schedule.strip()  # (experiments: benchmarks/gpu_sched_sweep.py)
     if k.is_reduction and k.rsize <= PERSISTENT_MAX and forced:
         xblock, warps = (int(v) for v in forced.split(","))
@@ -172,7 +171,7 @@ class TritonKernelWriter:
 
     # ------------------------------------------------------------------ pointwise
     def _pointwise(self, pid: str) -> None:
-        if plan_tiles(self.k) is not None:
+        if self.s.grid_y > 1 or plan_tiles(self.k) is not None:
             self._tiled_pointwise()
             return
         ind = "    "
@@ -188,19 +187,12 @@ class TritonKernelWriter:
 
     def _tiled_pointwise(self) -> None:
         """2-D tiles [RBLOCK along the transposed loads' unit-stride loop, XBLOCK along the stores'] so both
-        sides are coalesced (Triton moves the tile through shared memory between the two orders).
-
-        The tile index runs over the load side first: the programs that read one row of the loaded tensor (a
-        pixel's channels, channels-last) run at the same time and share its cache lines; with the store side
-        first, a row was read in RBLOCK-wide pieces by programs far apart (on the H200 ~15% slower).  One flat
-        grid axis holds both tile indices (the y and z axes are limited to 65535)."""
+        sides are coalesced (Triton moves the tile through shared memory between the two orders)."""
         ind = "    "
         tiles = plan_tiles(self.k)
         a, b = tiles.a, tiles.b
-        a_tiles = -(-a.size // max(self.s.rblock, 1))
-        self._emit(ind, "t = tl.program_id(0)")
-        self._emit(ind, f"{b.name} = (t // {a_tiles}) * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
-        self._emit(ind, f"{a.name} = (t % {a_tiles}) * RBLOCK + tl.arange(0, RBLOCK)[:, None]")
+        self._emit(ind, f"{b.name} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
+        self._emit(ind, f"{a.name} = tl.program_id(1) * RBLOCK + tl.arange(0, RBLOCK)[:, None]")
         self._emit(ind, f"xmask = ({b.name} < {b.size}) & ({a.name} < {a.size})")
         others = [(f"i{d}", size) for d, size in enumerate(self.k.outer) if f"i{d}" not in (a.name, b.name)]
         self._emit(ind, "z = tl.program_id(2)")
