@@ -103,6 +103,11 @@ def build_cpu(graph: Graph, report: CompileReport, arena: bool = True,
     from kiln.tune.choices import Choices
     from kiln.tune.cpu import apply_schedules
     plan = make_plan(graph)
+    # a library operand no view can give (heads merged after attention) becomes a copy kernel of kiln's, so the
+    # call stays native (from the generated C++) instead of going through Python to copy with ATen's reshape
+    copied = relayout_copies(graph, plan, weights=False)
+    if copied is not graph:
+        graph, plan = copied, make_plan(copied)
     own = choices is None
     choices = Choices.for_compile(report.mode) if own else choices
     try:

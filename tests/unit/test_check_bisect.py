@@ -16,7 +16,7 @@ from kiln.runtime import module
 from kiln.library.gemm import op as cpu_gemm
 from kiln.ir.interp import view_function
 from kiln.runtime.checking import StepCheckError
-from kiln.schedule import program
+from kiln.schedule import layout as schedule_layout, program
 from kiln.testing.bisect import bisect, check_saved
 
 
@@ -75,6 +75,7 @@ def wrong_native_layout(monkeypatch):
             t = view_function(n)(t)
         return tuple(t.stride()), t.storage_offset()
     monkeypatch.setattr(program, "view_layout", layout)  # (patched: injects a bug where native calls are bound)
+    monkeypatch.setattr(schedule_layout, "view_layout", layout)  # (and no copy kernel is put before the call)
     with config.scope(choices="gemm=kiln"):
         yield
 
