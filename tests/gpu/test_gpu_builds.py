@@ -66,7 +66,9 @@ def test_a_bool_constant_in_a_load_mask_builds():
 
 @pytest.mark.zoo
 @pytest.mark.parametrize("name", list(zoo.specs()))
-def test_zoo_model_on_the_triton_target_matches_eager_and_builds(name):
+def test_zoo_model_on_the_triton_target_matches_eager_and_builds(name, no_tf32):
+    """(On a GPU, cuDNN's TF32 convolutions would differ by ~1e-3 between kiln's channels-last algorithm and
+    eager's NCHW one: ResNet-50 and Swin's patch embedding failed the 1e-3 bound that way; conftest.no_tf32.)"""
     pytest.importorskip("transformers")
     torch._dynamo.reset()
     model, inputs = zoo.build(name, size="ci")
