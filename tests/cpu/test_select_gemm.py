@@ -55,3 +55,30 @@ def test_candidates_compute_the_epilogue_they_would_run(candidate_recorder, gelu
         kiln.compile(model, fallback=False, choices="gemm=aten")(torch.randn(24, 40))
     asked = [m.what for m in reports_since(position)[-1].choices]
     assert asked == ["linear 24x40x56" + (" + gelu" if gelu else ""), "linear 24x56x8"], asked
+
+
+class _SlicedWeights(nn.Module):
+    """Two products with slices of one fused weight (``nn.MultiheadAttention``'s cross-attention projects query and
+    key/value with rows of its ``in_proj_weight``), one of them a strided slice."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.randn(96, 32) / 6)
+        self.b = nn.Parameter(torch.randn(96))
+
+    def forward(self, q, kv):
+        return (nn.functional.linear(q, self.w[:32], self.b[:32]),
+                nn.functional.linear(kv, self.w[32:96:2], self.b[32:96:2]))
+
+
+@pytest.mark.parametrize("choice,extern", [("kiln", "linear_packed"), ("onednn", "onednn_linear")])
+def test_a_slice_of_a_constant_weight_is_a_library_weight(choice, extern):
+    model = _SlicedWeights().eval()
+    q, kv = torch.randn(20, 32), torch.randn(24, 32)
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(model, fallback=False, choices=f"gemm={choice}")(q, kv)
+        for a, e in zip(got, model(q, kv)):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
+    report = reports_since(position)[-1]
+    assert report.externs == [extern, extern], report.externs

@@ -18,8 +18,10 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
+from kiln import config
+from kiln.ir.extern import Baked, build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.ir.interp import view_chain, view_function
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
@@ -83,8 +85,7 @@ def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
     compile's start): the GEMM, where a product has a constant CPU weight."""
     for n in graph.nodes:
         if n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) in (aten.addmm, aten.mm) \
-                and any(_weight(i) is not None and _weight(i).attr("value").tensor.device.type == "cpu"
-                        for i in n.inputs):
+                and any((w := _weight(i)) is not None and w.device.type == "cpu" for i in n.inputs):
             return {"kiln_gemm": cpu_gemm.library}
     return {}
 
@@ -102,11 +103,19 @@ def _gelu_fed(graph: Graph) -> set[Node]:
     return out
 
 
-def _weight(n: Node) -> Node | None:
-    """The [N, K] constant whose transpose ``n`` is."""
-    if n.op is Op.PERMUTE and n.attr("dims") == (1, 0) and n.inputs[0].op is Op.CONSTANT:
-        return n.inputs[0]
-    return None
+def _weight(n: Node) -> torch.Tensor | None:
+    """The [N, K] constant whose transpose ``n`` is: a constant, or a view of one (a slice of a fused QKV weight:
+    ``nn.MultiheadAttention``'s cross-attention projects the query and the key/value with two slices of its
+    ``in_proj_weight``, which were ATen's addmm at half the GEMM's speed before)."""
+    if n.op is not Op.PERMUTE or n.attr("dims") != (1, 0):
+        return None
+    base, chain = view_chain(n.inputs[0])
+    if base.op is not Op.CONSTANT:
+        return None
+    w = base.attr("value").tensor
+    for v in chain:
+        w = view_function(v)(w)
+    return w
 
 
 def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = False) -> Graph:
@@ -129,7 +138,7 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
             return None
         bias, x, wt = (args if packet is aten.addmm else [None, *args])
         w = _weight(wt)
-        if w is None or w.attr("value").tensor.device.type != "cpu" or len(x.shape) != 2 \
+        if w is None or w.device.type != "cpu" or w.dim() != 2 or len(x.shape) != 2 \
                 or (bias is not None and bias.shape != (node.shape[1],)):
             return None
         m, k = x.shape
@@ -142,20 +151,21 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
         if choice == "kiln":
             if log:
                 log.hit(f"{packet.__name__} -> kiln GEMM")
-            packed = cpu_gemm.pack_weight(w.attr("value").tensor.float())
+            packed = cpu_gemm.pack_weight(w.float())
             tuned = tune_gemm.schedule(m, k, n, tune=tuning, choices=choices)
             if tuned is not None and log:
                 log.hit("kiln GEMM schedule from tuning")
             extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []
             return build_extern(b, torch.ops.kiln.linear_packed.default,
-                                [x, Baked(packed, f"packed{list(w.shape)}", checked_source(w)), bias, n, *extra],
+                                [x, Baked(packed, f"packed{list(w.shape)}", w if config.get().check else None),
+                                 bias, n, *extra],
                                 {}, node.shape,
                                 node.dtype)
         if choice != "onednn":
             return None
         if log:
             log.hit(f"{packet.__name__} -> oneDNN linear")
-        return build_extern(b, torch.ops.mkldnn._linear_pointwise.default, [x, w, bias, "none", [], ""], {},
+        return build_extern(b, torch.ops.mkldnn._linear_pointwise.default, [x, wt.inputs[0], bias, "none", [], ""], {},
                             node.shape, node.dtype)
 
     return rewrite(graph, rule)
