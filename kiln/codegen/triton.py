@@ -193,7 +193,19 @@ class TritonKernelWriter:
         a, b = tiles.a, tiles.b
         self._emit(ind, f"{b.name} = tl.program_id(0) * XBLOCK + tl.arange(0, XBLOCK)[None, :]")
         self._emit(ind, f"{a.name} = tl.program_id(1) * RBLOCK + tl.arange(0, RBLOCK)[:, None]")
-        self._emit(ind, f"xmask = ({b.name} < {b.size}) & ({a.name} < {a.size})")
+        # [Note: masks a tile cannot need] A bound the tile edge divides is never crossed: its test is left out,
+        # so the mask is constant along that edge and Triton keeps the loads there vectorized (a test of the
+        # loaded unit-stride index varies along it and splits them into scalar loads).  The static asserts
+        # make a launch with another block size a compile error instead of a read past the bound.
+        terms = []
+        for var, block in ((b, "XBLOCK"), (a, "RBLOCK")):
+            edge = self.s.xblock if block == "XBLOCK" else self.s.rblock
+            if var.size % max(edge, 1):
+                terms.append(f"({var.name} < {var.size})")
+            else:
+                self._emit(ind, f"tl.static_assert({var.size} % {block} == 0)")
+        self._emit(ind, "xmask = " + (f"tl.broadcast_to({' & '.join(terms)}, [RBLOCK, XBLOCK])" if terms
+                                      else "tl.full([RBLOCK, XBLOCK], True, tl.int1)"))
         others = [(f"i{d}", size) for d, size in enumerate(self.k.outer) if f"i{d}" not in (a.name, b.name)]
         self._emit(ind, "z = tl.program_id(2)")
         stride = 1
