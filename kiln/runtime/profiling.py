@@ -193,9 +193,8 @@ def library_flops(name: str, args: dict[str, Any], out_shape: tuple[int, ...]) -
         kh, kw = args["kernel"]
         return 2.0 * out * kh * kw
     weight = shape.get("weight") or shape.get("W") or ()  # (aten's and oneDNN's schema names)
-    if name in ("convolution", "onednn_convolution") and len(weight) == 4:
-        _, c_per_group, kh, kw = weight
-        return 2.0 * out * c_per_group * kh * kw
+    if name in ("convolution", "onednn_convolution") and len(weight) >= 3:  # 1-, 2- and 3-D
+        return 2.0 * out * math.prod(weight[1:])  # (input channels per group x the filter's taps)
     if "attention" in name and ("query" in shape or "q" in shape):
         b, h, t, d = shape.get("q") or shape["query"]
         s = (shape.get("k") or shape["key"])[2]

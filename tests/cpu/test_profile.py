@@ -67,6 +67,10 @@ def test_library_flops():
              (8, 3)) == 2 * 8 * 5 * 3
     assert f("convolution", {"input": torch.empty(1, 4, 9, 9), "weight": torch.empty(6, 2, 3, 3)},
              (1, 6, 7, 7)) == 2 * 6 * 49 * 2 * 9
+    assert f("convolution", {"input": torch.empty(1, 80, 30), "weight": torch.empty(16, 80, 3)},
+             (1, 16, 28)) == 2 * 16 * 28 * 80 * 3  # (1-D: Whisper's stem; it read 0 FLOPs before)
+    assert f("convolution", {"input": torch.empty(1, 2, 5, 5, 5), "weight": torch.empty(4, 2, 3, 3, 3)},
+             (1, 4, 3, 3, 3)) == 2 * 4 * 27 * 2 * 27
     assert f("conv_gemm", {"x": torch.empty(1, 4, 9, 9), "kernel": [3, 3]}, (1, 6, 7, 7)) == 2 * 6 * 49 * 4 * 9
     assert f("attention", {"q": torch.empty(1, 2, 8, 4), "k": torch.empty(1, 2, 8, 4), "causal": True},
              (1, 2, 8, 4)) == 4 * 2 * 8 * 8 * 4 / 2
