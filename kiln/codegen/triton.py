@@ -198,8 +198,7 @@ class TritonKernelWriter:
         # loaded unit-stride index varies along it and splits them into scalar loads).  The static asserts
         # make a launch with another block size a compile error instead of a read past the bound.
         terms = []
-        for var, block in ((b, "XBLOCK"), (a, "RBLOCK")):
-            edge = self.s.xblock if block == "XBLOCK" else self.s.rblock
+        for var, block, edge in ((b, "XBLOCK", self.s.xblock), (a, "RBLOCK", self.s.rblock)):
             if var.size % max(edge, 1):
                 terms.append(f"({var.name} < {var.size})")
             else:

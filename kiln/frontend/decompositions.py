@@ -15,6 +15,8 @@ from typing import Any
 import torch
 from torch._decomp import core_aten_decompositions
 
+from kiln.frontend.fused_layers import fused_layer_decompositions
+
 aten = torch.ops.aten
 
 # packets whose decompositions we drop (we lower the op ourselves, or call the library kernel)
@@ -38,7 +40,6 @@ KEEP_WHOLE = (
 
 @functools.lru_cache(maxsize=1)
 def decomposition_table() -> dict[Any, Any]:
-    from kiln.frontend.fused_layers import fused_layer_decompositions
     table = dict(core_aten_decompositions())
     keep = set(KEEP_WHOLE)
     return {**{op: fn for op, fn in table.items() if getattr(op, "overloadpacket", None) not in keep},

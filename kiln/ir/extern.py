@@ -34,11 +34,13 @@ class Baked:
         return self.label
 
 
-def checked_source(weight_node: Any) -> Any:
-    """A constant node's tensor, to keep as a ``Baked``'s source while ``KILN_CHECK`` is on (else None: a folded
-    weight's source would be held beside its packed form for nothing)."""
+def checked_source(weight: Any) -> Any:
+    """A weight (a constant node's tensor, or a tensor) to keep as a ``Baked``'s source while ``KILN_CHECK`` is on
+    (else None: a folded weight's source would be held beside its packed form for nothing)."""
     from kiln import config
-    return weight_node.attr("value").tensor if config.get().check else None
+    if not config.get().check:
+        return None
+    return weight if isinstance(weight, torch.Tensor) else weight.attr("value").tensor
 
 
 # Library ops called through the torch function of the same name: that C binding parses its arguments and calls

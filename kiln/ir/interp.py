@@ -169,6 +169,17 @@ def view_chain(n: Node, is_base: Callable[[Node], bool] | None = None) -> tuple[
     return n, chain[::-1]
 
 
+def constant_value(n: Node) -> torch.Tensor | None:
+    """The value of a constant, or of a view chain of one (a transposed or sliced weight); None for anything else."""
+    base, chain = view_chain(n)
+    if base.op is not Op.CONSTANT:
+        return None
+    value = base.attr("value").tensor
+    for v in chain:
+        value = view_function(v)(value)
+    return value
+
+
 def view_layout(shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype,
                 chain: Sequence[Node]) -> tuple[tuple[int, ...], int] | None:
     """(strides, storage offset in elements) of the view chain ``chain`` (outermost last) applied to a value of

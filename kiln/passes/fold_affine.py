@@ -19,7 +19,7 @@ import torch
 
 from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
-from kiln.ir.interp import eval_node
+from kiln.ir.interp import constant_value
 from kiln.ir.ops import VIEW, Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 
@@ -51,9 +51,9 @@ def _is_const(n: Node | None) -> bool:
 
 
 def _const_value(n: Node) -> torch.Tensor:
-    if n.op is Op.CONSTANT:
-        return n.attr("value").tensor
-    return eval_node(n, [_const_value(n.inputs[0])])
+    value = constant_value(n)  # (callers checked ``_is_const`` first)
+    assert value is not None, n
+    return value
 
 
 def _foldable(e: Node) -> tuple[int, list, dict] | None:

@@ -7,7 +7,7 @@ types.  Both plans are checked against each other on those inputs, so a layout b
 Where measuring does not fit the compile's budget the rule predicts channels-last: kiln's own convolutions
 (implicit GEMM, Winograd, depthwise) are built, and measured against oneDNN, channels-last, and write it; in a
 contiguous plan every one of them is fed NCHW and followed by a transposing kernel.  Measured on one thread
-(2026-12-03, AVX-512 dev box, ms per call contiguous -> channels-last): MobileNet-V2 35.4 -> 17.2 (its
+(2026-12-03, the AVX2 Zen 3 dev box, ms per call contiguous -> channels-last): MobileNet-V2 35.4 -> 17.2 (its
 depthwise layers read NCHW with strided loads), ConvNeXt-tiny 129.7 -> 122.3, ResNet-50 104.3 -> 97.3, seed
 52-54 -> 49-55, ResNet-18 35-36 -> 33-35.
 """

@@ -18,10 +18,9 @@ from typing import Any, Callable
 
 import torch
 
-from kiln import config
-from kiln.ir.extern import Baked, build_extern, extern_args
+from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
-from kiln.ir.interp import view_chain, view_function
+from kiln.ir.interp import constant_value
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
@@ -109,13 +108,7 @@ def _weight(n: Node) -> torch.Tensor | None:
     ``in_proj_weight``, which were ATen's addmm at half the GEMM's speed before)."""
     if n.op is not Op.PERMUTE or n.attr("dims") != (1, 0):
         return None
-    base, chain = view_chain(n.inputs[0])
-    if base.op is not Op.CONSTANT:
-        return None
-    w = base.attr("value").tensor
-    for v in chain:
-        w = view_function(v)(w)
-    return w
+    return constant_value(n.inputs[0])
 
 
 def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = False) -> Graph:
@@ -157,15 +150,14 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
                 log.hit("kiln GEMM schedule from tuning")
             extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []
             return build_extern(b, torch.ops.kiln.linear_packed.default,
-                                [x, Baked(packed, f"packed{list(w.shape)}", w if config.get().check else None),
-                                 bias, n, *extra],
+                                [x, Baked(packed, f"packed{list(w.shape)}", checked_source(w)), bias, n, *extra],
                                 {}, node.shape,
                                 node.dtype)
         if choice != "onednn":
             return None
         if log:
             log.hit(f"{packet.__name__} -> oneDNN linear")
-        return build_extern(b, torch.ops.mkldnn._linear_pointwise.default, [x, wt.inputs[0], bias, "none", [], ""], {},
-                            node.shape, node.dtype)
+        return build_extern(b, torch.ops.mkldnn._linear_pointwise.default,
+                            [x, wt.inputs[0], bias, "none", [], ""], {}, node.shape, node.dtype)
 
     return rewrite(graph, rule)
