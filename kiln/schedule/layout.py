@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 from kiln import library
+from kiln.ir.extern import InputRef
 from kiln.ir.graph import Graph, GraphBuilder, Node, mutates
 from kiln.ir.interp import view_chain, view_layout
 from kiln.ir.ops import VIEW, Op, channels_last_strides, contiguous_strides
@@ -88,6 +89,34 @@ WEIGHT_COPY = "channels_last_weight"  # attributes of the copy nodes relayout_co
 VIEW_COPY = "view_copy"
 
 
+# ATen ops that refuse an operand whose last dim is not unit-stride ("(*bias): last dimension must be
+# contiguous" from the memory-efficient attention kernel, which the CUDA SDPA's front end would have made
+# contiguous before the call: Swin's relative-position bias is a permuted view, kept as one by kiln's plan), by
+# the names of those operands in the op's schema.
+_UNIT_LAST_STRIDE = {
+    aten._scaled_dot_product_efficient_attention.default: ("query", "key", "value", "attn_bias"),
+    aten._scaled_dot_product_flash_attention.default: ("query", "key", "value"),
+    aten._scaled_dot_product_cudnn_attention.default: ("query", "key", "value", "attn_bias"),
+    aten._efficient_attention_forward.default: ("query", "key", "value", "bias"),
+    aten._flash_attention_forward.default: ("query", "key", "value"),
+}
+
+
+def _unit_last_operands(n: Node) -> set[int]:
+    """The positions in ``n.inputs`` of the operands its op needs with a unit-stride last dim."""
+    names = _UNIT_LAST_STRIDE.get(n.attr("target"))
+    if not names:
+        return set()
+    args, kwargs = n.attr("template")
+    schema = n.attr("target")._schema.arguments
+    found = set()
+    for i, a in enumerate(schema):
+        ref = args[i] if i < len(args) else kwargs.get(a.name)
+        if a.name in names and isinstance(ref, InputRef):
+            found.add(ref.index)
+    return found
+
+
 def needs_relayout(shape: tuple[int, ...]) -> bool:
     """Does a 4-D tensor's channels-last layout order its memory differently from the contiguous one?  Not where
     the dims that move have size 1: a 1x1 convolution's weight [K, C, 1, 1], a depthwise one's [K, 1, kh, kw]."""
@@ -102,7 +131,8 @@ def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
 
     - **copying views**: a library call's operand that is a view chain its realized base cannot give in the
       layout the plan stores it in (``view_layout`` is None: a reshape of a permuted value, e.g. attention heads
-      merged back for the output projection).  The generated call would run the chain with ``reshape``, which
+      merged back for the output projection), or an operand of an op that needs a unit-stride last dim
+      (``_UNIT_LAST_STRIDE``: ATen's attention kernels) laid out otherwise.  The generated call would run the chain with ``reshape``, which
       copies with ATen's generic strided copy (GPT at 8x512 on the H200: 16 such copies, 213 of its 1115 us);
       the copy node's kernel reads through the views by index and writes the operand contiguous;
     - **weights** (``weights``: where the model's weights may not be held twice, a GPU in default mode): each
@@ -123,17 +153,24 @@ def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
     chosen_weights = {c for c in plan.cl_convs if c.inputs[1].op is Op.CONSTANT
                       and needs_relayout(c.inputs[1].shape)} if weights else set()
 
-    def copies(v: Node) -> bool:
-        """Is ``v`` a view chain the generated call would have to run as a copy?"""
+    def copies(v: Node, unit_last: bool) -> bool:
+        """Is ``v`` a view chain the generated call would have to run as a copy (or, ``unit_last``: a value whose
+        layout has a non-unit stride along its last dim)?"""
         base, chain = view_chain(v, lambda m: m in plan.buffer_of or m.op not in VIEW)
-        if not chain or base not in plan.buffer_of or base.op is Op.CONSTANT:  # (a weight's view is made once)
+        if base not in plan.buffer_of or base.op is Op.CONSTANT:  # (a weight's view is made once)
             return False
         strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
-        return view_layout(base.shape, strides, base.dtype, chain) is None
+        found = view_layout(base.shape, strides, base.dtype, chain) if chain else (strides, 0)
+        if found is None:
+            return bool(chain)
+        return unit_last and len(v.shape) > 0 and v.shape[-1] > 1 and found[0][-1] != 1
 
     copied: dict[Node, list[int]] = {}  # library call -> the positions of the operands to copy
     for n in graph.nodes:
-        if n.op is Op.EXTERN and not mutates(n) and (ks := [k for k, x in enumerate(n.inputs) if copies(x)]):
+        if n.op is not Op.EXTERN or mutates(n):
+            continue
+        unit_last = _unit_last_operands(n)
+        if ks := [k for k, x in enumerate(n.inputs) if copies(x, k in unit_last)]:
             copied[n] = ks
     if not chosen_weights and not copied:
         return graph

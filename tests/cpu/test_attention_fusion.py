@@ -11,6 +11,7 @@ from torch import nn
 
 import kiln
 from kiln.report import mark, reports_since
+from kiln.library.attention import op as cpu_attention
 
 
 class Attn(nn.Module):
@@ -76,7 +77,8 @@ def test_cpu_flash_attention_output_layout_follows_the_query(split):
     x = torch.randn(2, 16, 64)
     position = mark()
     with torch.inference_mode():
-        compiled = kiln.compile(model, fallback=False, choices="gemm=kiln")  # (both linears: kiln's GEMM)
+        # (both linears: kiln's GEMM; the attention ATen's, whose output layout is the subject)
+        compiled = kiln.compile(model, fallback=False, choices="gemm=kiln,attention=aten")
         torch.testing.assert_close(compiled(x), model(x), rtol=1e-5, atol=1e-5)
         torch.testing.assert_close(compiled(x + 1), model(x + 1), rtol=1e-5, atol=1e-5)
     report = reports_since(position)[-1]
@@ -86,3 +88,41 @@ def test_cpu_flash_attention_output_layout_follows_the_query(split):
     # so that projection is native too; the split one's merge is a view
     copies = [k.name for k in report.kernels if k.name.endswith("_copy")]
     assert len(copies) == (0 if split else 1), [k.name for k in report.kernels]
+
+
+class _MaskedSdpa(nn.Module):
+    """An encoder layer's attention as Hugging Face models call it: SDPA with an additive padding mask."""
+
+    def __init__(self, c: int = 64, h: int = 4, causal: bool = False):
+        super().__init__()
+        self.qkv, self.proj, self.h, self.causal = nn.Linear(c, 3 * c), nn.Linear(c, c), h, causal
+
+    def forward(self, x, mask):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.h, c // self.h).permute(2, 0, 3, 1, 4)
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=None if self.causal else mask,
+                                           is_causal=self.causal)
+        return self.proj(o.transpose(1, 2).reshape(b, t, c))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_on_the_cpu_becomes_kiln_attention(causal):
+    """fuse_attention's second rule: ATen's CPU flash attention (with its additive mask, or causal) runs as kiln's
+    kernel, called from the generated code; a padded key masked for every query of one sequence gives eager's
+    zeros, not softmax's NaN."""
+    if not cpu_attention.available():
+        pytest.skip("kiln's attention does not build here")
+    torch.manual_seed(0)
+    model = _MaskedSdpa(causal=causal).eval()
+    x = torch.randn(2, 24, 64)
+    mask = torch.zeros(2, 1, 24, 24)
+    mask[0, :, :, 20:] = float("-inf")   # padding: keys 20.. of sequence 0
+    mask[1, :, 5, :] = float("-inf")     # a query that sees no key
+    position = mark()
+    with torch.inference_mode():
+        compiled = kiln.compile(model, fallback=False, choices="attention=kiln")
+        torch.testing.assert_close(compiled(x, mask), model(x, mask), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(compiled(x + 1, mask), model(x + 1, mask), rtol=1e-5, atol=1e-5)
+    report = reports_since(position)[-1]
+    assert "attention" in report.native_externs and "_scaled_dot_product_flash_attention_for_cpu" \
+        not in report.externs, report.externs

@@ -217,3 +217,27 @@ kernel_0_copy  outer=[8, 3]
         got = build_cpu(after, CompileReport("stages"))(inputs)
     torch.testing.assert_close(got[0], interpret(g, inputs)[0], rtol=1.3e-5, atol=1.5e-5)
     assert relayout_copies(after, plan, weights=True) is after  # nothing left to copy
+
+
+def test_relayout_copies_gives_attention_a_bias_with_a_unit_last_stride():
+    """ATen's memory-efficient attention refuses a bias whose last dim is strided ("(*bias): last dimension must be
+    contiguous"; Swin's relative-position bias is a permuted view): relayout_copies gives such an operand a copy
+    kernel, and leaves alone the ones already unit-stride along their last dim (a transposed view of a buffer
+    that reads the same memory, and the buffers themselves)."""
+    from kiln.schedule.layout import relayout_copies
+    b = GraphBuilder()
+    q, k, v, x = (_input(b, shape, i) for i, shape in enumerate([(1, 2, 4, 8)] * 3 + [(1, 2, 4, 4)]))
+    bias = b.add(Op.PERMUTE, (b.add(Op.EXP, (x,)),), dims=(0, 1, 3, 2))   # strides (32, 16, 1, 4)
+    key = b.add(Op.SIGMOID, (k,))
+    att = build_extern(b, torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                       [b.add(Op.RELU, (q,)), key, b.add(Op.TANH, (v,)), bias, False], {"scale": 0.5},
+                       (1, 2, 4, 8), torch.float32, out_index=0)
+    g = b.finish([att])
+    after = relayout_copies(g, make_plan(g), weights=False)
+    text = format_graph(after)
+    assert text.count("view_copy=True") == 1, text
+    copy = next(n for n in after.nodes if n.op is Op.CAST)
+    assert copy.inputs[0].op is Op.PERMUTE and copy.shape == (1, 2, 4, 4)
+    extern = next(n for n in after.nodes if n.op is Op.EXTERN)
+    assert extern.inputs[3] is copy
+    assert relayout_copies(after, make_plan(after), weights=False) is after

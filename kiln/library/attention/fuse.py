@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from kiln.ir.extern import build_extern
+from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
@@ -128,6 +128,8 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
     choices = log.choices if log is not None else Choices()
 
     def rule(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder) -> Node | None:
+        if node.op is Op.EXTERN and node.attr("target") is _SDPA_CPU:
+            return _flash_cpu(node, inputs, bld, choices, log)
         if not _is_bmm(node) or len(inputs) != 2:
             return None
         p3, v3 = inputs
@@ -151,9 +153,9 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
             return None
         k4 = bld.add(Op.PERMUTE, (kt4,), dims=(0, 1, 3, 2))
         shape = tuple(v4.shape[:3]) + (v4.shape[3],)
-        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and choose(choices, b, h, t, q4.shape[3], causal):
-            out4 = build_extern(bld, torch.ops.kiln.attention.default, [q4, k4, v4, scale, causal], {}, shape,
-                                node.dtype)
+        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and choose(choices, b, h, t, t, q4.shape[3], causal):
+            out4 = build_extern(bld, torch.ops.kiln.attention.default, [q4, k4, v4, None, scale, causal, False], {},
+                                shape, node.dtype)
             what = "kiln attention"
         else:
             out4 = build_extern(bld, aten.scaled_dot_product_attention.default, [q4, k4, v4],
@@ -164,6 +166,53 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
         return bld.add(Op.RESHAPE, (out4,), shape=node.shape)
 
     return rewrite(graph, rule)
+
+
+_SDPA_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices: Choices,
+               log: RewriteLog | None) -> Node | None:
+    """ATen's CPU flash attention (what ``scaled_dot_product_attention`` becomes on fp32 CPU tensors) -> kiln's
+    kernel, where measured faster for the shape: no dropout, an additive fp32 mask or none, causal only with as
+    many keys as queries (ATen aligns a causal mask top-left; kiln's kernel only the square case).  Its output
+    ``logsumexp`` (``out_index`` 1, used by training) stays ATen's.
+
+    Before::                                                      After::
+
+        %5 = extern(%1, %2, %3, attn_mask=%4, scale=0.125,            %5 = extern(%1, %2, %3, %4, 0.125, False,
+                    target=aten._scaled_dot_product_flash_              True, target=kiln.attention.default)
+                    attention_for_cpu.default, out_index=0)
+    """
+    if node.attr("out_index") != 0 or node.dtype != torch.float32 or len(node.shape) != 4:
+        return None
+    args, kwargs = extern_args(node)
+    named = native.op_args(_SDPA_CPU, *args, **kwargs)
+    q, k, v, mask = named["query"], named["key"], named["value"], named.get("attn_mask")
+    if named.get("dropout_p", 0.0) != 0.0 or not all(isinstance(x, Node) and x.dtype == torch.float32
+                                                     and len(x.shape) == 4 for x in (q, k, v)):
+        return None
+    b, h, t, d = q.shape
+    s = k.shape[2]
+    causal = bool(named.get("is_causal", False))
+    if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d) or (causal and s != t) or s == 0:
+        return None
+    if mask is not None and not (isinstance(mask, Node) and mask.dtype == torch.float32 and len(mask.shape) <= 4
+                                 and _broadcasts(mask.shape, (b, h, t, s))):
+        return None
+    scale = named.get("scale")
+    scale = float(scale) if scale is not None else d ** -0.5
+    if not choose(choices, b, h, t, s, d, causal, mask is not None):
+        return None
+    if log:
+        log.hit("flash attention -> kiln attention" + (" (masked)" if mask is not None else ""))
+    return build_extern(bld, torch.ops.kiln.attention.default, [q, k, v, mask, scale, causal, True], {},
+                        node.shape, node.dtype)
+
+
+def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
+    pad = len(to) - len(shape)
+    return all(x in (1, to[i + pad]) for i, x in enumerate(shape))
 
 
 def _scores(logits: Node) -> tuple[Node, float, bool] | None:
@@ -203,27 +252,30 @@ def _on(n: Node, devices: tuple[str, ...]) -> bool:
     return False
 
 
-ATTENTION = Kind("attention", 5, ("kiln", "aten"))  # CPU fp32: kiln's kernel or ATen's SDPA
+ATTENTION = Kind("attention", 6, ("kiln", "aten"))  # CPU fp32: kiln's kernel or ATen's SDPA
 
 
-def choose(choices: Choices, b: int, h: int, t: int, d: int, causal: bool) -> bool:
-    """Is kiln's kernel clearly faster than ATen's for this shape (measured once per shape and machine)?"""
+def choose(choices: Choices, b: int, h: int, t: int, s: int, d: int, causal: bool, masked: bool = False) -> bool:
+    """Is kiln's kernel clearly faster than ATen's for this shape (``s`` keys; ``masked``: with an additive
+    ``[B, 1, T, S]`` mask) - measured once per shape and machine?"""
     kiln = cpu_attention.available()
 
     def calls() -> dict:
         gen = torch.Generator().manual_seed(0)
-        q, k, v = (torch.randn(b, h, t, d, generator=gen) for _ in range(3))
+        q = torch.randn(b, h, t, d, generator=gen)
+        k, v = (torch.randn(b, h, s, d, generator=gen) for _ in range(2))
+        mask = torch.randn(b, 1, t, s, generator=gen) if masked else None
         scale = d ** -0.5
-        out = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
-                                                                                 scale=scale)}
+        out = {"aten": lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                                 is_causal=causal, scale=scale)}
         if kiln:  # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
             op = torch.ops.kiln.attention.default
-            call = native.direct_call(op, native.op_args(op, q, k, v, scale, causal),
+            call = native.direct_call(op, native.op_args(op, q, k, v, mask, scale, causal, True),
                                       torch.empty(b, t, h, d).permute(0, 2, 1, 3))
             if call is not None:  # (None: an empty problem)
                 out["kiln"] = call
         return out
 
-    return choices.decide(ATTENTION, (b, h, t, d, int(causal), torch.get_num_threads()), calls, baseline="aten",
-                          what=f"attention {b}x{h}x{t}x{d}{' causal' if causal else ''}",
-                          estimate_s=measuring_s(2, 4 * b * h * t * t * d)) == "kiln"
+    what = f"attention {b}x{h}x{t}x{s}x{d}{' causal' if causal else ''}{' masked' if masked else ''}"
+    return choices.decide(ATTENTION, (b, h, t, s, d, int(causal), int(masked), torch.get_num_threads()), calls,
+                          baseline="aten", what=what, estimate_s=measuring_s(2, 4 * b * h * t * s * d)) == "kiln"

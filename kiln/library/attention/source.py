@@ -1,17 +1,21 @@
-"""kiln's CPU attention: ``softmax(Q K^T * scale [+ causal mask]) V`` per (batch, head), on the GEMM micro-kernel.
+"""kiln's CPU attention: ``softmax(Q K^T * scale [+ mask] [causal]) V`` per (batch, head), on the GEMM micro-kernel.
 
-For each head, K^T and V are packed once into the GEMM's NR-wide panels; then for each block of MR query rows::
+K and V are read in place as the micro-kernel's A operand (one broadcast per element, any strides: no packing);
+for each block of NR queries (AVX2 16, AVX-512 32) the scores are computed transposed, one key per row and one
+query per lane::
 
-    S[MR x cols]  = Q_rows @ K^T[:, :cols]       micro-kernel, K = D (cols = i0 + MR under the causal mask:
-                                                 panels entirely above the diagonal are skipped)
-    P             = softmax(S * scale) per row    in place, vectorised exp (the kernel prelude's k_exp);
-                                                 masked columns become exact zeros
-    O_rows        = P @ V[:cols, :]               micro-kernel, K = cols, written straight into the output
+    Q^T block     = [D x NR] B panel              (queries zero-padded)
+    S^T[keys x NR] = K @ Q^T                      micro-kernel, K = D; under the causal mask only the keys up to
+                                                  the block's last query
+    softmax along keys, all NR queries at once    scale (+ the additive mask's transposed block), max, exp, sum:
+                                                  vertical vector operations, no horizontal reductions
+    O^T[D x NR]   = V^T @ P^T                     micro-kernel, K = keys in L1-sized chunks; P^T = S^T is
+                                                  already the B panel layout, so the probabilities are not packed
+    O rows        = O^T^T / sum                   the division once per output, not once per score
 
-The scores of one row block (MR x T floats) stay in L1/L2, so the ``[B, H, T, T]`` matrix is never stored
-(ATen's CPU flash kernel for GPT's 12 x 256 x 64 heads, one thread: 3.4 ms a layer; this kernel: see
-``library/attention/op.py``).  Rows are softmaxed exactly as written in the model: max, exp of the
-difference, sum, division.
+The scores of one block (keys x NR floats) stay in L2, so the ``[B, H, T, S]`` matrix is never stored.  Rows are
+normalized as softmax does (max, exp of the difference, sum); the product with V is taken before the division
+by the sum, a rounding-level difference (ATen's flash kernels also rescale after the product).
 """
 from __future__ import annotations
 
@@ -20,66 +24,146 @@ import functools
 from kiln.library.gemm.source import SOURCE as GEMM_SOURCE
 
 KERNEL = r"""
-// q, k, v, o: [B, H, T|S, D] by strides (b, h, t); q and o have unit stride along D, k and v any (ksd, vsd).
-extern "C" void kiln_attention(const float* q, const float* k, const float* v, float* o, int64_t B, int64_t H,
-                               int64_t T, int64_t S, int64_t D, int64_t qsb, int64_t qsh, int64_t qst,
-                               int64_t ksb, int64_t ksh, int64_t kst, int64_t ksd, int64_t vsb, int64_t vsh,
-                               int64_t vst, int64_t vsd, int64_t osb, int64_t osh, int64_t ost, float scale,
-                               int causal, int threads) {
-  const int64_t kpanels = (S + KILN_NR - 1) / KILN_NR, vpanels = (D + KILN_NR - 1) / KILN_NR;
-  const int64_t lds = kpanels * KILN_NR;
+// q, k, v, mask, o: [B, H, T|S, D] by strides (b, h, t[, d]); q and o have unit stride along D.  mask (or null):
+// an additive [B, H, T, S] float mask by strides (zero strides broadcast).  causal: keys after the query are
+// masked (S == T).  zero_empty: a row whose scores are all -inf gives zeros (ATen's flash kernels) instead of
+// NaN (softmax written out: 0 / 0).
+extern "C" void kiln_attention(const float* q, const float* k, const float* v, const float* mask, float* o,
+                               int64_t B, int64_t H, int64_t T, int64_t S, int64_t D,
+                               int64_t qsb, int64_t qsh, int64_t qst, int64_t ksb, int64_t ksh, int64_t kst,
+                               int64_t ksd, int64_t vsb, int64_t vsh, int64_t vst, int64_t vsd, int64_t msb,
+                               int64_t msh, int64_t mst, int64_t mss, int64_t osb, int64_t osh, int64_t ost,
+                               float scale, int causal, int zero_empty, int threads) {
+  constexpr int NR = KILN_NR;          // queries per block: the GEMMs' B panels are NR wide
+  constexpr int64_t KB = 4096 / NR;    // keys per rank update of the second GEMM: its B chunk is 16 KiB (L1)
+  const int64_t kpanels = (S + KILN_MR - 1) / KILN_MR, vpanels = (D + KILN_MR - 1) / KILN_MR;
+  const int64_t blocks = (T + NR - 1) / NR;
+  const bool tiles = D % 16 == 0;      // Q in and O out through 16 x 16 register transposes
 #pragma omp parallel num_threads(threads)
   {
-    float* kp = (float*)std::aligned_alloc(64, sizeof(float) * (kpanels * KILN_NR * D + 16));
-    float* vp = (float*)std::aligned_alloc(64, sizeof(float) * (vpanels * KILN_NR * S + 16));
-    float* qa = (float*)std::aligned_alloc(64, sizeof(float) * (KILN_MR * D + 16));
-    float* s = (float*)std::aligned_alloc(64, sizeof(float) * (KILN_MR * lds + 16));
-    float* pa = (float*)std::aligned_alloc(64, sizeof(float) * (KILN_MR * lds + 16));
-#pragma omp for schedule(dynamic)
-    for (int64_t bh = 0; bh < B * H; ++bh) {
-      const int64_t b = bh / H, h = bh % H;
-      kiln_pack_b(k + b * ksb + h * ksh, D, S, ksd, kst, kp);  // K^T [D x S]
-      kiln_pack_b(v + b * vsb + h * vsh, S, D, vst, vsd, vp);  // V [S x D]
-      for (int64_t i0 = 0; i0 < T; i0 += KILN_MR) {
-        const int mr = (int)(T - i0 < KILN_MR ? T - i0 : KILN_MR);
-        pack_a(q + b * qsb + h * qsh + i0 * qst, qst, mr, D, qa);
-        const int64_t cols = causal ? (i0 + mr < S ? i0 + mr : S) : S;
-        const int64_t np = (cols + KILN_NR - 1) / KILN_NR;
-        for (int64_t p = 0; p < np; ++p) micro(qa, kp + p * D * KILN_NR, D, s + p * KILN_NR, lds, mr, KILN_NR, true,
-                                               nullptr);
-        for (int r = 0; r < mr; ++r) {
-          float* row = s + r * lds;
-          const int64_t valid = causal ? (i0 + r + 1 < cols ? i0 + r + 1 : cols) : cols;
-          float mx = -INFINITY;
-#pragma omp simd reduction(max : mx)
-          for (int64_t j = 0; j < valid; ++j) {
-            row[j] *= scale;
-            mx = row[j] > mx ? row[j] : mx;
+    float* qb = (float*)std::aligned_alloc(64, sizeof(float) * (D * NR + 16));
+    float* st = (float*)std::aligned_alloc(64, sizeof(float) * (kpanels * KILN_MR * NR + 16));
+    float* ot = (float*)std::aligned_alloc(64, sizeof(float) * (vpanels * KILN_MR * NR + 16));
+    alignas(64) float tile[256];
+#pragma omp for schedule(static)
+    for (int64_t job = 0; job < B * H * blocks; ++job) {
+      const int64_t bh = job / blocks, b = bh / H, h = bh % H, i0 = job % blocks * NR;
+      const int nq = (int)(T - i0 < NR ? T - i0 : NR);
+      const float* qrow = q + b * qsb + h * qsh + i0 * qst;
+      // Q^T of the block as one B panel [D x NR], queries past T zero
+      if (tiles && nq == NR) {
+        for (int c0 = 0; c0 < NR; c0 += 16)
+          for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            kiln_rt::transpose16(qrow + c0 * qst + d0, qst, tile);  // tile[a * 16 + c] = Q[c0 + c, d0 + a]
+            for (int a = 0; a < 16; ++a) std::memcpy(qb + (d0 + a) * NR + c0, tile + a * 16, 16 * sizeof(float));
           }
-          if (mx == -INFINITY) mx = 0.0f;  // a row of -inf scores: exp gives zeros, the division NaN, as torch
-          float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-          for (int64_t j = 0; j < valid; ++j) {
-            row[j] = kiln_rt::k_exp(row[j] - mx);
-            sum += row[j];
-          }
-#pragma omp simd
-          for (int64_t j = 0; j < valid; ++j) row[j] = row[j] / sum;
-          for (int64_t j = valid; j < cols; ++j) row[j] = 0.0f;
-        }
-        pack_a(s, lds, mr, cols, pa);
-        for (int64_t p = 0; p < vpanels; ++p) {
-          const int nr = (int)(D - p * KILN_NR < KILN_NR ? D - p * KILN_NR : KILN_NR);
-          micro(pa, vp + p * S * KILN_NR, cols, o + b * osb + h * osh + i0 * ost + p * KILN_NR, ost, mr, nr, true,
-                nullptr);
+      } else {
+        for (int64_t kk = 0; kk < D; ++kk) {
+          for (int c = 0; c < nq; ++c) qb[kk * NR + c] = qrow[c * qst + kk];
+          for (int c = nq; c < NR; ++c) qb[kk * NR + c] = 0.0f;
         }
       }
+      const int64_t cols = causal ? (i0 + nq < S ? i0 + nq : S) : S;
+      // S^T [cols x NR] = K Q^T, K read in place: row j holds key j's score for each query of the block (the B
+      // panel layout of the second product, so P^T needs no packing)
+      const float* kh = k + b * ksb + h * ksh;
+      for (int64_t p = 0; p * KILN_MR < cols; ++p) {
+        const int mr = (int)(cols - p * KILN_MR < KILN_MR ? cols - p * KILN_MR : KILN_MR);
+        micro_strided(kh + p * KILN_MR * kst, kst, ksd, qb, D, st + p * KILN_MR * NR, NR, mr, NR, true);
+      }
+      // softmax along keys for every query at once (vertical: each lane one query)
+      bool scaled = false;
+      if (mask) {
+        const float* mrow = mask + b * msb + h * msh + i0 * mst;
+        int c0 = 0;
+        if (mss == 1)
+          for (; c0 + 16 <= nq; c0 += 16) {
+            int64_t j0 = 0;
+            for (; j0 + 16 <= cols; j0 += 16) {
+              kiln_rt::transpose16(mrow + c0 * mst + j0, mst, tile);  // tile[a * 16 + c] = mask[c0 + c, j0 + a]
+              for (int a = 0; a < 16; ++a) {
+                float* row = st + (j0 + a) * NR + c0;
+#pragma omp simd
+                for (int c = 0; c < 16; ++c) row[c] = row[c] * scale + tile[a * 16 + c];
+              }
+            }
+            for (int c = c0; c < c0 + 16; ++c)
+              for (int64_t j = j0; j < cols; ++j) st[j * NR + c] = st[j * NR + c] * scale + mrow[c * mst + j];
+          }
+        for (int c = c0; c < nq; ++c)
+          for (int64_t j = 0; j < cols; ++j) st[j * NR + c] = st[j * NR + c] * scale + mrow[c * mst + j * mss];
+        scaled = true;
+      }
+      alignas(64) float mx[NR], sum[NR];
+#pragma omp simd
+      for (int c = 0; c < NR; ++c) mx[c] = -INFINITY;
+      const float by = scaled ? 1.0f : scale;
+      for (int64_t j = 0; j < cols; ++j) {
+        float* row = st + j * NR;
+        if (causal && j > i0) {  // key j after query i0 + c: masked (only the block's last NR keys can be)
+#pragma omp simd
+          for (int c = 0; c < NR; ++c) {
+            const float x = j > i0 + c ? -INFINITY : row[c] * by;
+            row[c] = x;
+            mx[c] = x > mx[c] ? x : mx[c];
+          }
+        } else {
+#pragma omp simd
+          for (int c = 0; c < NR; ++c) {
+            const float x = row[c] * by;
+            row[c] = x;
+            mx[c] = x > mx[c] ? x : mx[c];
+          }
+        }
+      }
+#pragma omp simd
+      for (int c = 0; c < NR; ++c) {
+        mx[c] = mx[c] == -INFINITY ? 0.0f : mx[c];  // all -inf: exp gives zeros
+        sum[c] = 0.0f;
+      }
+      for (int64_t j = 0; j < cols; ++j) {
+        float* row = st + j * NR;
+#pragma omp simd
+        for (int c = 0; c < NR; ++c) {
+          const float e = kiln_rt::k_exp(row[c] - mx[c]);
+          row[c] = e;
+          sum[c] += e;
+        }
+      }
+      // O^T [D x NR] = V^T P^T, V read in place, keys in KB chunks (accumulated in ot)
+      const float* vh = v + b * vsb + h * vsh;
+      for (int64_t j0 = 0; j0 < cols; j0 += KB) {
+        const int64_t kc = cols - j0 < KB ? cols - j0 : KB;
+        for (int64_t p = 0; p < vpanels; ++p) {
+          const int mr = (int)(D - p * KILN_MR < KILN_MR ? D - p * KILN_MR : KILN_MR);
+          micro_strided(vh + p * KILN_MR * vsd + j0 * vst, vsd, vst, st + j0 * NR, kc, ot + p * KILN_MR * NR, NR,
+                        mr, NR, j0 == 0);
+        }
+      }
+      // O = (E V) / sum: the division once per output instead of once per score.  A row of -inf scores (sum 0):
+      // NaN as softmax gives (0 / 0), or zeros as ATen's flash kernels give (E V is 0 there).
+      alignas(64) float inv[NR];
+      for (int c = 0; c < NR; ++c) inv[c] = sum[c] == 0.0f ? (zero_empty ? 0.0f : NAN) : 1.0f / sum[c];
+      float* orow = o + b * osb + h * osh + i0 * ost;
+      if (tiles) {
+        for (int c0 = 0; c0 < nq; c0 += 16)
+          for (int64_t d0 = 0; d0 < D; d0 += 16) {
+            kiln_rt::transpose16(ot + d0 * NR + c0, NR, tile);  // tile[c * 16 + a] = O^T[d0 + a, c0 + c]
+            for (int c = 0; c < 16 && c0 + c < nq; ++c) {
+              float* out = orow + (c0 + c) * ost + d0;
+              const float f = inv[c0 + c];
+#pragma omp simd
+              for (int a = 0; a < 16; ++a) out[a] = tile[c * 16 + a] * f;
+            }
+          }
+      } else {
+        for (int c = 0; c < nq; ++c)
+          for (int64_t d = 0; d < D; ++d) orow[c * ost + d] = ot[d * NR + c] * inv[c];
+      }
     }
-    std::free(kp);
-    std::free(vp);
-    std::free(qa);
-    std::free(s);
-    std::free(pa);
+    std::free(qb);
+    std::free(st);
+    std::free(ot);
   }
 }
 """

@@ -123,9 +123,11 @@ static void pack_a(const float* a, int64_t lda, int64_t mc, int64_t kc, float* o
 // (+ bias on the first K block).  ``next_b`` (or null): a B micro-panel to prefetch into L1, one line per k step.
 // On Zen 3 this made the suite's GEMMs 3-5% faster (benchmarks/cpu_gemm.py's shapes, one core); an inner K split
 // of the B panel instead was 2-5% slower.  An edge tile computes only its own rows (64 = 10 x 6 + 4).
-template <bool PREFETCH, int ROWS>
-static inline void micro_t(const float* __restrict ap, const float* __restrict bp, int64_t kc, float* c, int64_t ldc,
-                           int nr, bool first, const float* bias, const float* next_b) {
+// PACKED false: A is read in place, element (i, k) at ap[i * ars + k * aks] (each is one broadcast either way;
+// attention's K and V^T need no packing).
+template <bool PREFETCH, int ROWS, bool PACKED>
+static inline void micro_t(const float* __restrict ap, int64_t ars, int64_t aks, const float* __restrict bp, int64_t kc,
+                           float* c, int64_t ldc, int nr, bool first, const float* bias, const float* next_b) {
   vec acc[ROWS][NV];
   for (int i = 0; i < ROWS; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v] = VZERO();
@@ -146,7 +148,7 @@ static inline void micro_t(const float* __restrict ap, const float* __restrict b
     for (int v = 0; v < NV; ++v) bv[v] = VLOAD(bp + kk * KILN_NR + v * LANES);
 #pragma GCC unroll 16
     for (int i = 0; i < ROWS; ++i) {
-      vec av = VSET1(ap[kk * KILN_MR + i]);
+      vec av = VSET1(PACKED ? ap[kk * KILN_MR + i] : ap[i * ars + kk * aks]);
       for (int v = 0; v < NV; ++v) acc[i][v] = VFMA(av, bv[v], acc[i][v]);
     }
   }
@@ -171,25 +173,32 @@ static inline void micro_t(const float* __restrict ap, const float* __restrict b
     }
 }
 
-// micro_t<P, mr> for a run-time row count 1 <= mr <= MR
-template <bool PREFETCH, int ROWS>
+// micro_t<P, mr, PACKED> for a run-time row count 1 <= mr <= MR
+template <bool PREFETCH, int ROWS, bool PACKED>
 struct micro_rows {
-  static inline void run(int mr, const float* __restrict ap, const float* __restrict bp, int64_t kc, float* c,
-                         int64_t ldc, int nr, bool first, const float* bias, const float* next_b) {
-    if (mr == ROWS) micro_t<PREFETCH, ROWS>(ap, bp, kc, c, ldc, nr, first, bias, next_b);
-    else micro_rows<PREFETCH, ROWS - 1>::run(mr, ap, bp, kc, c, ldc, nr, first, bias, next_b);
+  static inline void run(int mr, const float* __restrict ap, int64_t ars, int64_t aks, const float* __restrict bp,
+                         int64_t kc, float* c, int64_t ldc, int nr, bool first, const float* bias,
+                         const float* next_b) {
+    if (mr == ROWS) micro_t<PREFETCH, ROWS, PACKED>(ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b);
+    else micro_rows<PREFETCH, ROWS - 1, PACKED>::run(mr, ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b);
   }
 };
-template <bool PREFETCH>
-struct micro_rows<PREFETCH, 0> {
-  static inline void run(int, const float*, const float*, int64_t, float*, int64_t, int, bool, const float*,
-                         const float*) {}
+template <bool PREFETCH, bool PACKED>
+struct micro_rows<PREFETCH, 0, PACKED> {
+  static inline void run(int, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int, bool,
+                         const float*, const float*) {}
 };
 
 static inline void micro(const float* __restrict ap, const float* __restrict bp, int64_t kc, float* c, int64_t ldc,
                          int mr, int nr, bool first, const float* bias, const float* next_b = nullptr) {
-  if (next_b) micro_rows<true, KILN_MR>::run(mr, ap, bp, kc, c, ldc, nr, first, bias, next_b);
-  else micro_rows<false, KILN_MR>::run(mr, ap, bp, kc, c, ldc, nr, first, bias, nullptr);
+  if (next_b) micro_rows<true, KILN_MR, true>::run(mr, ap, 0, 0, bp, kc, c, ldc, nr, first, bias, next_b);
+  else micro_rows<false, KILN_MR, true>::run(mr, ap, 0, 0, bp, kc, c, ldc, nr, first, bias, nullptr);
+}
+
+// micro() with A read in place: element (i, k) at a[i * ars + k * aks]
+static inline void micro_strided(const float* __restrict a, int64_t ars, int64_t aks, const float* __restrict bp,
+                                 int64_t kc, float* c, int64_t ldc, int mr, int nr, bool first) {
+  micro_rows<false, KILN_MR, false>::run(mr, a, ars, aks, bp, kc, c, ldc, nr, first, nullptr, nullptr);
 }
 
 // gelu(x) = x/2 * erfc(-x/sqrt(2)) on an mr x nr tile, in place: the same operations, in the same order, as the
