@@ -79,9 +79,9 @@ def test_view_op_extern_does_not_alias_kiln_memory():
 
 
 def test_user_sdpa_stays_one_library_call():
-    """``F.scaled_dot_product_attention`` in a model (transformers' sdpa attention) runs as ATen's CPU flash
-    attention, as in eager: its decomposition (scores materialized between two bmm calls) ran Whisper-tiny's
-    1500-frame encoder at 0.97x eager, the library call at 1.25x."""
+    """``F.scaled_dot_product_attention`` in a model (transformers' sdpa attention) runs as one library call, ATen's
+    CPU flash attention or kiln's (library/attention): its decomposition (scores materialized between two bmm
+    calls) ran Whisper-tiny's 1500-frame encoder at 0.97x eager, the library call at 1.25x."""
     def attend(q, mask):
         k, v = torch.tanh(q), torch.sigmoid(q)
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
@@ -91,4 +91,4 @@ def test_user_sdpa_stays_one_library_call():
     with torch.inference_mode():
         got = kiln.compile(attend, fallback=False, fullgraph=True)(q, mask)
     torch.testing.assert_close(got, attend(q, mask), rtol=1e-5, atol=1e-5)
-    assert reports_since(position)[0].externs == ["_scaled_dot_product_flash_attention_for_cpu"]
+    assert reports_since(position)[0].externs in (["_scaled_dot_product_flash_attention_for_cpu"], ["attention"])

@@ -34,7 +34,7 @@ from typing import Any
 
 import torch
 
-from kiln.ir.extern import build_extern, extern_args
+from kiln.ir.extern import build_extern, substitute
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
@@ -53,10 +53,15 @@ def _is_bmm(n: Node) -> bool:
 
 def libraries(graph: Graph) -> dict[str, Any]:
     """kiln's libraries this pass may use on ``graph`` (built in the background from the compile's start): the
-    CPU attention kernel, where fp32 batched products on the CPU may be an attention's."""
-    if any(_is_bmm(n) and n.dtype == torch.float32 and _on(n, ("cpu",)) for n in graph.nodes):
+    CPU attention kernel, where fp32 batched products on the CPU may be an attention's, or ATen's CPU flash
+    attention is called."""
+    if any(n.op is Op.EXTERN and n.dtype == torch.float32 and n.attr("target") is _SDPA_CPU for n in graph.nodes) \
+            or any(_is_bmm(n) and n.dtype == torch.float32 and _on(n, ("cpu",)) for n in graph.nodes):
         return {"kiln_attention": cpu_attention.library}
     return {}
+
+
+_SDPA_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
 def _strip(n: Node, op: Op) -> Node | None:
@@ -168,9 +173,6 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
     return rewrite(graph, rule)
 
 
-_SDPA_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
-
-
 def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices: Choices,
                log: RewriteLog | None) -> Node | None:
     """ATen's CPU flash attention (what ``scaled_dot_product_attention`` becomes on fp32 CPU tensors) -> kiln's
@@ -186,7 +188,7 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
     """
     if node.attr("out_index") != 0 or node.dtype != torch.float32 or len(node.shape) != 4:
         return None
-    args, kwargs = extern_args(node)
+    args, kwargs = substitute(node.attr("template"), inputs)  # (the rebuilt graph's nodes)
     named = native.op_args(_SDPA_CPU, *args, **kwargs)
     q, k, v, mask = named["query"], named["key"], named["value"], named.get("attn_mask")
     if named.get("dropout_p", 0.0) != 0.0 or not all(isinstance(x, Node) and x.dtype == torch.float32
@@ -277,5 +279,8 @@ def choose(choices: Choices, b: int, h: int, t: int, s: int, d: int, causal: boo
         return out
 
     what = f"attention {b}x{h}x{t}x{s}x{d}{' causal' if causal else ''}{' masked' if masked else ''}"
+    # past the measuring budget: kiln's kernel where it builds (one thread, AVX-512: 1.35x ATen's on Whisper's
+    # 8 x 1500 x 64 heads, 1.4x on ViT's 12 x 197 x 64, 1.5x on Swin's 49-token windows, 1.8x causal 12 x 64 x 64)
     return choices.decide(ATTENTION, (b, h, t, s, d, int(causal), int(masked), torch.get_num_threads()), calls,
-                          baseline="aten", what=what, estimate_s=measuring_s(2, 4 * b * h * t * s * d)) == "kiln"
+                          baseline="aten", what=what, predict=lambda: "kiln" if kiln else "aten",
+                          estimate_s=measuring_s(2, 4 * b * h * t * s * d)) == "kiln"
