@@ -82,3 +82,29 @@ def test_a_slice_of_a_constant_weight_is_a_library_weight(choice, extern):
             torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-5)
     report = reports_since(position)[-1]
     assert report.externs == [extern, extern], report.externs
+
+
+class _Conv1D(nn.Module):
+    """GPT-2's ``Conv1D``: a [K, N] weight used as it is, ``addmm(b, x, W)`` (and ``mm`` without a bias), and a
+    transposed slice of one."""
+
+    def __init__(self):
+        super().__init__()
+        self.w, self.b = nn.Parameter(torch.randn(48, 80)), nn.Parameter(torch.randn(80))
+
+    def forward(self, x):
+        y = torch.addmm(self.b, x.view(-1, 48), self.w)
+        return y, x.view(-1, 48) @ self.w[:, 8:40], y @ self.w.t()
+
+
+@pytest.mark.parametrize("choice,extern", [("kiln", "linear_packed"), ("onednn", "onednn_linear")])
+def test_a_weight_used_untransposed_is_a_library_weight(choice, extern):
+    model = _Conv1D().eval()
+    x = torch.randn(2, 12, 48)
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(model, fallback=False, choices=f"gemm={choice}")(x)
+        for a, e in zip(got, model(x)):
+            torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    report = reports_since(position)[-1]
+    assert report.externs == [extern] * 3, report.externs

@@ -103,12 +103,13 @@ def _gelu_fed(graph: Graph) -> set[Node]:
 
 
 def _weight(n: Node) -> torch.Tensor | None:
-    """The [N, K] constant whose transpose ``n`` is: a constant, or a view of one (a slice of a fused QKV weight:
-    ``nn.MultiheadAttention``'s cross-attention projects the query and the key/value with two slices of its
-    ``in_proj_weight``, which were ATen's addmm at half the GEMM's speed before)."""
-    if n.op is not Op.PERMUTE or n.attr("dims") != (1, 0):
-        return None
-    return constant_value(n.inputs[0])
+    """The [N, K] weight whose transpose the product's operand ``n`` ([K, N]) is, when ``n`` is a constant or a view
+    of one: ``W.t()`` of a linear layer, a slice of a fused QKV weight (``nn.MultiheadAttention``'s cross-attention
+    projects the query and the key/value with two slices of its ``in_proj_weight``, which were ATen's addmm at
+    half the GEMM's speed before), or a [K, N] weight used as it is (GPT-2's ``Conv1D``: ``addmm(b, x, W)``, 48
+    ATen calls per GPT-2 forward before)."""
+    value = constant_value(n)
+    return value.t() if value is not None and value.dim() == 2 else None
 
 
 def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = False) -> Graph:
@@ -157,7 +158,9 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
             return None
         if log:
             log.hit(f"{packet.__name__} -> oneDNN linear")
+        transposed = wt.op is Op.PERMUTE and wt.attr("dims") == (1, 0)  # (oneDNN takes the [N, K] weight)
+        weight = wt.inputs[0] if transposed else Baked(w.contiguous(), f"weight{list(w.shape)}")
         return build_extern(b, torch.ops.mkldnn._linear_pointwise.default,
-                            [x, wt.inputs[0], bias, "none", [], ""], {}, node.shape, node.dtype)
+                            [x, weight, bias, "none", [], ""], {}, node.shape, node.dtype)
 
     return rewrite(graph, rule)
