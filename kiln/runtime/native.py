@@ -27,6 +27,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import functools
+import math
 from typing import Any, Callable
 
 import torch
@@ -137,10 +138,17 @@ def bind(node: Node, strides_of: Callable[[Node], tuple[int, ...] | None], out_s
                 return None
             args.append((PTR, expr))
         elif ctype == F32:  # exact: a hexadecimal literal of the double, rounded to float as ctypes does
-            args.append((ctype, float(v).hex()))
+            args.append((ctype, _float_literal(float(v))))
         else:
             args.append((ctype, str(int(v))))
     return NativeCall(node, function, args, label)
+
+
+def _float_literal(x: float) -> str:
+    """A C expression for ``x``: hexadecimal (exact) when finite; ``<cmath>``'s macros for inf and NaN."""
+    if math.isfinite(x):
+        return x.hex()
+    return "NAN" if math.isnan(x) else ("INFINITY" if x > 0 else "-INFINITY")
 
 
 def op_args(op: Any, *args: Any, **kwargs: Any) -> dict[str, Any]:

@@ -110,3 +110,39 @@ def test_choice_measures_onednn_against_the_depthwise_kernel(candidate_recorder)
     results = {name: fn() for name, fn in calls.items()}
     torch.testing.assert_close(results["dw"], results["onednn"], rtol=1e-4, atol=1e-4)
     assert results["dw"].min() >= 0
+
+
+class _Relu6Block(nn.Module):
+    """MobileNet-V2's layers: convolutions each followed by BatchNorm and ReLU6 (hardtanh(0, 6))."""
+
+    def __init__(self, c: int = 16, groups: int = 1, k: int = 3):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, k, padding=k // 2, groups=groups)
+        self.bn, self.act = nn.BatchNorm2d(c), nn.ReLU6()
+        self.bn.running_mean.uniform_(-1, 1)
+        self.bn.running_var.uniform_(0.5, 2)
+
+    def forward(self, x):
+        return self.act(self.bn(self.conv(x))) * 1.5
+
+
+@pytest.mark.parametrize("choice,groups,k,label", [("dw", 16, 3, "depthwise"), ("gemm", 1, 1, "implicit-GEMM"),
+                                                    ("winograd2", 1, 3, "Winograd")])
+def test_relu6_is_a_convolution_epilogue(choice, groups, k, label):
+    """ReLU6 lowers to minimum(maximum(conv, 0), 6): both fold into kiln's convolution (a ReLU clamped at 6), no
+    kernel of its own; values above 6, below 0 and NaN come out as eager's."""
+    torch.manual_seed(0)
+    model = _Relu6Block(groups=groups, k=k).eval()
+    x = torch.randn(1, 16, 20, 20) * 4
+    x[0, 3, 5, 5] = float("nan")
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False, choices=f"conv={choice}")(x)
+        expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
+    assert (expected == 9.0).any() and (expected == 0).any() and expected.isnan().any()
+    report = reports_since(position)[-1]
+    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    assert f"relu -> {label} epilogue: 1" in notes and f"relu6 clamp -> {label} epilogue: 1" in notes, notes
+    assert not any("minimum" in k.name or "maximum" in k.name for k in report.kernels), \
+        [k.name for k in report.kernels]

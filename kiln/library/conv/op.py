@@ -11,6 +11,7 @@ its epilogue adds the bias and an optional residual and applies an optional ReLU
 from __future__ import annotations
 
 import ctypes
+import math
 import functools
 from typing import Any, Callable
 
@@ -107,7 +108,8 @@ def _output(op: str, x: torch.Tensor, residual: torch.Tensor | None, k: int, ho:
 
 def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                        residual: torch.Tensor | None, out_channels: int, tile: int, padding: list[int],
-                       relu: bool, channels_last: bool, relu_input: bool = False) -> torch.Tensor:
+                       relu: bool, channels_last: bool, relu_input: bool = False,
+                       relu_max: float | None = None) -> torch.Tensor:
     _check_input("conv_winograd", x)
     if tile not in TILE_SIZES:
         raise ValueError(f"kiln::conv_winograd: tile must be one of {TILE_SIZES}, got {tile}")
@@ -121,23 +123,24 @@ def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     return native.call(torch.ops.kiln.conv_winograd.default,
                        dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=k,
                             tile=tile, padding=padding, relu=relu, channels_last=channels_last,
-                            relu_input=relu_input), y)
+                            relu_input=relu_input, relu_max=relu_max), y)
 
 
 @torch.library.custom_op("kiln::conv_winograd", mutates_args=(), device_types="cpu")
 def conv_winograd(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                   out_channels: int, tile: int, padding: list[int], relu: bool,
-                  channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+                  channels_last: bool = True, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
     """``[relu](conv2d([relu](x), W, bias, padding) [+ residual])`` for a 3x3 stride-1 ``W`` given by
-    ``transform_weight(W, tile)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``."""
+    ``transform_weight(W, tile)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``.
+    ``relu_max``: the ReLU's upper clamp (ReLU6: 6; None: none)."""
     return conv_winograd_impl(x, packed, bias, residual, out_channels, tile, padding, relu, channels_last,
-                              relu_input)
+                              relu_input, relu_max)
 
 
 @conv_winograd.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
       out_channels: int, tile: int, padding: list[int], relu: bool, channels_last: bool = True,
-      relu_input: bool = False) -> torch.Tensor:
+      relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
     n, _, h, w = x.shape
     return x.new_empty((n, out_channels, h + 2 * padding[0] - 2, w + 2 * padding[1] - 2),
                        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -181,7 +184,7 @@ def _native_winograd(args: dict, strides_of: Callable, out_strides: tuple[int, .
     I64, I32 = native.I64, native.I32
     return (native.address(library(tile).kiln_winograd), f"kiln_winograd F({tile}x{tile})",
             prefix + [(I64, v) for v in (k, ph, pw, ho, wo)]
-            + [(I32, int(args["relu"])), (I32, int(args["relu_input"])), (I64, tb), (I64, kc), (I32, native.THREADS)])
+            + relu_flags(args) + [(I64, tb), (I64, kc), (I32, native.THREADS)])
 
 
 # ------------------------------------------------------------------ implicit-GEMM convolution (any filter, stride)
@@ -225,7 +228,8 @@ def rows_per_block(kg: int, k: int, rows: int) -> int:
 
 def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                    out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-                   channels_last: bool, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
+                   channels_last: bool, relu_input: bool = False, direct: bool = False,
+                   relu_max: float | None = None) -> torch.Tensor:
     _check_input("conv_gemm", x)
     h, w = x.shape[2:]
     kh, kw = kernel
@@ -238,18 +242,20 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return native.call(torch.ops.kiln.conv_gemm.default,
                        dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=k,
                             kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
-                            relu_input=relu_input, direct=direct), y)
+                            relu_input=relu_input, direct=direct, relu_max=relu_max), y)
 
 
 @torch.library.custom_op("kiln::conv_gemm", mutates_args=(), device_types="cpu")
 def conv_gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
               out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-              channels_last: bool = True, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
+              channels_last: bool = True, relu_input: bool = False, direct: bool = False,
+              relu_max: float | None = None) -> torch.Tensor:
     """``[relu](conv2d([relu](x), W, bias, stride, padding) [+ residual])`` for ``W`` given by
     ``pack_conv_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``.
-    ``direct``: without packing the input (``kiln_conv_direct``, for few input channels)."""
+    ``direct``: without packing the input (``kiln_conv_direct``, for few input channels); ``relu_max``: the
+    ReLU's upper clamp (ReLU6: 6; None: none)."""
     return conv_gemm_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
-                          relu_input, direct)
+                          relu_input, direct, relu_max)
 
 
 @native.register(torch.ops.kiln.conv_gemm.default)
@@ -265,7 +271,7 @@ def _native_conv_gemm(args: dict, strides_of: Callable, out_strides: tuple[int, 
         return None
     I64, I32 = native.I64, native.I32
     sizes = [(I64, v) for v in (k, *kernel, *stride, *padding, ho, wo)]
-    flags = [(I32, int(args["relu"])), (I32, int(args["relu_input"]))]
+    flags = relu_flags(args)
     if args["direct"]:
         return (native.address(gemm_library().kiln_conv_direct), "kiln_conv_direct",
                 prefix + sizes + flags + [(I32, native.THREADS)])
@@ -273,6 +279,13 @@ def _native_conv_gemm(args: dict, strides_of: Callable, out_strides: tuple[int, 
     mb = rows_per_block(kg, k, n * ho * wo)
     return (native.address(gemm_library().kiln_conv_gemm), "kiln_conv_gemm",
             prefix + sizes + flags + [(I64, mb), (I64, schedule_for(mb, kg).kc), (I32, native.THREADS)])
+
+
+def relu_flags(args: dict) -> list[tuple[str, Any]]:
+    """The ``int relu, float relu_max, int relu_in`` parameters of every kiln convolution function."""
+    hi = args.get("relu_max")
+    return [(native.I32, int(args["relu"])), (native.F32, math.inf if hi is None else float(hi)),
+            (native.I32, int(args["relu_input"]))]
 
 
 def output_hw(h: int, w: int, kernel: list[int], stride: list[int], padding: list[int]) -> tuple[int, int]:
@@ -292,7 +305,8 @@ def result_like(x: torch.Tensor, out_channels: int, kernel: list[int], stride: l
 @conv_gemm.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
       out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-      channels_last: bool = True, relu_input: bool = False, direct: bool = False) -> torch.Tensor:
+      channels_last: bool = True, relu_input: bool = False, direct: bool = False,
+      relu_max: float | None = None) -> torch.Tensor:
     return result_like(x, out_channels, kernel, stride, padding, channels_last)
 
 
@@ -301,7 +315,10 @@ def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual
 def reference_epilogue(y: torch.Tensor, args: dict) -> torch.Tensor:
     if args.get("residual") is not None:
         y = y + args["residual"]
-    return torch.relu(y) if args.get("relu") else y
+    if not args.get("relu"):
+        return y
+    y = torch.relu(y)
+    return y.clamp(max=args["relu_max"]) if args.get("relu_max") is not None else y
 
 
 def reference_input(args: dict) -> torch.Tensor:

@@ -18,7 +18,7 @@ from kiln.library.conv.source_dw import conv_dw_source
 from kiln.ir.extern import Baked
 from kiln.runtime import native, references
 from kiln.library.conv.op import (_check_input, _gatherable, _output, native_prefix, output_hw, reference_epilogue,
-                                  reference_input, result_like)
+                                  reference_input, relu_flags, result_like)
 
 
 
@@ -48,7 +48,7 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                  out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-                 channels_last: bool, relu_input: bool = False) -> torch.Tensor:
+                 channels_last: bool, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
     _check_input("conv_dw", x)
     _, c, h, w = x.shape
     kh, kw = kernel
@@ -63,23 +63,24 @@ def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
     return native.call(torch.ops.kiln.conv_dw.default,
                        dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=c,
                             kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
-                            relu_input=relu_input), y)
+                            relu_input=relu_input, relu_max=relu_max), y)
 
 
 @torch.library.custom_op("kiln::conv_dw", mutates_args=(), device_types="cpu")
 def conv_dw(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
             out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-            channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+            channels_last: bool = True, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
     """``[relu](conv2d([relu](x), W, bias, stride, padding, groups=C) [+ residual])`` for a depthwise ``W`` given
-    by ``pack_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``."""
+    by ``pack_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``;
+    ``relu_max``: the ReLU's upper clamp (ReLU6: 6; None: none)."""
     return conv_dw_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
-                        relu_input)
+                        relu_input, relu_max)
 
 
 @conv_dw.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
       out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-      channels_last: bool = True, relu_input: bool = False) -> torch.Tensor:
+      channels_last: bool = True, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
     return result_like(x, out_channels, kernel, stride, padding, channels_last)
 
 
@@ -99,7 +100,7 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
         return None
     return (native.address(library().kiln_conv_dw), "kiln_conv_dw",
             prefix + [(native.I64, v) for v in (*kernel, *stride, *padding, ho, wo)]
-            + [(native.I32, int(args["relu"])), (native.I32, int(args["relu_input"])), (native.I32, native.THREADS)])
+            + relu_flags(args) + [(native.I32, native.THREADS)])
 
 
 @references.register("kiln::conv_dw")

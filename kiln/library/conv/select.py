@@ -45,6 +45,7 @@ from kiln.ir.ops import Op
 from kiln.library.conv import prepack as prepack_conv
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
+from kiln.passes.simplify import scalar_value
 from kiln.runtime import native
 from kiln.library.conv import op as cpu_conv
 from kiln.library.conv import op_dw as cpu_conv_dw
@@ -247,13 +248,13 @@ def epilogue_of(conv: Node, users: dict[Node, list[Node]], outputs: set[Node]) -
     if conv in outputs or len(users.get(conv, ())) != 1:
         return ""
     (user,) = users[conv]
-    if user.op is Op.RELU:
+    if _relu_operand(user) is not None:
         return "relu"
     if user.op is Op.ADD and len(user.inputs) == 2 and user.dtype == torch.float32 \
             and all(i.shape == user.shape and i.dtype == torch.float32 for i in user.inputs) \
             and user.inputs[0] is not user.inputs[1]:
         after = users.get(user, ())
-        return "add_relu" if user not in outputs and len(after) == 1 and after[0].op is Op.RELU else "add"
+        return "add_relu" if user not in outputs and len(after) == 1 and _relu_operand(after[0]) is not None else "add"
     return ""
 
 
@@ -274,7 +275,7 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
         choice = choose(choices, tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue, groups,
                         use_forced=False)
     common = dict(x=x, bias=bias, residual=None, out_channels=node.shape[1], padding=list(padding), relu=False,
-                  channels_last=True, relu_input=False)
+                  channels_last=True, relu_input=False, relu_max=None)
     if choice.startswith("winograd"):
         tile = int(choice[len("winograd"):])
         if log:
@@ -303,10 +304,24 @@ def _rebuilt(conv: Node, b: GraphBuilder, **changes: object) -> Node:
                         conv.shape, conv.dtype)
 
 
+def _relu_operand(n: Node) -> int | None:
+    """The position of the operand ``n`` takes the ReLU of: ``relu(x)``, or ``maximum(x, 0)`` (how ``hardtanh``,
+    i.e. ReLU6, lowers: then ``minimum(, 6)``; maximum propagates NaN as relu does); None for anything else."""
+    if n.op is Op.RELU:
+        return 0
+    if n.op is Op.MAXIMUM and len(n.inputs) == 2:
+        for i in (0, 1):
+            zero = scalar_value(n.inputs[1 - i])
+            if isinstance(zero, (int, float)) and zero == 0 and n.inputs[i].shape == n.shape:
+                return i
+    return None
+
+
 def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses: dict[Node, int],
                      outputs: set[Node], log: RewriteLog | None) -> Node | None:
     """``relu(conv)`` and ``conv + r`` (r of the same shape) become the convolution's epilogue, when the
-    convolution's result has no other use; an add only before the ReLU (the kernel adds, then clamps).  A ReLU
+    convolution's result has no other use; an add only before the ReLU (the kernel adds, then clamps); ReLU6
+    (``minimum(maximum(conv, 0), 6)``) as a ReLU with an upper clamp.  A ReLU
     whose only reader is a Winograd convolution and which no epilogue took (it follows oneDNN's convolution,
     whose own ReLU maps NaN to 0) is applied by that convolution as it reads its input."""
     def fusable(original: Node, rewritten: Node) -> bool:
@@ -318,10 +333,19 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
             log.hit(f"relu -> {_label(node)} input")  # a producer the epilogue rule could not take (a library's)
         return _rebuilt(Node(node.op, inputs, node.attrs, node.shape, node.dtype), b, x=inputs[0].inputs[0],
                         relu_input=True)
-    if node.op is Op.RELU and fusable(node.inputs[0], inputs[0]) and not _args(inputs[0])["relu"]:
+    at = _relu_operand(node)
+    if at is not None and fusable(node.inputs[at], inputs[at]) and not _args(inputs[at])["relu"]:
         if log:
-            log.hit(f"relu -> {_label(inputs[0])} epilogue")
-        return _rebuilt(inputs[0], b, relu=True)
+            log.hit(f"relu -> {_label(inputs[at])} epilogue")
+        return _rebuilt(inputs[at], b, relu=True)
+    if node.op is Op.MINIMUM and len(inputs) == 2:  # ReLU6's upper clamp: min(relu(conv), 6)
+        for i in (0, 1):
+            conv, hi = inputs[i], scalar_value(inputs[1 - i])
+            if isinstance(hi, (int, float)) and hi >= 0 and fusable(node.inputs[i], conv) \
+                    and _args(conv)["relu"] and _args(conv)["relu_max"] is None and conv.shape == node.shape:
+                if log:
+                    log.hit(f"relu6 clamp -> {_label(conv)} epilogue")
+                return _rebuilt(conv, b, relu_max=float(hi))
     if node.op is Op.ADD and node.dtype == torch.float32 and len(inputs) == 2:
         for i in (0, 1):
             conv, other = inputs[i], inputs[1 - i]

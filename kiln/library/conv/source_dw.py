@@ -32,7 +32,8 @@ extern "C" void kiln_conv_dw(const float* x, int64_t n, int64_t h, int64_t w, in
                              int64_t xsh, int64_t xsw, const float* wt, const float* bias, const float* r,
                              int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y, int64_t ysn, int64_t ysc,
                              int64_t ysh, int64_t ysw, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
-                             int64_t pw, int64_t ho, int64_t wo, int relu, int relu_in, int threads) {
+                             int64_t pw, int64_t ho, int64_t wo, int relu, float relu_max, int relu_in,
+                             int threads) {
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t b = 0; b < n; ++b)
     for (int64_t oy = 0; oy < ho; ++oy) {
@@ -79,7 +80,7 @@ extern "C" void kiln_conv_dw(const float* x, int64_t n, int64_t h, int64_t w, in
             const int64_t ox = ox0 + j;
             vec val = acc[j];
             if (r) val = VADD(val, vloads(r + b * rsn + oy * rsh + ox * rsw + c0 * rsc, cn, rsc));
-            if (relu) val = VMAX(VZERO(), val);
+            if (relu) val = RELU(val, relu_max);
             vstores(y + b * ysn + oy * ysh + ox * ysw + c0 * ysc, val, cn, ysc);
           }
         }

@@ -78,7 +78,7 @@ extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, 
                                const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
                                int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
                                int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
-                               int relu, int relu_in, int64_t mb, int64_t KC, int threads) {
+                               int relu, float relu_max, int relu_in, int64_t mb, int64_t KC, int threads) {
   const int64_t rows = n * ho * wo, kg = kh * kw * c;
   const int64_t panels = (k + KILN_NR - 1) / KILN_NR;
   float* ap = (float*)std::aligned_alloc(64, sizeof(float) * ((mb + KILN_MR) * (KC < kg ? KC : kg) + 16));
@@ -114,7 +114,7 @@ extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, 
         const int64_t kn = k - k0;
         vec val = vloadn(cb + t * k + k0, kn);
         if (ro) val = VADD(val, vloads(ro + k0 * rsc, kn, rsc));
-        if (relu) val = VMAX(VZERO(), val);  // max(0, NaN) is NaN, as torch.relu
+        if (relu) val = RELU(val, relu_max);
         vstores(yo + k0 * ysc, val, kn, ysc);
       }
     }
@@ -132,7 +132,7 @@ static void conv_direct(const float* x, int64_t n, int64_t c, int64_t xsn, int64
                         const float* wp, const float* bias, const float* r, int64_t rsn, int64_t rsc, int64_t rsh,
                         int64_t rsw, float* y, int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k,
                         int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ho, int64_t wo, int relu,
-                        int threads) {
+                        float relu_max, int threads) {
   const int64_t kg = kh * kw * c, panels = (k + KILN_NR - 1) / KILN_NR;
   // the input offset of every tap (dy, dx, ci), in the packed weight's row order: the taps run as one flat loop,
   // without the short dx and ci loops (the stem has 3 channels).  ResNet's 7x7/2 stem: 8% faster than the nested
@@ -178,7 +178,7 @@ static void conv_direct(const float* x, int64_t n, int64_t c, int64_t xsn, int64
               if (kn <= 0) break;
               vec val = acc[p][v];
               if (ro) val = VADD(val, vloads(ro + kk * rsc, kn, rsc));
-              if (relu) val = VMAX(VZERO(), val);  // max(0, NaN) is NaN, as torch.relu
+              if (relu) val = RELU(val, relu_max);
               vstores(yo + kk * ysc, val, kn, ysc);
             }
           }
@@ -197,11 +197,11 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
                                  const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
                                  int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
                                  int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
-                                 int relu, int relu_in, int threads) {
+                                 int relu, float relu_max, int relu_in, int threads) {
   const int64_t span = ((wo + KILN_PB - 1) / KILN_PB * KILN_PB - 1) * sw + kw;  // columns the last block reads
   if (ph == 0 && pw == 0 && !relu_in && span <= w) {
     conv_direct(x, n, c, xsn, xsc, xsh, xsw, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw, k, kh, kw, sh,
-                sw, ho, wo, relu, threads);
+                sw, ho, wo, relu, relu_max, threads);
     return;
   }
   const int64_t hp = h + 2 * ph, wpad = w + 2 * pw > span ? w + 2 * pw : span;
@@ -218,7 +218,7 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
         }
       }
   conv_direct(xp, n, c, c * hp * wpad, hp * wpad, wpad, 1, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw,
-              k, kh, kw, sh, sw, ho, wo, relu, threads);
+              k, kh, kw, sh, sw, ho, wo, relu, relu_max, threads);
   std::free(xp);
 }
 """

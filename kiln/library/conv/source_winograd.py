@@ -98,6 +98,7 @@ VECTOR_HELPERS = r"""
 #define VSUB(a, b) _mm512_sub_ps(a, b)
 #define VMUL(a, b) _mm512_mul_ps(a, b)
 #define VMAX(a, b) _mm512_max_ps(a, b)
+#define VMIN(a, b) _mm512_min_ps(a, b)
 static inline vec vloadn(const float* p, int64_t n) {
   return n >= LANES ? VLOAD(p) : _mm512_maskz_loadu_ps((__mmask16)((1u << n) - 1u), p);
 }
@@ -121,6 +122,7 @@ static inline void vstores(float* p, vec v, int64_t n, int64_t s) {
 #define VSUB(a, b) _mm256_sub_ps(a, b)
 #define VMUL(a, b) _mm256_mul_ps(a, b)
 #define VMAX(a, b) _mm256_max_ps(a, b)
+#define VMIN(a, b) _mm256_min_ps(a, b)
 static inline __m256i lanes_below(int64_t n) {
   return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
@@ -143,6 +145,9 @@ static inline void vstores(float* p, vec v, int64_t n, int64_t s) {
   for (int64_t i = 0; i < n && i < LANES; ++i) p[i * s] = t[i];
 }
 #endif
+// the convolutions' ReLU epilogue, clamped above at hi (inf: a plain ReLU; 6: ReLU6): max(0, NaN) and min(hi, NaN)
+// are NaN, as torch.relu and hardtanh give (the max and min instructions return their second operand on a NaN)
+#define RELU(v, hi) VMIN(VSET1(hi), VMAX(VZERO(), v))
 """
 
 KERNEL = r"""
@@ -159,7 +164,8 @@ extern "C" void kiln_winograd(const float* x, int64_t n, int64_t h, int64_t w, i
                               int64_t xsc, int64_t xsh, int64_t xsw, const float* u, const float* bias,
                               const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
                               int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t ph,
-                              int64_t pw, int64_t ho, int64_t wo, int relu, int relu_in, int64_t tb, int64_t KC,
+                              int64_t pw, int64_t ho, int64_t wo, int relu, float relu_max, int relu_in, int64_t tb,
+                              int64_t KC,
                               int threads) {
   const int64_t th = (ho + WM - 1) / WM, tw = (wo + WM - 1) / WM, tiles = n * th * tw;
   const int64_t blocks = (tiles + tb - 1) / tb, panels = (k + KILN_NR - 1) / KILN_NR;
@@ -241,7 +247,7 @@ extern "C" void kiln_winograd(const float* x, int64_t n, int64_t h, int64_t w, i
               if (ox >= wo) break;
               vec val = VADD(o[i][j], bv);
               if (r) val = VADD(val, vloads(r + b * rsn + oy * rsh + ox * rsw + k0 * rsc, kn, rsc));
-              if (relu) val = VMAX(VZERO(), val);  // max(0, NaN) is NaN, as torch.relu
+              if (relu) val = RELU(val, relu_max);
               vstores(y + b * ysn + oy * ysh + ox * ysw + k0 * ysc, val, kn, ysc);
             }
           }
