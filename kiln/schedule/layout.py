@@ -132,9 +132,10 @@ def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
     - **copying views**: a library call's operand that is a view chain its realized base cannot give in the
       layout the plan stores it in (``view_layout`` is None: a reshape of a permuted value, e.g. attention heads
       merged back for the output projection), or an operand of an op that needs a unit-stride last dim
-      (``_UNIT_LAST_STRIDE``: ATen's attention kernels) laid out otherwise.  The generated call would run the chain with ``reshape``, which
-      copies with ATen's generic strided copy (GPT at 8x512 on the H200: 16 such copies, 213 of its 1115 us);
-      the copy node's kernel reads through the views by index and writes the operand contiguous;
+      (``_UNIT_LAST_STRIDE``: ATen's attention kernels) laid out otherwise.  The generated call would run the
+      chain with ``reshape``, which copies with ATen's generic strided copy (GPT at 8x512 on the H200: 16 such
+      copies, 213 of its 1115 us); the copy node's kernel reads through the views by index and writes the
+      operand contiguous;
     - **weights** (``weights``: where the model's weights may not be held twice, a GPU in default mode): each
       channels-last convolution's constant weight copied channels-last just before it.  Left as they are, cuDNN
       converts each weight inside the call with ATen's copy (3 us each in ResNet-18 on the H200, 54 of its 232

@@ -146,3 +146,36 @@ def test_relu6_is_a_convolution_epilogue(choice, groups, k, label):
     assert f"relu -> {label} epilogue: 1" in notes and f"relu6 clamp -> {label} epilogue: 1" in notes, notes
     assert not any("minimum" in k.name or "maximum" in k.name for k in report.kernels), \
         [k.name for k in report.kernels]
+
+
+class _OneDnnThenRelu6(nn.Module):
+    """A dilated depthwise layer (no kiln kernel takes dilation: ATen's or oneDNN's convolution) with its ReLU6,
+    then a 1x1 projection."""
+
+    def __init__(self, c: int = 16):
+        super().__init__()
+        self.dw = nn.Conv2d(c, c, 3, padding=2, dilation=2, groups=c)
+        self.act, self.project = nn.ReLU6(), nn.Conv2d(c, 24, 1)
+
+    def forward(self, x):
+        return self.project(self.act(self.dw(x)))
+
+
+@pytest.mark.parametrize("choice,label", [("gemm", "implicit-GEMM"), ("winograd2", "Winograd")])
+def test_relu6_before_a_convolution_is_applied_as_it_reads(choice, label):
+    """A ReLU6 that no epilogue took (its producer is oneDNN's) is applied by the kiln convolution reading it."""
+    torch.manual_seed(0)
+    model = _OneDnnThenRelu6().eval()
+    if choice.startswith("winograd"):
+        model.project = nn.Conv2d(16, 24, 3, padding=1).eval()
+    x = torch.randn(1, 16, 20, 20) * 4
+    x[0, 2, 7, 7] = float("nan")
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False, choices=f"conv={choice}")(x)
+        expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
+    report = reports_since(position)[-1]
+    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    assert f"relu6 -> {label} input: 1" in notes, notes
+    assert not any("minimum" in k.name for k in report.kernels), [k.name for k in report.kernels]

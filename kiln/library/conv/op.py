@@ -109,7 +109,7 @@ def _output(op: str, x: torch.Tensor, residual: torch.Tensor | None, k: int, ho:
 def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
                        residual: torch.Tensor | None, out_channels: int, tile: int, padding: list[int],
                        relu: bool, channels_last: bool, relu_input: bool = False,
-                       relu_max: float | None = None) -> torch.Tensor:
+                       relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     _check_input("conv_winograd", x)
     if tile not in TILE_SIZES:
         raise ValueError(f"kiln::conv_winograd: tile must be one of {TILE_SIZES}, got {tile}")
@@ -123,24 +123,25 @@ def conv_winograd_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     return native.call(torch.ops.kiln.conv_winograd.default,
                        dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=k,
                             tile=tile, padding=padding, relu=relu, channels_last=channels_last,
-                            relu_input=relu_input, relu_max=relu_max), y)
+                            relu_input=relu_input, relu_max=relu_max, relu_input_max=relu_input_max), y)
 
 
 @torch.library.custom_op("kiln::conv_winograd", mutates_args=(), device_types="cpu")
 def conv_winograd(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                   out_channels: int, tile: int, padding: list[int], relu: bool,
-                  channels_last: bool = True, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
+                  channels_last: bool = True, relu_input: bool = False,
+                  relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     """``[relu](conv2d([relu](x), W, bias, padding) [+ residual])`` for a 3x3 stride-1 ``W`` given by
     ``transform_weight(W, tile)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``.
-    ``relu_max``: the ReLU's upper clamp (ReLU6: 6; None: none)."""
+    ``relu_max``, ``relu_input_max``: the ReLUs' upper clamps (ReLU6: 6; None: none)."""
     return conv_winograd_impl(x, packed, bias, residual, out_channels, tile, padding, relu, channels_last,
-                              relu_input, relu_max)
+                              relu_input, relu_max, relu_input_max)
 
 
 @conv_winograd.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
       out_channels: int, tile: int, padding: list[int], relu: bool, channels_last: bool = True,
-      relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
+      relu_input: bool = False, relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     n, _, h, w = x.shape
     return x.new_empty((n, out_channels, h + 2 * padding[0] - 2, w + 2 * padding[1] - 2),
                        memory_format=torch.channels_last if channels_last else torch.contiguous_format)
@@ -229,7 +230,7 @@ def rows_per_block(kg: int, k: int, rows: int) -> int:
 def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                    out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
                    channels_last: bool, relu_input: bool = False, direct: bool = False,
-                   relu_max: float | None = None) -> torch.Tensor:
+                   relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     _check_input("conv_gemm", x)
     h, w = x.shape[2:]
     kh, kw = kernel
@@ -242,20 +243,21 @@ def conv_gemm_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | N
     return native.call(torch.ops.kiln.conv_gemm.default,
                        dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=k,
                             kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
-                            relu_input=relu_input, direct=direct, relu_max=relu_max), y)
+                            relu_input=relu_input, direct=direct, relu_max=relu_max,
+                            relu_input_max=relu_input_max), y)
 
 
 @torch.library.custom_op("kiln::conv_gemm", mutates_args=(), device_types="cpu")
 def conv_gemm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
               out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
               channels_last: bool = True, relu_input: bool = False, direct: bool = False,
-              relu_max: float | None = None) -> torch.Tensor:
+              relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     """``[relu](conv2d([relu](x), W, bias, stride, padding) [+ residual])`` for ``W`` given by
     ``pack_conv_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``.
-    ``direct``: without packing the input (``kiln_conv_direct``, for few input channels); ``relu_max``: the
-    ReLU's upper clamp (ReLU6: 6; None: none)."""
+    ``direct``: without packing the input (``kiln_conv_direct``, for few input channels); ``relu_max``,
+    ``relu_input_max``: the ReLUs' upper clamps (ReLU6: 6; None: none)."""
     return conv_gemm_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
-                          relu_input, direct, relu_max)
+                          relu_input, direct, relu_max, relu_input_max)
 
 
 @native.register(torch.ops.kiln.conv_gemm.default)
@@ -282,10 +284,11 @@ def _native_conv_gemm(args: dict, strides_of: Callable, out_strides: tuple[int, 
 
 
 def relu_flags(args: dict) -> list[tuple[str, Any]]:
-    """The ``int relu, float relu_max, int relu_in`` parameters of every kiln convolution function."""
-    hi = args.get("relu_max")
+    """The ``int relu, float relu_max, int relu_in, float relu_in_max`` parameters of every kiln convolution
+    function (an absent clamp: inf)."""
+    hi, hi_in = args.get("relu_max"), args.get("relu_input_max")
     return [(native.I32, int(args["relu"])), (native.F32, math.inf if hi is None else float(hi)),
-            (native.I32, int(args["relu_input"]))]
+            (native.I32, int(args["relu_input"])), (native.F32, math.inf if hi_in is None else float(hi_in))]
 
 
 def output_hw(h: int, w: int, kernel: list[int], stride: list[int], padding: list[int]) -> tuple[int, int]:
@@ -306,7 +309,7 @@ def result_like(x: torch.Tensor, out_channels: int, kernel: list[int], stride: l
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
       out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
       channels_last: bool = True, relu_input: bool = False, direct: bool = False,
-      relu_max: float | None = None) -> torch.Tensor:
+      relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     return result_like(x, out_channels, kernel, stride, padding, channels_last)
 
 
@@ -322,7 +325,10 @@ def reference_epilogue(y: torch.Tensor, args: dict) -> torch.Tensor:
 
 
 def reference_input(args: dict) -> torch.Tensor:
-    return torch.relu(args["x"]) if args.get("relu_input") else args["x"]
+    if not args.get("relu_input"):
+        return args["x"]
+    x = torch.relu(args["x"])
+    return x.clamp(max=args["relu_input_max"]) if args.get("relu_input_max") is not None else x
 
 
 @references.register("kiln::conv_winograd")

@@ -48,7 +48,8 @@ def pack_weight(w: torch.Tensor) -> torch.Tensor:
 
 def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
                  out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-                 channels_last: bool, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
+                 channels_last: bool, relu_input: bool = False,
+                 relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     _check_input("conv_dw", x)
     _, c, h, w = x.shape
     kh, kw = kernel
@@ -63,24 +64,26 @@ def conv_dw_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | Non
     return native.call(torch.ops.kiln.conv_dw.default,
                        dict(x=_gatherable(x), packed=packed, bias=native.contiguous(bias), residual=res, out_channels=c,
                             kernel=kernel, stride=stride, padding=padding, relu=relu, channels_last=channels_last,
-                            relu_input=relu_input, relu_max=relu_max), y)
+                            relu_input=relu_input, relu_max=relu_max, relu_input_max=relu_input_max), y)
 
 
 @torch.library.custom_op("kiln::conv_dw", mutates_args=(), device_types="cpu")
 def conv_dw(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
             out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-            channels_last: bool = True, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
+            channels_last: bool = True, relu_input: bool = False,
+            relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     """``[relu](conv2d([relu](x), W, bias, stride, padding, groups=C) [+ residual])`` for a depthwise ``W`` given
     by ``pack_weight(W)``; the result is channels-last, or contiguous (NCHW) if not ``channels_last``;
-    ``relu_max``: the ReLU's upper clamp (ReLU6: 6; None: none)."""
+    ``relu_max``, ``relu_input_max``: the ReLUs' upper clamps (ReLU6: 6; None: none)."""
     return conv_dw_impl(x, packed, bias, residual, out_channels, kernel, stride, padding, relu, channels_last,
-                        relu_input, relu_max)
+                        relu_input, relu_max, relu_input_max)
 
 
 @conv_dw.register_fake
 def _(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None, residual: torch.Tensor | None,
       out_channels: int, kernel: list[int], stride: list[int], padding: list[int], relu: bool,
-      channels_last: bool = True, relu_input: bool = False, relu_max: float | None = None) -> torch.Tensor:
+      channels_last: bool = True, relu_input: bool = False,
+      relu_max: float | None = None, relu_input_max: float | None = None) -> torch.Tensor:
     return result_like(x, out_channels, kernel, stride, padding, channels_last)
 
 

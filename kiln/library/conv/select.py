@@ -275,7 +275,7 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
         choice = choose(choices, tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue, groups,
                         use_forced=False)
     common = dict(x=x, bias=bias, residual=None, out_channels=node.shape[1], padding=list(padding), relu=False,
-                  channels_last=True, relu_input=False, relu_max=None)
+                  channels_last=True, relu_input=False, relu_max=None, relu_input_max=None)
     if choice.startswith("winograd"):
         tile = int(choice[len("winograd"):])
         if log:
@@ -317,22 +317,48 @@ def _relu_operand(n: Node) -> int | None:
     return None
 
 
+def _relu_input(original: Node, rewritten: Node, uses: dict[Node, int], outputs: set[Node]
+                ) -> tuple[Node, float | None] | None:
+    """(y, upper clamp or None) when a convolution's input is ``relu(y)`` or ReLU6's ``minimum(maximum(y, 0), c)``
+    read by it alone, which it can apply as it reads y; else None.  ``original``: the input before this rewrite
+    (whose uses are counted), ``rewritten``: after."""
+    def alone(n: Node) -> bool:
+        return uses.get(n, 0) == 1 and n not in outputs
+
+    hi = None
+    if rewritten.op is Op.MINIMUM and len(rewritten.inputs) == 2 and alone(original):
+        for i in (0, 1):
+            c = scalar_value(rewritten.inputs[1 - i])
+            if isinstance(c, (int, float)) and c >= 0 and _relu_operand(rewritten.inputs[i]) is not None \
+                    and alone(original.inputs[i]):
+                hi, original, rewritten = float(c), original.inputs[i], rewritten.inputs[i]
+                break
+        else:
+            return None
+    at = _relu_operand(rewritten)
+    if at is None or not alone(original) or rewritten.inputs[at].shape != rewritten.shape:
+        return None
+    return rewritten.inputs[at], hi
+
+
 def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses: dict[Node, int],
                      outputs: set[Node], log: RewriteLog | None) -> Node | None:
     """``relu(conv)`` and ``conv + r`` (r of the same shape) become the convolution's epilogue, when the
     convolution's result has no other use; an add only before the ReLU (the kernel adds, then clamps); ReLU6
-    (``minimum(maximum(conv, 0), 6)``) as a ReLU with an upper clamp.  A ReLU
-    whose only reader is a Winograd convolution and which no epilogue took (it follows oneDNN's convolution,
-    whose own ReLU maps NaN to 0) is applied by that convolution as it reads its input."""
+    (``minimum(maximum(conv, 0), 6)``) as a ReLU with an upper clamp.  A ReLU (or ReLU6) whose only reader is a
+    kiln convolution and which no epilogue took (it follows oneDNN's convolution, whose fused activations map NaN
+    to 0) is applied by that convolution as it reads its input."""
     def fusable(original: Node, rewritten: Node) -> bool:
         return is_kiln_conv(rewritten) and uses.get(original, 0) == 1 and original not in outputs
 
-    if is_kiln_conv(node) and inputs[0].op is Op.RELU and uses.get(node.inputs[0], 0) == 1 \
-            and node.inputs[0] not in outputs and not _args(node)["relu_input"]:
-        if log:
-            log.hit(f"relu -> {_label(node)} input")  # a producer the epilogue rule could not take (a library's)
-        return _rebuilt(Node(node.op, inputs, node.attrs, node.shape, node.dtype), b, x=inputs[0].inputs[0],
-                        relu_input=True)
+    if is_kiln_conv(node) and not _args(node)["relu_input"]:
+        found = _relu_input(node.inputs[0], inputs[0], uses, outputs)
+        if found is not None:  # a producer the epilogue rule could not take (a library's)
+            x, hi = found
+            if log:
+                log.hit(f"relu{'6' if hi is not None else ''} -> {_label(node)} input")
+            return _rebuilt(Node(node.op, inputs, node.attrs, node.shape, node.dtype), b, x=x, relu_input=True,
+                            relu_input_max=hi)
     at = _relu_operand(node)
     if at is not None and fusable(node.inputs[at], inputs[at]) and not _args(inputs[at])["relu"]:
         if log:

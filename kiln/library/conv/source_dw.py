@@ -33,7 +33,7 @@ extern "C" void kiln_conv_dw(const float* x, int64_t n, int64_t h, int64_t w, in
                              int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y, int64_t ysn, int64_t ysc,
                              int64_t ysh, int64_t ysw, int64_t kh, int64_t kw, int64_t sh, int64_t sw, int64_t ph,
                              int64_t pw, int64_t ho, int64_t wo, int relu, float relu_max, int relu_in,
-                             int threads) {
+                             float relu_in_max, int threads) {
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t b = 0; b < n; ++b)
     for (int64_t oy = 0; oy < ho; ++oy) {
@@ -70,7 +70,7 @@ extern "C" void kiln_conv_dw(const float* x, int64_t n, int64_t h, int64_t w, in
                   const int64_t ix = (ox0 + j) * sw - pw + dx;
                   if (ix < 0 || ix >= w) continue;
                   vec v = vloads(xb + iy * xsh + ix * xsw + c0 * xsc, cn, xsc);
-                  if (relu_in) v = VMAX(VZERO(), v);  // the producer's ReLU; max(0, NaN) is NaN, as torch.relu
+                  if (relu_in) v = RELU(v, relu_in_max);  // the producer's ReLU; max(0, NaN) is NaN, as torch.relu
                   acc[j] = VFMA(v, wv, acc[j]);
                 }
               }

@@ -38,7 +38,8 @@ KERNEL = r"""
 // rows g0 .. g0+rows of the implicit im2col matrix, columns pc .. pc+kc, into MR-row panels (k-major)
 static void pack_conv(const float* x, int64_t h, int64_t w, int64_t c, int64_t xsn, int64_t xsc, int64_t xsh,
                       int64_t xsw, int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho,
-                      int64_t wo, int relu_in, int64_t g0, int64_t rows, int64_t pc, int64_t kc, float* out) {
+                      int64_t wo, int relu_in, float relu_in_max, int64_t g0, int64_t rows, int64_t pc, int64_t kc,
+                      float* out) {
   for (int64_t i0 = 0; i0 < rows; i0 += KILN_MR) {
     float* panel = out + i0 * kc;
     for (int r = 0; r < KILN_MR; ++r) {
@@ -57,11 +58,8 @@ static void pack_conv(const float* x, int64_t h, int64_t w, int64_t c, int64_t x
           for (int64_t j = 0; j < run; ++j) dk[j * KILN_MR] = 0.0f;
         } else {
           const float* s = x + b * xsn + iy * xsh + ix * xsw + ci * xsc;
-          if (relu_in)
-            for (int64_t j = 0; j < run; ++j) {
-              const float v = s[j * xsc];
-              dk[j * KILN_MR] = v > 0.0f || v != v ? v : 0.0f;  // max(0, v) keeping NaN, as torch.relu
-            }
+          if (relu_in)  // the producer's ReLU (clamped at relu_in_max), NaN kept as torch.relu
+            for (int64_t j = 0; j < run; ++j) dk[j * KILN_MR] = relu1(s[j * xsc], relu_in_max);
           else
             for (int64_t j = 0; j < run; ++j) dk[j * KILN_MR] = s[j * xsc];
         }
@@ -78,7 +76,8 @@ extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, 
                                const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
                                int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
                                int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
-                               int relu, float relu_max, int relu_in, int64_t mb, int64_t KC, int threads) {
+                               int relu, float relu_max, int relu_in, float relu_in_max, int64_t mb,
+                               int64_t KC, int threads) {
   const int64_t rows = n * ho * wo, kg = kh * kw * c;
   const int64_t panels = (k + KILN_NR - 1) / KILN_NR;
   float* ap = (float*)std::aligned_alloc(64, sizeof(float) * ((mb + KILN_MR) * (KC < kg ? KC : kg) + 16));
@@ -92,7 +91,7 @@ extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, 
       const int64_t kc = kg - pc < KC ? kg - pc : KC;
 #pragma omp for schedule(static)
       for (int64_t i0 = 0; i0 < nt; i0 += KILN_MR)
-        pack_conv(x, h, w, c, xsn, xsc, xsh, xsw, kw, sh, sw, ph, pw, ho, wo, relu_in, g0 + i0,
+        pack_conv(x, h, w, c, xsn, xsc, xsh, xsw, kw, sh, sw, ph, pw, ho, wo, relu_in, relu_in_max, g0 + i0,
                   nt - i0 < KILN_MR ? nt - i0 : KILN_MR, pc, kc, ap + i0 * kc);
 #pragma omp for schedule(static)
       for (int64_t q = 0; q < panels; ++q) {
@@ -197,7 +196,8 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
                                  const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
                                  int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t kh,
                                  int64_t kw, int64_t sh, int64_t sw, int64_t ph, int64_t pw, int64_t ho, int64_t wo,
-                                 int relu, float relu_max, int relu_in, int threads) {
+                                 int relu, float relu_max, int relu_in, float relu_in_max,
+                                 int threads) {
   const int64_t span = ((wo + KILN_PB - 1) / KILN_PB * KILN_PB - 1) * sw + kw;  // columns the last block reads
   if (ph == 0 && pw == 0 && !relu_in && span <= w) {
     conv_direct(x, n, c, xsn, xsc, xsh, xsw, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw, k, kh, kw, sh,
@@ -214,7 +214,7 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
         float* dst = xp + ((b * c + ci) * hp + iy + ph) * wpad + pw;
         for (int64_t ix = 0; ix < w; ++ix) {
           const float v = src[ix * xsw];
-          dst[ix] = relu_in && !(v > 0.0f || v != v) ? 0.0f : v;  // max(0, v) keeping NaN
+          dst[ix] = relu_in ? relu1(v, relu_in_max) : v;  // max(0, v) keeping NaN (clamped at relu_in_max)
         }
       }
   conv_direct(xp, n, c, c * hp * wpad, hp * wpad, wpad, 1, wp, bias, r, rsn, rsc, rsh, rsw, y, ysn, ysc, ysh, ysw,

@@ -148,6 +148,10 @@ static inline void vstores(float* p, vec v, int64_t n, int64_t s) {
 // the convolutions' ReLU epilogue, clamped above at hi (inf: a plain ReLU; 6: ReLU6): max(0, NaN) and min(hi, NaN)
 // are NaN, as torch.relu and hardtanh give (the max and min instructions return their second operand on a NaN)
 #define RELU(v, hi) VMIN(VSET1(hi), VMAX(VZERO(), v))
+static inline float relu1(float v, float hi) {  // RELU on one float
+  v = v > 0.0f || v != v ? v : 0.0f;
+  return v < hi || v != v ? v : hi;
+}
 """
 
 KERNEL = r"""
@@ -164,8 +168,8 @@ extern "C" void kiln_winograd(const float* x, int64_t n, int64_t h, int64_t w, i
                               int64_t xsc, int64_t xsh, int64_t xsw, const float* u, const float* bias,
                               const float* r, int64_t rsn, int64_t rsc, int64_t rsh, int64_t rsw, float* y,
                               int64_t ysn, int64_t ysc, int64_t ysh, int64_t ysw, int64_t k, int64_t ph,
-                              int64_t pw, int64_t ho, int64_t wo, int relu, float relu_max, int relu_in, int64_t tb,
-                              int64_t KC,
+                              int64_t pw, int64_t ho, int64_t wo, int relu, float relu_max, int relu_in,
+                              float relu_in_max, int64_t tb, int64_t KC,
                               int threads) {
   const int64_t th = (ho + WM - 1) / WM, tw = (wo + WM - 1) / WM, tiles = n * th * tw;
   const int64_t blocks = (tiles + tb - 1) / tb, panels = (k + KILN_NR - 1) / KILN_NR;
@@ -194,7 +198,7 @@ extern "C" void kiln_winograd(const float* x, int64_t n, int64_t h, int64_t w, i
               const int64_t yy = y0 + i, xx = x0 + j;
               d[i][j] = (yy >= 0 && yy < h && xx >= 0 && xx < w)
                             ? vloads(x + b * xsn + yy * xsh + xx * xsw + c0 * xsc, cn, xsc) : VZERO();
-              if (relu_in) d[i][j] = VMAX(VZERO(), d[i][j]);  // the producer's ReLU, applied as the input is read
+              if (relu_in) d[i][j] = RELU(d[i][j], relu_in_max);  // the producer's ReLU, applied as the input is read
             }
           KILN_INPUT_TRANSFORM
           if (packed_v) {
