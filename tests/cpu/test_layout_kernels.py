@@ -68,3 +68,26 @@ def test_specialize_folds_selects():
     assert specialize(e, {c: True}) == a
     assert specialize(e, {c: False}) == b
     assert specialize(e, {}) == KOp(Op.WHERE, (c, a, b), torch.float32)  # and(c, true) -> c
+
+
+def test_a_padded_transposed_operand_is_not_read_through_tiles():
+    """A pad of a channels-last value written NCHW (MobileNet-V2's TF-style padding before a stride-2 layer,
+    out[c, y, x] = y < 112 and x < 112 ? in[x * 96 + y * 10752 + c] : 0): where the condition is false the load's
+    index is past the input, so the input is read by the element loop under the condition, never through 16 x 16
+    tiles (a tile reads all its elements: past the buffer's end, a crash one run in two).  An unguarded
+    transposed load of the same kernel is still tiled."""
+    from kiln.ir.kernel import FullLoop, Kernel, Store
+    from kiln.ir.tiling import plan_tiles
+    c, y, x = Var("i0", 96), Var("i1", 113), Var("i2", 113)
+    inside = KOp(Op.LOGICAL_AND, (_cond(Op.LT, Lin.of(y), 112), _cond(Op.LT, Lin.of(x), 112)), torch.bool)
+    index = Lin.of(c) + Lin.of(y) * 10752 + Lin.of(x) * 96
+    padded = KOp(Op.WHERE, (inside, KLoad("buf0", index, torch.float32), KConst(0.0, torch.float32)), torch.float32)
+    out = Lin.of(c) * 12769 + Lin.of(y) * 113 + Lin.of(x)
+
+    def kernel(value):
+        return Kernel("kernel_0_pad", (96, 113, 113), 0, [FullLoop([Store("buf1", out, value)])], [])
+
+    assert plan_tiles(kernel(padded)) is None
+    plain = KOp(Op.ADD, (padded, KLoad("buf2", index, torch.float32)), torch.float32)
+    plan = plan_tiles(kernel(plain))
+    assert plan is not None and [ld.buf for ld in plan.loads] == ["buf2"]
