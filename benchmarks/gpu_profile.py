@@ -2,6 +2,7 @@
 kiln and by Inductor (torch.profiler over a few calls), so kernel time can be told from launch overhead.
 
     python -m benchmarks.gpu_profile --models chain,gpt_b8x512 --dtype bf16
+    python -m benchmarks.gpu_profile --zoo --models bert,swin --dtype bf16 --top 25    (zoo models at full size)
 """
 from __future__ import annotations
 
@@ -50,17 +51,24 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--models", default="chain,gpt_b8x512")
     p.add_argument("--dtype", default="bf16")
+    p.add_argument("--zoo", action="store_true", help="models of the zoo (kiln/testing/zoo.py) at full size")
+    p.add_argument("--top", type=int, default=12, help="kernels listed per model and backend")
     args = p.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     print(f"device copy bandwidth: {copy_bandwidth() / 1e12:.2f} TB/s (read + write)")
     for name in args.models.split(","):
-        model, inputs = models.build(name, device="cuda", dtype=dtype)
+        if args.zoo:
+            from benchmarks.zoo import builder
+            model, inputs = builder("sdpa")(name, device="cuda", dtype=dtype)
+            model.eval()
+        else:
+            model, inputs = models.build(name, device="cuda", dtype=dtype)
         for label, fn in (("kiln", kiln.compile(model)), ("inductor", torch.compile(model))):
             rows = profile(fn, inputs)
             total = sum(r[2] for r in rows)
             print(f"\n{name} {label}: device time per call {total:.1f} us in {sum(r[1] for r in rows) // 5} "
                   f"kernels")
-            for key, count, t in rows[:12]:
+            for key, count, t in rows[:args.top]:
                 print(f"  {t:9.1f} us  x{count // 5:<3d} {key[:100]}")
             torch._dynamo.reset()
 
