@@ -126,13 +126,9 @@ class _Relu6Block(nn.Module):
         return self.act(self.bn(self.conv(x))) * 1.5
 
 
-@pytest.mark.parametrize("choice,groups,k,label", [("dw", 16, 3, "depthwise"), ("gemm", 1, 1, "implicit-GEMM"),
-                                                    ("winograd2", 1, 3, "Winograd")])
-def test_relu6_is_a_convolution_epilogue(choice, groups, k, label):
-    """ReLU6 lowers to minimum(maximum(conv, 0), 6): both fold into kiln's convolution (a ReLU clamped at 6), no
-    kernel of its own; values above 6, below 0 and NaN come out as eager's."""
-    torch.manual_seed(0)
-    model = _Relu6Block(groups=groups, k=k).eval()
+def _compiled_with_a_nan(model: nn.Module, choice: str) -> tuple[torch.Tensor, object, str]:
+    """Compile ``model`` with the convolution choice forced, check it on an input with values past 6 and a NaN;
+    return eager's result, the report and the notes of the convolution pass."""
     x = torch.randn(1, 16, 20, 20) * 4
     x[0, 3, 5, 5] = float("nan")
     position = mark()
@@ -140,9 +136,18 @@ def test_relu6_is_a_convolution_epilogue(choice, groups, k, label):
         out = kiln.compile(model, fallback=False, choices=f"conv={choice}")(x)
         expected = model(x)
     torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
-    assert (expected == 9.0).any() and (expected == 0).any() and expected.isnan().any()
     report = reports_since(position)[-1]
-    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    return expected, report, " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+
+
+@pytest.mark.parametrize("choice,groups,k,label", [("dw", 16, 3, "depthwise"), ("gemm", 1, 1, "implicit-GEMM"),
+                                                    ("winograd2", 1, 3, "Winograd")])
+def test_relu6_is_a_convolution_epilogue(choice, groups, k, label):
+    """ReLU6 lowers to minimum(maximum(conv, 0), 6): both fold into kiln's convolution (a ReLU clamped at 6), no
+    kernel of its own; values above 6, below 0 and NaN come out as eager's."""
+    torch.manual_seed(0)
+    expected, report, notes = _compiled_with_a_nan(_Relu6Block(groups=groups, k=k).eval(), choice)
+    assert (expected == 9.0).any() and (expected == 0).any() and expected.isnan().any()
     assert f"relu -> {label} epilogue: 1" in notes and f"relu6 clamp -> {label} epilogue: 1" in notes, notes
     assert not any("minimum" in k.name or "maximum" in k.name for k in report.kernels), \
         [k.name for k in report.kernels]
@@ -168,14 +173,6 @@ def test_relu6_before_a_convolution_is_applied_as_it_reads(choice, label):
     model = _OneDnnThenRelu6().eval()
     if choice.startswith("winograd"):
         model.project = nn.Conv2d(16, 24, 3, padding=1).eval()
-    x = torch.randn(1, 16, 20, 20) * 4
-    x[0, 2, 7, 7] = float("nan")
-    position = mark()
-    with torch.inference_mode():
-        out = kiln.compile(model, fallback=False, choices=f"conv={choice}")(x)
-        expected = model(x)
-    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-5, equal_nan=True)
-    report = reports_since(position)[-1]
-    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    _, report, notes = _compiled_with_a_nan(model, choice)
     assert f"relu6 -> {label} input: 1" in notes, notes
     assert not any("minimum" in k.name for k in report.kernels), [k.name for k in report.kernels]
