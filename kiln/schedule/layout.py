@@ -23,12 +23,12 @@ from typing import Any
 import torch
 
 from kiln import library
-from kiln.ir.extern import InputRef
 from kiln.ir.graph import Graph, GraphBuilder, Node, mutates
 from kiln.ir.interp import view_chain, view_layout
 from kiln.ir.ops import VIEW, Op, channels_last_strides, contiguous_strides
 from kiln.ir.program import Plan
 from kiln.passes.rewrite import copy_with_inputs
+from kiln.runtime import native
 
 aten = torch.ops.aten
 NHWC_ORDER = (0, 2, 3, 1)  # loop/memory order of the logical dims (N, C, H, W)
@@ -107,14 +107,8 @@ def _unit_last_operands(n: Node) -> set[int]:
     names = _UNIT_LAST_STRIDE.get(n.attr("target"))
     if not names:
         return set()
-    args, kwargs = n.attr("template")
-    schema = n.attr("target")._schema.arguments
-    found = set()
-    for i, a in enumerate(schema):
-        ref = args[i] if i < len(args) else kwargs.get(a.name)
-        if a.name in names and isinstance(ref, InputRef):
-            found.add(ref.index)
-    return found
+    named = [v for name, v in native.named_args(n).items() if name in names]
+    return {k for k, x in enumerate(n.inputs) if any(v is x for v in named)}
 
 
 def needs_relayout(shape: tuple[int, ...]) -> bool:
@@ -162,8 +156,8 @@ def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
             return False
         strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
         found = view_layout(base.shape, strides, base.dtype, chain) if chain else (strides, 0)
-        if found is None:
-            return bool(chain)
+        if found is None:  # (only a chain can fail to be a view)
+            return True
         return unit_last and len(v.shape) > 0 and v.shape[-1] > 1 and found[0][-1] != 1
 
     copied: dict[Node, list[int]] = {}  # library call -> the positions of the operands to copy

@@ -137,7 +137,6 @@ def _reference(args: dict) -> torch.Tensor:
         t, s = scores.shape[-2:]
         scores = scores.masked_fill(torch.ones(t, s, dtype=torch.bool).triu(1 + s - t), float("-inf"))
     probs = torch.softmax(scores, -1)
-    if args["zero_empty"]:
-        probs = probs.nan_to_num(0.0) if not scores.isnan().any() else \
-            torch.where((scores == float("-inf")).all(-1, keepdim=True), 0.0, probs)
+    if args["zero_empty"]:  # a row of -inf scores: zeros, as ATen's flash kernels
+        probs = torch.where((scores == float("-inf")).all(-1, keepdim=True), 0.0, probs)
     return (probs @ v).to(args["q"].dtype)

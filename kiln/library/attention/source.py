@@ -100,20 +100,12 @@ extern "C" void kiln_attention(const float* q, const float* k, const float* v, c
       const float by = scaled ? 1.0f : scale;
       for (int64_t j = 0; j < cols; ++j) {
         float* row = st + j * NR;
-        if (causal && j > i0) {  // key j after query i0 + c: masked (only the block's last NR keys can be)
+        const int64_t first = causal ? j - i0 : 0;  // causal: queries i0 + c < j see no key j (only c < first)
 #pragma omp simd
-          for (int c = 0; c < NR; ++c) {
-            const float x = j > i0 + c ? -INFINITY : row[c] * by;
-            row[c] = x;
-            mx[c] = x > mx[c] ? x : mx[c];
-          }
-        } else {
-#pragma omp simd
-          for (int c = 0; c < NR; ++c) {
-            const float x = row[c] * by;
-            row[c] = x;
-            mx[c] = x > mx[c] ? x : mx[c];
-          }
+        for (int c = 0; c < NR; ++c) {
+          const float x = c < first ? -INFINITY : row[c] * by;
+          row[c] = x;
+          mx[c] = x > mx[c] ? x : mx[c];
         }
       }
 #pragma omp simd

@@ -304,17 +304,29 @@ def _rebuilt(conv: Node, b: GraphBuilder, **changes: object) -> Node:
                         conv.shape, conv.dtype)
 
 
+def _scalar_operand(n: Node, op: Op) -> tuple[int, float] | None:
+    """(position of x, c) for ``n = op(x, c)`` or ``op(c, x)`` with c a scalar and x of ``n``'s shape, else None."""
+    if n.op is op and len(n.inputs) == 2:
+        for i in (0, 1):
+            c = scalar_value(n.inputs[1 - i])
+            if isinstance(c, (int, float)) and n.inputs[i].shape == n.shape:
+                return i, float(c)
+    return None
+
+
 def _relu_operand(n: Node) -> int | None:
     """The position of the operand ``n`` takes the ReLU of: ``relu(x)``, or ``maximum(x, 0)`` (how ``hardtanh``,
     i.e. ReLU6, lowers: then ``minimum(, 6)``; maximum propagates NaN as relu does); None for anything else."""
     if n.op is Op.RELU:
         return 0
-    if n.op is Op.MAXIMUM and len(n.inputs) == 2:
-        for i in (0, 1):
-            zero = scalar_value(n.inputs[1 - i])
-            if isinstance(zero, (int, float)) and zero == 0 and n.inputs[i].shape == n.shape:
-                return i
-    return None
+    found = _scalar_operand(n, Op.MAXIMUM)
+    return found[0] if found is not None and found[1] == 0 else None
+
+
+def _upper_clamp(n: Node) -> tuple[int, float] | None:
+    """(position of x, c) for ReLU6's second half ``minimum(x, c)`` with ``c >= 0``, else None."""
+    found = _scalar_operand(n, Op.MINIMUM)
+    return found if found is not None and found[1] >= 0 else None
 
 
 def _relu_input(original: Node, rewritten: Node, uses: dict[Node, int], outputs: set[Node]
@@ -326,15 +338,12 @@ def _relu_input(original: Node, rewritten: Node, uses: dict[Node, int], outputs:
         return uses.get(n, 0) == 1 and n not in outputs
 
     hi = None
-    if rewritten.op is Op.MINIMUM and len(rewritten.inputs) == 2 and alone(original):
-        for i in (0, 1):
-            c = scalar_value(rewritten.inputs[1 - i])
-            if isinstance(c, (int, float)) and c >= 0 and _relu_operand(rewritten.inputs[i]) is not None \
-                    and alone(original.inputs[i]):
-                hi, original, rewritten = float(c), original.inputs[i], rewritten.inputs[i]
-                break
-        else:
+    clamp = _upper_clamp(rewritten)
+    if clamp is not None:
+        i, hi = clamp
+        if not alone(original):
             return None
+        original, rewritten = original.inputs[i], rewritten.inputs[i]
     at = _relu_operand(rewritten)
     if at is None or not alone(original) or rewritten.inputs[at].shape != rewritten.shape:
         return None
@@ -364,14 +373,14 @@ def _absorb_epilogue(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, uses
         if log:
             log.hit(f"relu -> {_label(inputs[at])} epilogue")
         return _rebuilt(inputs[at], b, relu=True)
-    if node.op is Op.MINIMUM and len(inputs) == 2:  # ReLU6's upper clamp: min(relu(conv), 6)
-        for i in (0, 1):
-            conv, hi = inputs[i], scalar_value(inputs[1 - i])
-            if isinstance(hi, (int, float)) and hi >= 0 and fusable(node.inputs[i], conv) \
-                    and _args(conv)["relu"] and _args(conv)["relu_max"] is None and conv.shape == node.shape:
-                if log:
-                    log.hit(f"relu6 clamp -> {_label(conv)} epilogue")
-                return _rebuilt(conv, b, relu_max=float(hi))
+    clamp = _upper_clamp(Node(node.op, inputs, node.attrs, node.shape, node.dtype))
+    if clamp is not None:  # ReLU6's upper clamp: min(relu(conv), 6)
+        i, hi = clamp
+        conv = inputs[i]
+        if fusable(node.inputs[i], conv) and _args(conv)["relu"] and _args(conv)["relu_max"] is None:
+            if log:
+                log.hit(f"relu6 clamp -> {_label(conv)} epilogue")
+            return _rebuilt(conv, b, relu_max=hi)
     if node.op is Op.ADD and node.dtype == torch.float32 and len(inputs) == 2:
         for i in (0, 1):
             conv, other = inputs[i], inputs[1 - i]
