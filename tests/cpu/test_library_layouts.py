@@ -116,3 +116,34 @@ def test_attention_on_every_layout(kiln_attention):
     q, k, v = (torch.randn(2, 10, 32) for _ in range(3))
     mask = torch.randn(2, 1, 10, 10)
     _compare(_attention_layouts, q, k, v, mask, choices=f"attention={'kiln' if kiln_attention else 'aten'}")
+
+
+@pytest.mark.parametrize("name", ["_scaled_dot_product_efficient_attention", "_scaled_dot_product_flash_attention",
+                                  "_scaled_dot_product_cudnn_attention", "_scaled_dot_product_flash_attention_for_cpu"])
+@pytest.mark.parametrize("heads_split", [True, False])
+def test_attention_result_layout_agrees_with_aten(name, heads_split):
+    """The layout kiln's plan gives an ATen attention op's result (``library.fixed_strides``: kernels index the
+    result by it, so merging the heads is a view) is the one the op writes, by torch's meta kernels, for a query
+    split from a projection ([B, T, H, D] memory) and a contiguous one; where kiln knows no layout it says None."""
+    from kiln import library
+    from kiln.ir.extern import build_extern
+    from kiln.ir.graph import GraphBuilder
+    from kiln.ir.ops import Op
+    b_, h, t, d = 2, 4, 16, 8
+    op = getattr(torch.ops.aten, name).default
+    gb = GraphBuilder()
+    if heads_split:
+        x = gb.add(Op.INPUT, shape=(b_, t, h * d), dtype=torch.bfloat16, index=0)
+        q = gb.add(Op.PERMUTE, (gb.add(Op.RESHAPE, (x,), shape=(b_, t, h, d)),), dims=(0, 2, 1, 3))
+        meta_q = torch.empty(b_, t, h, d, dtype=torch.bfloat16, device="meta").transpose(1, 2)
+    else:
+        q = gb.add(Op.INPUT, shape=(b_, h, t, d), dtype=torch.bfloat16, index=0)
+        meta_q = torch.empty(b_, h, t, d, dtype=torch.bfloat16, device="meta")
+    extra = (None, False) if "efficient" in name or "cudnn" in name else ()
+    node = build_extern(gb, op, [q, q, q, *extra], {}, (b_, h, t, d), torch.bfloat16, out_index=0)
+    gb.finish([node])
+    expected = op(meta_q, meta_q, meta_q, *extra)[0].stride()
+    got = library.fixed_strides(node)
+    assert got is None or got == expected, (got, expected)
+    if heads_split:  # the case the rule is for: a view when the heads merge
+        assert got == expected

@@ -34,21 +34,33 @@ def _heads_merged(shape: tuple[int, ...]) -> tuple[int, ...]:
 def _fixed_strides(n: Node) -> tuple[int, ...] | None:
     if n.op is not Op.EXTERN or len(n.shape) != 4:
         return None
-    if _writes_heads_merged(n.attr("target")):
+    target = n.attr("target")
+    if _writes_heads_merged(target):
         return _heads_merged(n.shape)
-    if n.attr("target") is _SDPA_CPU and n.attr("out_index") == 0 and n.shape[1] > 1 and n.shape[2] > 1:
-        # ATen's CPU flash attention writes its output dense in the query's stride order: [B, T, H, D] memory
-        # when the query is heads split from a projection (then merging the heads after it is a view, and the
-        # projection that reads it can be a native call), contiguous for a contiguous query.  The generated
-        # call checks the strides of every library result and re-lays out one that differs, so a wrong guess
-        # costs a copy, not a result.
+    if n.attr("out_index") != 0 or n.shape[1] == 1 or n.shape[2] == 1:  # (strides of size-1 dims are arbitrary)
+        return None
+    if target in _ALWAYS_HEADS_MERGED:
+        return _heads_merged(n.shape)
+    if target in _LIKE_QUERY:
+        # ATen's flash (CPU and CUDA) and cuDNN attention write their output dense in the query's stride order:
+        # [B, T, H, D] memory when the query is heads split from a projection (then merging the heads after it
+        # is a view, and the projection that reads it can be a native call), contiguous for a contiguous query.
+        # Left unknown, the generated call made the result contiguous and a kernel of ours copied it back to
+        # [B, T, H, D] for the output projection: two copies per layer (BERT, bf16 on the H200: 25-29 us each).
+        # The generated call checks the strides of every library result and re-lays out one that differs, so a
+        # wrong guess costs a copy, not a result.
         q = _query_strides(n.inputs[0])
         if q is not None and q[3] == 1 and q[1] < q[2]:
             return _heads_merged(n.shape)
     return None
 
 
-_SDPA_CPU = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+aten = torch.ops.aten
+_SDPA_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
+# the memory-efficient kernel allocates [B, T, H, D] whatever the query's layout (its meta function agrees)
+_ALWAYS_HEADS_MERGED = frozenset({aten._scaled_dot_product_efficient_attention.default})
+_LIKE_QUERY = frozenset({_SDPA_CPU, aten._scaled_dot_product_flash_attention.default,
+                         aten._scaled_dot_product_cudnn_attention.default})
 
 
 def _query_strides(q: Node) -> tuple[int, ...] | None:
