@@ -17,6 +17,7 @@ from kiln.passes.fold import fold_constants
 from kiln.passes.fold_affine import fold_affine
 from kiln.passes.fold_pad import fold_pad
 from kiln.passes.half_in_fp32 import half_in_fp32
+from kiln.passes.merge_linears import merge_linears
 from kiln.passes.order import hoist_last_readers
 from kiln.passes.rewrite import RewriteLog
 from kiln.passes.simplify import simplify
@@ -36,6 +37,10 @@ def _fold_affine(g: Graph, log: RewriteLog) -> Graph:
     return fold_affine(g, log) if config.get().constant_folding else g
 
 
+def _merge_linears(g: Graph, log: RewriteLog) -> Graph:
+    return merge_linears(g, log) if config.get().constant_folding else g
+
+
 def _half_in_fp32(g: Graph, log: RewriteLog) -> Graph:
     return half_in_fp32(g, log) if config.get().library_selection else g
 
@@ -49,6 +54,7 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("fold_pad", fold_pad),                    # before the library passes, which choose each convolution by its
                                                # padded shape; its pad node dies in the next line
     ("dce_folded", lambda g, log: dce(g)),     # the unfolded layers: else the library passes pack their weights too
+    ("merge_linears", _merge_linears),         # weights final; before the library passes choose per (wider) shape
     ("half_in_fp32", _half_in_fp32),           # after folding, before the library passes: they see fp32 products
     # the operators' passes (kiln/library: kiln's GEMM, convolutions, attention), in their registry's order:
     # after folding (weights are final), before the second clean-up.  Each says why it is where it is
