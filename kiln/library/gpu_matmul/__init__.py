@@ -4,7 +4,8 @@ Triton kernel (the product stays in registers), where it measures faster than cu
 - ``template.py``: the Triton template and its tile configurations;
 - ``fusion.py``: which matmuls of a GPU plan take their epilogue in (measured in max-autotune, stored);
 - ``tune.py``: compiling and timing the candidate configurations on the device;
-- ``step.py``: the ``MatmulStep`` a Program holds: how the runtime loads and launches it.
+- ``step.py``: the ``MatmulStep`` a Program holds: how the runtime loads and launches it;
+- ``aligned.py``: products whose result rows break cuBLAS's 16-byte alignment written into padded rows.
 
 Nothing here imports Triton until a GPU plan is built (the package is listed on machines without it).
 """
@@ -12,7 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln.library.spec import Operator
+from kiln.library.gpu_matmul import aligned
+from kiln.library.spec import GraphPass, Operator
 
 
 def _plan_gpu(plan: Any, graph: Any, report: Any, device: Any, choices: Any) -> None:
@@ -27,6 +29,9 @@ def _records() -> tuple[str, ...]:
 OPERATOR = Operator(
     name="gpu_matmul",
     what="GPU matmuls with their epilogue kernel as one Triton template, chosen against cuBLAS per problem",
+    passes=(GraphPass("align_matmul_rows", aligned.align_matmul_rows,
+                      "after folding: the product's final shape; GPU weights only"),),
+    fixed_strides=aligned.row_strides,
     plan_gpu=_plan_gpu,
     records=_records,
 )
