@@ -6,7 +6,7 @@ a convolution with ``padding=0``; as a separate kernel the pad reads and writes 
 without being stored, so a pad that adds the same amount before and after each spatial dimension (and nothing
 to the batch and channel dimensions) becomes padding.  A pad with more after than before (TensorFlow's
 stride-2 "same": one extra row at the bottom) cannot be said in ``aten.convolution``'s symmetric padding and
-stays.
+stays; kiln's own convolutions take four-sided padding and fold it later (``library/conv/select.py``).
 
 The padded zeros are skipped instead of multiplied, so results differ from the unfolded graph only where a
 weight is infinite or NaN (``0 * inf``).
@@ -30,18 +30,27 @@ from kiln.passes.rewrite import RewriteLog, rewrite
 aten = torch.ops.aten
 
 
-def border(pad: Node, spatial: int) -> list[int] | None:
-    """The per-side zero border ``pad`` adds to its last ``spatial`` dimensions, if it pads only those, the same
-    amount on both sides, with zeros; else None."""
+def sides(pad: Node, spatial: int) -> list[tuple[int, int]] | None:
+    """The (before, after) zero border ``pad`` adds to each of its last ``spatial`` dimensions, if it pads only
+    those, with zeros, and crops none; else None."""
     if pad.op is not Op.PAD:
         return None
     pads, value = [tuple(p) for p in pad.attr("pads")], pad.attr("value")
     if isinstance(value, bool) or value != 0 or len(pads) != len(pad.shape) or len(pads) < spatial:
         return None
     outer, inner = pads[:len(pads) - spatial], pads[len(pads) - spatial:]
-    if any(p != (0, 0) for p in outer) or any(before != after or before < 0 for before, after in inner):
+    if any(p != (0, 0) for p in outer) or any(before < 0 or after < 0 for before, after in inner):
         return None
-    return [before for before, _ in inner]
+    return [(int(before), int(after)) for before, after in inner]
+
+
+def border(pad: Node, spatial: int) -> list[int] | None:
+    """The per-side zero border ``pad`` adds to its last ``spatial`` dimensions, if it pads only those, the same
+    amount on both sides, with zeros; else None."""
+    found = sides(pad, spatial)
+    if found is None or any(before != after for before, after in found):
+        return None
+    return [before for before, _ in found]
 
 
 def _fold(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: RewriteLog) -> Node | None:

@@ -176,3 +176,59 @@ def test_relu6_before_a_convolution_is_applied_as_it_reads(choice, label):
     _, report, notes = _compiled_with_a_nan(model, choice)
     assert f"relu6 -> {label} input: 1" in notes, notes
     assert not any("minimum" in k.name for k in report.kernels), [k.name for k in report.kernels]
+
+
+@pytest.mark.parametrize("op", ["dw", "gemm", "direct"])
+@pytest.mark.parametrize("padding", [[0, 0, 1, 1], [1, 0, 2, 1], [0, 2, 0, 1]])
+def test_four_sided_padding_matches_a_padded_convolution(op, padding):
+    """[top, left, bottom, right] padding (TensorFlow's stride-2 "same": more after than before) against ATen's
+    convolution of the explicitly padded input, stride 2 and 1, input channels-last and NCHW."""
+    from kiln.library.conv import op as cpu_conv
+    if op != "dw" and not cpu_conv.gemm_available():
+        pytest.skip("kiln's implicit GEMM does not build here")
+    gen = torch.Generator().manual_seed(3)
+    c = 12 if op == "dw" else 5
+    x = torch.randn(2, c, 11, 10, generator=gen)
+    top, left, bottom, right = padding
+    for stride in ([2, 2], [1, 2]):
+        for layout in (torch.channels_last, torch.contiguous_format):
+            xl = x.contiguous(memory_format=layout)
+            if op == "dw":
+                w = torch.randn(c, 1, 3, 3, generator=gen)
+                got = torch.ops.kiln.conv_dw(xl, cpu_conv_dw.pack_weight(w), None, None, c, [3, 3], stride, padding,
+                                             False, True)
+                ref = F.conv2d(F.pad(x, (left, right, top, bottom)).double(), w.double(), None, stride, groups=c)
+            else:
+                w = torch.randn(8, c, 3, 3, generator=gen)
+                got = torch.ops.kiln.conv_gemm(xl, cpu_conv.pack_conv_weight(w), None, None, 8, [3, 3], stride,
+                                               padding, False, True, direct=op == "direct")
+                ref = F.conv2d(F.pad(x, (left, right, top, bottom)).double(), w.double(), None, stride)
+            torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=2e-5)
+
+
+class _TfSameBlock(nn.Module):
+    """transformers' MobileNet-V2 way: F.pad "same" (more after than before for stride 2), then the convolution
+    with padding 0, ReLU6 before it."""
+
+    def __init__(self, c: int = 16, groups: int = 16):
+        super().__init__()
+        self.conv = nn.Conv2d(c, c, 3, stride=2, groups=groups)
+
+    def forward(self, x):
+        return self.conv(F.pad(F.relu6(x), (0, 1, 0, 1))) * 1.5
+
+
+@pytest.mark.parametrize("choice,groups,label", [("dw", 16, "depthwise"), ("gemm", 1, "implicit-GEMM")])
+def test_tensorflow_same_pad_folds_into_the_convolution(choice, groups, label):
+    torch.manual_seed(0)
+    model = _TfSameBlock(groups=groups).eval()
+    x = torch.randn(1, 16, 20, 20) * 4
+    position = mark()
+    with torch.inference_mode():
+        out = kiln.compile(model, fallback=False, choices=f"conv={choice}")(x)
+        expected = model(x)
+    torch.testing.assert_close(out, expected, rtol=1.3e-5, atol=2e-5)
+    report = reports_since(position)[-1]
+    notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
+    assert f"zero pad -> {label} padding: 1" in notes and f"relu6 -> {label} input: 1" in notes, notes
+    assert not any("pad" in k.name for k in report.kernels), [k.name for k in report.kernels]

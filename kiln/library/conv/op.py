@@ -272,7 +272,7 @@ def _native_conv_gemm(args: dict, strides_of: Callable, out_strides: tuple[int, 
     if prefix is None:
         return None
     I64, I32 = native.I64, native.I32
-    sizes = [(I64, v) for v in (k, *kernel, *stride, *padding, ho, wo)]
+    sizes = [(I64, v) for v in (k, *kernel, *stride, *four_sides(padding)[:2], ho, wo)]
     flags = relu_flags(args)
     if args["direct"]:
         return (native.address(gemm_library().kiln_conv_direct), "kiln_conv_direct",
@@ -292,8 +292,30 @@ def relu_flags(args: dict) -> list[tuple[str, Any]]:
 
 
 def output_hw(h: int, w: int, kernel: list[int], stride: list[int], padding: list[int]) -> tuple[int, int]:
-    """A convolution's output height and width (no dilation)."""
-    return ((h + 2 * padding[0] - kernel[0]) // stride[0] + 1, (w + 2 * padding[1] - kernel[1]) // stride[1] + 1)
+    """A convolution's output height and width (no dilation); ``padding``: ``[ph, pw]`` on both sides, or
+    ``[top, left, bottom, right]`` (TensorFlow's "same" padding of a stride-2 layer: more after than before)."""
+    top, left, bottom, right = four_sides(padding)
+    return ((h + top + bottom - kernel[0]) // stride[0] + 1, (w + left + right - kernel[1]) // stride[1] + 1)
+
+
+def four_sides(padding: list[int]) -> list[int]:
+    """``padding`` as ``[top, left, bottom, right]``.  (The C kernels take top and left; the output size says the
+    rest: they skip every tap outside the input.)"""
+    if len(padding) == 4:
+        return list(padding)
+    if len(padding) != 2:
+        raise ValueError(f"kiln: a convolution's padding is [ph, pw] or [top, left, bottom, right], got {padding}")
+    return [padding[0], padding[1], padding[0], padding[1]]
+
+
+def reference_conv(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, stride: Any, padding: list[int],
+                   groups: int = 1) -> torch.Tensor:
+    """ATen's conv2d with kiln's padding (four-sided: an explicit zero pad first)."""
+    top, left, bottom, right = four_sides(padding)
+    if top == bottom and left == right:
+        return torch.nn.functional.conv2d(x, w, bias, stride, [top, left], groups=groups)
+    return torch.nn.functional.conv2d(torch.nn.functional.pad(x, (left, right, top, bottom)), w, bias, stride, 0,
+                                      groups=groups)
 
 
 def result_like(x: torch.Tensor, out_channels: int, kernel: list[int], stride: list[int], padding: list[int],
@@ -345,5 +367,5 @@ def _conv_gemm_reference(args: dict) -> torch.Tensor | None:
     w = references.baked_source(args["packed"])
     if w is None:
         return None
-    y = torch.nn.functional.conv2d(reference_input(args), w.float(), args["bias"], args["stride"], args["padding"])
+    y = reference_conv(reference_input(args), w.float(), args["bias"], args["stride"], args["padding"])
     return reference_epilogue(y, args)

@@ -17,8 +17,8 @@ import torch
 from kiln.library.conv.source_dw import conv_dw_source
 from kiln.ir.extern import Baked
 from kiln.runtime import native, references
-from kiln.library.conv.op import (_check_input, _gatherable, _output, native_prefix, output_hw, reference_epilogue,
-                                  reference_input, relu_flags, result_like)
+from kiln.library.conv.op import (_check_input, _gatherable, _output, four_sides, native_prefix, output_hw,
+                                  reference_conv, reference_epilogue, reference_input, relu_flags, result_like)
 
 
 
@@ -102,7 +102,7 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
     if prefix is None:
         return None
     return (native.address(library().kiln_conv_dw), "kiln_conv_dw",
-            prefix + [(native.I64, v) for v in (*kernel, *stride, *padding, ho, wo)]
+            prefix + [(native.I64, v) for v in (*kernel, *stride, *four_sides(padding)[:2], ho, wo)]
             + relu_flags(args) + [(native.I32, native.THREADS)])
 
 
@@ -113,5 +113,5 @@ def _reference(args: dict) -> torch.Tensor | None:
     if w is None:
         return None
     x = reference_input(args)
-    y = torch.nn.functional.conv2d(x, w.float(), args["bias"], args["stride"], args["padding"], groups=x.shape[1])
+    y = reference_conv(x, w.float(), args["bias"], args["stride"], args["padding"], groups=x.shape[1])
     return reference_epilogue(y, args)

@@ -204,7 +204,10 @@ extern "C" void kiln_conv_direct(const float* x, int64_t n, int64_t h, int64_t w
                 sw, ho, wo, relu, relu_max, threads);
     return;
   }
-  const int64_t hp = h + 2 * ph, wpad = w + 2 * pw > span ? w + 2 * pw : span;
+  // rows and columns the output reads: more than 2 * padding past the input where the bottom/right padding is
+  // larger than the top/left one (a four-sided padding); the zeros of calloc stand for it
+  const int64_t rows_read = (ho - 1) * sh + kh;
+  const int64_t hp = h + 2 * ph > rows_read ? h + 2 * ph : rows_read, wpad = w + 2 * pw > span ? w + 2 * pw : span;
   float* xp = (float*)std::calloc((size_t)(n * c * hp * wpad), sizeof(float));
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads)
   for (int64_t b = 0; b < n; ++b)
