@@ -128,7 +128,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     device = _device_of(fx_gm, frozen)
     triton = _use_triton(cfg.target, device)
     start = time.perf_counter()
-    graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES)
+    graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES, triton)
     report.captured = graph
     report.phases["lower"] = time.perf_counter() - start
     choices = Choices.for_compile(report.mode)

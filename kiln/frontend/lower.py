@@ -92,9 +92,10 @@ def _has_symbols(v: Any) -> bool:
 
 
 def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
-             kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES) -> tuple[Graph, list[str]]:
+             kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES, triton: bool = False) -> tuple[Graph, list[str]]:
     """Lower ``gm``; ``frozen`` maps placeholder positions to the tensors they are frozen to.  Ops on dtypes
-    outside ``kernel_dtypes`` (what the code generator handles) stay EXTERN.
+    outside ``kernel_dtypes`` (what the code generator handles) stay EXTERN; ``triton``: for the Triton target
+    (the few lowerings whose best form differs by target ask ``Lowerer.triton``).
 
     Returns the graph (whose INPUTs are the non-frozen placeholders, in order) and the list of ATen ops
     that stayed EXTERN.
@@ -102,6 +103,7 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     b = GraphBuilder()
     L = Lowerer(b)
     L.kernel_dtypes = kernel_dtypes
+    L.triton = triton
     env: dict[torch.fx.Node, Any] = {}
     outputs: list[Node] = []
     position = 0

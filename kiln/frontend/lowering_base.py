@@ -45,6 +45,7 @@ class Lowerer:
         self.b = builder
         self.externs: list[str] = []
         self.kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES  # the code generator's (lower_fx sets it)
+        self.triton = False  # lowering for the Triton target (lower_fx sets it)
 
     # ---------------------------------------------------------------- leaves
     def scalar(self, value: Any, dtype: torch.dtype) -> Node:

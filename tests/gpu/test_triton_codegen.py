@@ -198,3 +198,11 @@ def test_transposed_operand_runs_in_2d_tiles(shape):
     _, h, w, c = shape
     assert (f"< {c})" in r.source) == (c % 32 != 0), r.source  # (TILE_Y = 32 along the channels)
     assert (f"< {h * w})" in r.source) == (h * w % 64 != 0), r.source  # (TILE_X = 64 along the positions)
+
+
+def test_exact_gelu_uses_erf_form_on_triton():
+    """The Triton target lowers exact GELU as ATen's CUDA kernel does, x/2 * (1 + erf(x/sqrt 2)) (libdevice's erf
+    is cheaper than its erfc); far into the negative tail both round to eager's values."""
+    x = torch.cat([torch.randn(300) * 3, torch.linspace(-12, 12, 97)])
+    report = run(lambda t: F.gelu(t), x)
+    assert "km.erf(" in report.source and "km.erfc(" not in report.source, report.source
