@@ -35,6 +35,16 @@ LAYERS = [
     ("resnet 512@7 3x3", 1, 512, 7, 7, 512, 3, 1, 1),
     ("seed conv1 3->64", 1, 3, 224, 224, 64, 3, 1, 0),
 ]
+# MobileNetV2's pointwise (1x1) layers at 224: low channel counts, GEMMs of small K
+POINTWISE = [
+    ("mbv2 16->96 1x1@112", 1, 16, 112, 112, 96, 1, 1, 0),
+    ("mbv2 96->24 1x1@56", 1, 96, 56, 56, 24, 1, 1, 0),
+    ("mbv2 24->144 1x1@56", 1, 24, 56, 56, 144, 1, 1, 0),
+    ("mbv2 144->32 1x1@28", 1, 144, 28, 28, 32, 1, 1, 0),
+    ("mbv2 32->192 1x1@28", 1, 32, 28, 28, 192, 1, 1, 0),
+    ("mbv2 384->64 1x1@14", 1, 384, 14, 14, 64, 1, 1, 0),
+    ("mbv2 960->160 1x1@7", 1, 960, 7, 7, 160, 1, 1, 0),
+]
 # depthwise (groups = C = K): MobileNetV2 at 224
 DEPTHWISE = [
     ("dw 96@112 3x3/2", 1, 96, 112, 112, 96, 3, 2, 1),
@@ -45,7 +55,8 @@ DEPTHWISE = [
 ]
 
 
-def _calls(x: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor, stride: int, pad: int) -> dict:
+def _calls(x: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor, stride: int, pad: int,
+           direct_max: int = DIRECT_MAX_CHANNELS) -> dict:
     from kiln.library.conv import op as cpu_conv
     from kiln.library.conv import op_dw as cpu_conv_dw
     k, cg, kh, kw = weights[0].shape
@@ -63,7 +74,7 @@ def _calls(x: torch.Tensor, weights: list[torch.Tensor], bias: torch.Tensor, str
         out["winograd2"] = lambda i: torch.ops.kiln.conv_winograd(x, wino[i], bias, None, k, 2, p, False)
     gemm = [cpu_conv.pack_conv_weight(w) for w in weights]
     out["conv_gemm"] = lambda i: torch.ops.kiln.conv_gemm(x, gemm[i], bias, None, k, [kh, kw], s, p, False)
-    if x.shape[1] <= DIRECT_MAX_CHANNELS:
+    if x.shape[1] <= direct_max:
         out["direct"] = lambda i: torch.ops.kiln.conv_gemm(x, gemm[i], bias, None, k, [kh, kw], s, p, False, True,
                                                            False, True)
     return out
@@ -73,18 +84,22 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--weights", type=int, default=6)
+    ap.add_argument("--layers", default="suite,pointwise,depthwise", help="which of suite, pointwise, depthwise")
+    ap.add_argument("--direct-max", type=int, default=DIRECT_MAX_CHANNELS,
+                    help="time the pack-free direct kernel up to this many input channels")
     args = ap.parse_args()
     torch.set_num_threads(1)
     gen = torch.Generator().manual_seed(0)
     print(f"{'layer':24s} {'GFLOP':>6s}  ms: oneDNN / Winograd / implicit GEMM [/ direct, 3 channels] (depthwise: / "
           f"kiln)    kiln's best vs oneDNN")
-    for name, n, c, h, w, k, ks, stride, pad in LAYERS + DEPTHWISE:
+    chosen = {"suite": LAYERS, "pointwise": POINTWISE, "depthwise": DEPTHWISE}
+    for name, n, c, h, w, k, ks, stride, pad in [x for part in args.layers.split(",") for x in chosen[part]]:
         groups = c if name.startswith("dw") else 1
         x = torch.randn(n, c, h, w, generator=gen).contiguous(memory_format=torch.channels_last)
         weights = [torch.randn(k, c // groups, ks, ks, generator=gen) / (c // groups * ks * ks) ** 0.5
                    for _ in range(args.weights)]
         bias = torch.randn(k, generator=gen)
-        calls = _calls(x, weights, bias, stride, pad)
+        calls = _calls(x, weights, bias, stride, pad, args.direct_max)
         ref = F.conv2d(x.double(), weights[0].double(), bias.double(), stride, pad, groups=groups)
         for fn in calls.values():
             torch.testing.assert_close(fn(0), ref.float(), rtol=1e-4, atol=1e-4)
