@@ -224,7 +224,10 @@ class TritonKernelWriter:
         self._emit(ind, f"xmask = xr < {max(numel(k.outer), 1)}")
         self._unflatten("xr", "o", ind)
         self._emit(ind, "rb = tl.arange(0, RBLOCK)[None, :]")
-        scratch = {st.buf: st.value for ph in k.phases if isinstance(ph, ReduceLoop) for st in ph.stores}
+        # row scratch is written by a reduction pass or first thing in the final loop (a stored member that the
+        # final loop reads, kernel_build's [Note: row scratch]); either way recomputed where read, never stored
+        scratch = {st.buf: st.value for ph in k.phases if isinstance(ph, (ReduceLoop, FullLoop)) for st in ph.stores
+                   if st.buf in k.scratch}
         row = TritonPrinter(self.lines, ind, "xmask", scratch)
         if self.s.persistent:
             self._emit(ind, "r = rb")
@@ -243,12 +246,14 @@ class TritonKernelWriter:
                 self._store(row, phase.store, "xmask", ind)
             elif self.s.persistent:
                 for st in phase.stores:
-                    self._store(body, st, "xrmask", ind)
-            else:
+                    if st.buf not in k.scratch:
+                        self._store(body, st, "xrmask", ind)
+            elif any(st.buf not in k.scratch for st in phase.stores):
                 self._open_chunk_loop(ind)
                 chunk = row.child(self.lines, ind + "    ", "xrmask")
                 for st in phase.stores:
-                    self._store(chunk, st, "xrmask", ind + "    ")
+                    if st.buf not in k.scratch:
+                        self._store(chunk, st, "xrmask", ind + "    ")
 
     def _value(self, p: TritonPrinter, a: Acc) -> str:
         v = p.expr(a.value)
