@@ -25,28 +25,23 @@ class Var:
         return 0, max(self.size - 1, 0)
 
 
+def _once(atom: Any, name: str, compute: Callable[[Any], Any]) -> Any:
+    """``compute(atom)``, kept on the (immutable) atom under ``name`` after the first call."""
+    found = atom.__dict__.get(name)
+    if found is None:
+        found = compute(atom)
+        object.__setattr__(atom, name, found)
+    return found
+
+
 def _memoized(cls: Any) -> Any:
     """``cls`` (a frozen dataclass atom) with its ``repr`` and ``hash`` computed once per object.  Both recurse
     through the atom's expression (a ``Dyn`` holds a whole loaded-index expression tree), and every ``Lin`` built
     sorts its terms by ``repr`` and keys them by hash: Swin's relative-position gathers made that sort 40% of
     its compile (116,000 reprs of nested gather expressions)."""
     plain_repr, plain_hash = cls.__repr__, cls.__hash__
-
-    def __repr__(self: Any) -> str:
-        found = self.__dict__.get("_repr")
-        if found is None:
-            found = plain_repr(self)
-            object.__setattr__(self, "_repr", found)
-        return found
-
-    def __hash__(self: Any) -> int:
-        found = self.__dict__.get("_hash")
-        if found is None:
-            found = plain_hash(self)
-            object.__setattr__(self, "_hash", found)
-        return found
-
-    cls.__repr__, cls.__hash__ = __repr__, __hash__
+    cls.__repr__ = lambda self: _once(self, "_repr", plain_repr)
+    cls.__hash__ = lambda self: _once(self, "_hash", plain_hash)
     return cls
 
 
@@ -176,11 +171,7 @@ def _make(const: int, acc: dict[Atom, int]) -> Lin:
 
 def _quotient(a: Mod) -> Lin:
     """``a.arg // a.k``, simplified, computed once per Mod atom (every ``Lin`` built looks for it)."""
-    found = a.__dict__.get("_quotient")
-    if found is None:
-        found = floordiv(a.arg, a.k)
-        object.__setattr__(a, "_quotient", found)
-    return found
+    return _once(a, "_quotient", lambda m: floordiv(m.arg, m.k))
 
 
 def _recombine(acc: dict[Atom, int]) -> dict[Atom, int]:
