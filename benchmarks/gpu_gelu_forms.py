@@ -13,6 +13,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from benchmarks.transpose_tiles import device_us
+
 
 @triton.jit
 def _gelu_erfc(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
@@ -28,16 +30,6 @@ def _gelu_erf(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     tl.store(y_ptr + i, ((x * 0.5) * (1.0 + libdevice.erf(x * 0.7071067811865476))).to(tl.bfloat16), mask=i < n)
 
 
-def _time(fn, rounds: int = 50) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(rounds):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1e3 / rounds
-
-
 def main() -> None:
     for shape in ((512, 3072), (788, 3072), (4096, 3072), (512, 11008)):
         x = torch.randn(shape, device="cuda", dtype=torch.bfloat16) * 3
@@ -48,7 +40,8 @@ def main() -> None:
         for _ in range(15):
             for name, kernel in (("erfc", _gelu_erfc), ("erf", _gelu_erf)):
                 y = torch.empty_like(x)
-                times[name].append(_time(lambda: kernel[(triton.cdiv(n, 1024),)](x, y, n, BLOCK=1024, num_warps=4)))
+                grid = (triton.cdiv(n, 1024),)
+                times[name].append(device_us(lambda: kernel[grid](x, y, n, BLOCK=1024, num_warps=4), calls=50))
                 outs[name] = y
         line = " ".join(f"{k} {statistics.median(v):6.2f} us (max err {(outs[k].double() - ref).abs().max():.2e})"
                         for k, v in times.items())

@@ -71,37 +71,35 @@ def _weight_rows(w: Node) -> torch.Tensor | None:
     return None
 
 
-def _groups(graph: Graph, log: RewriteLog) -> list[list[Node]]:
-    """Linears to merge, each list in program order: two or more reading one input, of one kind and dtype."""
-    found: dict[tuple[Any, ...], list[Node]] = {}
+Parts = tuple[Node, "Node | None", Node]  # (input, bias or None, weight [K, N]) of a linear
+
+
+def _groups(graph: Graph, log: RewriteLog) -> list[list[tuple[Node, Parts]]]:
+    """Linears to merge, each list in program order with its parts: two or more reading one input, of one kind
+    and dtype, whose weights may be copied."""
+    found: dict[tuple[Any, ...], list[tuple[Node, Parts]]] = {}
     for n in graph.nodes:
         parts = _linear(n)
-        if parts is None:
-            continue
-        x, bias, w = parts
-        key = (x, bias is None, n.dtype, _weight_rows(w) is not None)
-        found.setdefault(key, []).append(n)
-    groups = []
-    for members in found.values():
-        if len(members) > 1 and all(copy_weights(constant_value(_linear(m)[2]), log) for m in members):
-            groups.append(members)
-    return groups
+        if parts is not None:
+            x, bias, w = parts
+            found.setdefault((x, bias is None, n.dtype, _weight_rows(w) is not None), []).append((n, parts))
+    return [members for members in found.values()
+            if len(members) > 1 and all(copy_weights(constant_value(w), log) for _, (_, _, w) in members)]
 
 
-def _merged(b: GraphBuilder, members: list[Node], x: Node) -> Node:
+def _merged(b: GraphBuilder, members: list[tuple[Node, Parts]], x: Node) -> Node:
     """The one wider product of ``members`` (built in ``b``, reading ``x``)."""
-    parts = [_linear(m) for m in members]
-    width = sum(m.shape[1] for m in members)
-    rows = [_weight_rows(w) for _, _, w in parts]
+    width = sum(m.shape[1] for m, _ in members)
+    rows = [_weight_rows(w) for _, (_, _, w) in members]
     if all(r is not None for r in rows):  # transposed nn.Linear weights: keep that form
         weight = b.add(Op.PERMUTE, (b.add(Op.CONSTANT, (), value=ConstRef(torch.cat(rows, 0))),), dims=(1, 0))
     else:
-        columns = torch.cat([constant_value(w) for _, _, w in parts], 1).contiguous()
+        columns = torch.cat([constant_value(w) for _, (_, _, w) in members], 1).contiguous()
         weight = b.add(Op.CONSTANT, (), value=ConstRef(columns))
-    dtype = members[0].dtype
-    if parts[0][1] is None:
+    dtype = members[0][0].dtype
+    if members[0][1][1] is None:
         return build_extern(b, aten.mm.default, [x, weight], {}, (x.shape[0], width), dtype)
-    bias = torch.cat([constant_value(bias) for _, bias, _ in parts]).contiguous()
+    bias = torch.cat([constant_value(bias) for _, (_, bias, _) in members]).contiguous()
     return build_extern(b, aten.addmm.default, [b.add(Op.CONSTANT, (), value=ConstRef(bias)), x, weight], {},
                         (x.shape[0], width), dtype)
 
@@ -111,23 +109,23 @@ def merge_linears(graph: Graph, log: RewriteLog | None = None) -> Graph:
     groups = _groups(graph, log)
     if not groups:
         return graph
-    group_of = {m: g for g in groups for m in g}
-    offset: dict[Node, int] = {}
-    for g in groups:
+    place: dict[Node, tuple[int, int]] = {}  # member -> (its group, its first column in the merged product)
+    for k, members in enumerate(groups):
         start = 0
-        for m in g:
-            offset[m] = start
+        for m, _ in members:
+            place[m] = (k, start)
             start += m.shape[1]
     b = GraphBuilder()
     new: dict[Node, Node] = {}
-    merged: dict[int, Node] = {}  # id(group) -> its product, built where the group's first member was
+    merged: dict[int, Node] = {}  # group -> its product, built where the group's first member was
     for n in graph.nodes:
-        g = group_of.get(n)
-        if g is None:
+        if n not in place:
             new[n] = copy_with_inputs(n, tuple(new[i] for i in n.inputs), b)
             continue
-        if id(g) not in merged:
-            merged[id(g)] = _merged(b, g, new[_linear(n)[0]])
-            log.hit(f"{len(g)} linears on one input merged")
-        new[n] = b.add(Op.SLICE, (merged[id(g)],), shape=n.shape, dim=1, start=offset[n], step=1)
+        k, start = place[n]
+        if k not in merged:
+            members = groups[k]
+            merged[k] = _merged(b, members, new[members[0][1][0]])
+            log.hit(f"{len(members)} linears on one input merged")
+        new[n] = b.add(Op.SLICE, (merged[k],), shape=n.shape, dim=1, start=start, step=1)
     return b.finish([new[o] for o in graph.outputs])

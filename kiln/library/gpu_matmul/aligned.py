@@ -91,11 +91,9 @@ def align_matmul_rows(graph: Graph, log: RewriteLog | None = None) -> Graph:
     devices = DEVICES
 
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
-        parts = _misaligned(node, devices)
-        if parts is None:
+        args = _misaligned(Node(node.op, inputs, node.attrs, node.shape, node.dtype), devices)
+        if args is None:
             return None
-        old = {o: k for k, o in enumerate(node.inputs)}
-        args = [None if p is None else inputs[old[p]] for p in parts]
         if log:
             log.hit("matmul result rows padded to 16 bytes")
         return build_extern(b, mm_rows._opoverload, args, {}, node.shape, node.dtype)
