@@ -3,6 +3,7 @@ kiln and by Inductor (torch.profiler over a few calls), so kernel time can be to
 
     python -m benchmarks.gpu_profile --models chain,gpt_b8x512 --dtype bf16
     python -m benchmarks.gpu_profile --zoo --models bert,swin --dtype bf16 --top 25    (zoo models at full size)
+    python -m benchmarks.gpu_profile --zoo --models vit --dtype fp32 --mode reduce-overhead    (fp32: TF32 off)
 """
 from __future__ import annotations
 
@@ -53,7 +54,11 @@ def main() -> None:
     p.add_argument("--dtype", default="bf16")
     p.add_argument("--zoo", action="store_true", help="models of the zoo (kiln/testing/zoo.py) at full size")
     p.add_argument("--top", type=int, default=12, help="kernels listed per model and backend")
+    p.add_argument("--mode", default="default", help="torch.compile mode of both backends")
+    p.add_argument("--tf32", action="store_true", help="fp32: let matmuls and cuDNN use TF32 (default off)")
     args = p.parse_args()
+    from benchmarks.runner import set_tf32
+    set_tf32("cuda", args.dtype, args.tf32)
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
     print(f"device copy bandwidth: {copy_bandwidth() / 1e12:.2f} TB/s (read + write)")
     for name in args.models.split(","):
@@ -63,7 +68,8 @@ def main() -> None:
             model.eval()
         else:
             model, inputs = models.build(name, device="cuda", dtype=dtype)
-        for label, fn in (("kiln", kiln.compile(model)), ("inductor", torch.compile(model))):
+        for label, fn in (("kiln", kiln.compile(model, mode=args.mode)),
+                          ("inductor", torch.compile(model, mode=args.mode))):
             rows = profile(fn, inputs)
             total = sum(r[2] for r in rows)
             print(f"\n{name} {label}: device time per call {total:.1f} us in {sum(r[1] for r in rows) // 5} "

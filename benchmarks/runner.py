@@ -79,6 +79,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--small", action="store_true", help="small shapes, for a quick smoke run")
     p.add_argument("--tol", type=float, default=None,
                    help="max relative error before a result is a MISMATCH (default 1e-3 fp32, 2e-2 bf16/fp16)")
+    p.add_argument("--tf32", action="store_true",
+                   help="fp32 on CUDA: let matmuls and cuDNN use TF32 (default: off - fp32 means fp32)")
     p.add_argument("--json", type=Path, default=None, metavar="PATH", help="write all raw numbers here")
     p.add_argument("--fresh-caches", action="store_true",
                    help="use new, empty Inductor and kiln cache directories (cold compile times); deleted at exit")
@@ -118,6 +120,15 @@ def _split(csv: str) -> list[str]:
 # ----------------------------------------------------------------------------------------- environment
 
 
+def set_tf32(device: str, dtype: str, tf32: bool) -> None:
+    """fp32 on CUDA means fp32 unless ``tf32``: matmuls *and* cuDNN (whose default is TF32 on), every backend
+    alike - kiln and Inductor read these flags when they compile."""
+    import torch
+    if device == "cuda" and dtype == "fp32":
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+        torch.backends.cudnn.allow_tf32 = tf32
+
+
 def setup_environment(args: argparse.Namespace) -> list[Path]:
     """Set thread counts and cache directories in ``os.environ``; returns the temporary dirs to delete at exit.
 
@@ -148,6 +159,7 @@ def machine_info(args: argparse.Namespace) -> dict[str, Any]:
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" and torch.cuda.is_available() else None,
         "device": args.device,
         "dtype": args.dtype,
+        "tf32": bool(args.device == "cuda" and args.dtype == "fp32" and args.tf32),
         "triton": _triton_version(),
         "cpu_count": os.cpu_count(),
         "platform": platform.platform(),
@@ -506,9 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         import torch
         torch.set_num_threads(args.threads)
-        if args.device == "cuda" and args.dtype == "fp32":  # fp32 means fp32: no TF32 in matmuls or cuDNN
-            torch.backends.cuda.matmul.allow_tf32 = False
-            torch.backends.cudnn.allow_tf32 = False
+        set_tf32(args.device, args.dtype, args.tf32)
         info = machine_info(args)
         _progress(f"benchmarks: {info['cpu']}, torch {info['torch']}, kiln {info['kiln']}, "
                   f"{info['threads']} thread(s), backends {args.backends}")

@@ -94,6 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from kiln.report import mark, reports_since
         from kiln.testing import zoo
         torch.set_num_threads(args.threads)
+        runner.set_tf32(args.device, args.dtype, args.tf32)
         args.models = zoo_models(args)
         info = runner.machine_info(args)
         runner._progress(f"zoo: {info['cpu']}, torch {info['torch']}, {info['threads']} thread(s), "
