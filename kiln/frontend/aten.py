@@ -451,8 +451,11 @@ def _leaky_relu(L: Lowerer, n: Any, x: Node, slope: float = 0.01) -> Node:
 
 @register(aten._to_copy)
 def _to_copy(L: Lowerer, n: Any, x: Node, **kwargs: Any) -> Node:
-    if kwargs.get("device") not in (None, torch.device("cpu")) and str(kwargs.get("device")) != "cpu":
-        raise Unsupported("device transfer")
+    # ``.to(device=x.device, dtype=...)`` names the device it already is on: only a move between devices is a
+    # transfer (on a GPU every such cast of a transformers model had run as an ATen call)
+    source = meta_val(n.args[0]).device if hasattr(n.args[0], "meta") else meta_val(n).device
+    if meta_val(n).device != source:
+        raise Unsupported(f"device transfer {source} -> {meta_val(n).device}")
     return L.cast(x, out_dtype(n))
 
 

@@ -249,3 +249,32 @@ def test_single_op_graph_is_lowered():
     for fn in (lambda x: torch.flip(x, (1,)), lambda x: x.repeat(1, 2), lambda x: torch.exp2(x)):
         graphs = run(fn, nonzero(3, 4))
         assert not [n for n in graphs[-1].nodes if n.op is Op.EXTERN]
+
+
+def test_to_copy_onto_its_own_device_is_a_cast_and_a_move_between_devices_is_not():
+    """``x.to(device=x.device, dtype=...)`` (transformers' casts, on a GPU ``device='cuda:0'``) lowers to a
+    cast; only a move between devices stays an ATen call.  The rule reads the devices of the ATen values, so it
+    is tested on stand-in fx nodes (no GPU here to give a cuda:0 value)."""
+    from types import SimpleNamespace
+
+    from kiln.frontend import aten as lowerings
+    from kiln.frontend.lowering_base import Unsupported
+
+    class _Lowerer:
+        def cast(self, x, dtype):
+            return ("cast", x, dtype)
+
+    def node(device, dtype=torch.float16):
+        return SimpleNamespace(meta={"val": torch.empty(2, device=device, dtype=dtype)})
+
+    # "meta" stands for a device other than the CPU (as cuda:0 is)
+    on_meta = SimpleNamespace(meta=node("meta").meta, args=(node("meta", torch.float32),))
+    assert lowerings._to_copy(_Lowerer(), on_meta, "x", device=torch.device("meta"),
+                              dtype=torch.float16) == ("cast", "x", torch.float16)
+    moved = SimpleNamespace(meta=node("meta").meta, args=(node("cpu", torch.float32),))
+    with pytest.raises(Unsupported, match="device transfer"):
+        lowerings._to_copy(_Lowerer(), moved, "x", device=torch.device("meta"))
+    back = SimpleNamespace(meta=node("cpu").meta, args=(node("meta", torch.float32),))
+    with pytest.raises(Unsupported, match="device transfer"):
+        lowerings._to_copy(_Lowerer(), back, "x", device=torch.device("cpu"))
+    run(lambda x: x.to(device=x.device, dtype=torch.float64) * 2, torch.randn(5, 3))
