@@ -829,6 +829,26 @@ def test_fusion_stores_a_residual_stream_that_consumers_would_reread():
     assert y not in decide_realized(g2)[0]
 
 
+def test_fusion_counts_readers_through_views():
+    """OPT's residual is ``(x + branch).view(shape)``: the add's one user is a view, read by the next add and a
+    LayerNorm's mean.  Counted through the view, the stream is stored as in the test above; counted by direct
+    users it was recomputed everywhere (layer 12's LayerNorm read all 24 earlier branch outputs)."""
+    from kiln.schedule.fuse import decide_realized
+    b = GraphBuilder()
+    xs = [inp(b, (8, 64))]
+    branches = [inp(b, (8, 64)) for _ in range(6)]
+    means = []
+    for br in branches:
+        flat = b.add(Op.ADD, (xs[-1], br))
+        xs.append(b.add(Op.RESHAPE, (flat,), shape=(8, 64)))
+        means.append(b.add(Op.SUM, (xs[-1],), axes=(1,), keepdim=True))
+    g = b.finish(means + [xs[-1]])
+    realized, _ = decide_realized(g)
+    adds = [x.inputs[0] for x in xs[1:]]
+    # (the last add's view is the graph output, stored as such)
+    assert [a in realized for a in adds[:5]] == [False, False, True, False, False], [a in realized for a in adds]
+
+
 # ------------------------------------------------------------------------------------------------ fold_pad
 
 def _padded_conv(pads, value=0.0, padding=(1, 0)):
