@@ -9,6 +9,8 @@ The same kernels the C++ writer gets (``kiln/ir/kernel.py``) become Triton progr
   one block (``rsize <= PERSISTENT_MAX``): every phase (reductions, per-row values, the elementwise epilogue)
   runs on values already in registers, so a softmax or layer norm reads its input once.  Otherwise *looped*:
   each phase walks the row in ``RBLOCK`` chunks, accumulating into block-shaped partials reduced at the end.
+  A persistent schedule of one row per program (``XBLOCK == 1``) is written with 1-D blocks instead
+  (``TritonKernelWriter.one_row``).
 
 Row scratch arrays of the C++ kernels are not stored here: in a persistent kernel the value is still in
 registers, in a looped one it is recomputed.
@@ -116,9 +118,10 @@ def _init(kind: Op, dtype: torch.dtype) -> str:
     return literal(reduction_identity(kind, dtype), dtype)
 
 
-_REDUCE = {Op.SUM: "tl.sum({v}, 1, keep_dims=True)", Op.PROD: "tl.reduce({v}, 1, km.mul_combine, keep_dims=True)",
-           Op.AMAX: "tl.reduce({v}, 1, km.max_nan, keep_dims=True)",
-           Op.AMIN: "tl.reduce({v}, 1, km.min_nan, keep_dims=True)"}
+_REDUCE = {Op.SUM: "tl.sum({v}, {axis}, keep_dims=True)",
+           Op.PROD: "tl.reduce({v}, {axis}, km.mul_combine, keep_dims=True)",
+           Op.AMAX: "tl.reduce({v}, {axis}, km.max_nan, keep_dims=True)",
+           Op.AMIN: "tl.reduce({v}, {axis}, km.min_nan, keep_dims=True)"}
 _COMBINE = {Op.SUM: "{a} + {v}", Op.PROD: "{a} * {v}",
             Op.AMAX: "tl.maximum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)",
             Op.AMIN: "tl.minimum({a}, {v}, propagate_nan=tl.PropagateNan.ALL)"}
@@ -217,13 +220,23 @@ class TritonKernelWriter:
                 self._store(p, st, "xmask", ind)
 
     # ------------------------------------------------------------------ reductions
+    @property
+    def one_row(self) -> bool:
+        """A persistent reduction of one row per program is written with 1-D blocks: row values ``[1]``, the
+        row ``[RBLOCK]`` (Triton's code for ``[1, RBLOCK]`` blocks is slower; Inductor squashes its XBLOCK=1
+        persistent reductions to 1-D for that reason, pytorch#102444)."""
+        return self.k.is_reduction and self.s.persistent and self.s.xblock == 1
+
     def _reduction(self, pid: str) -> None:
         ind = "    "
         k = self.k
-        self._emit(ind, f"xr = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
+        if self.one_row:
+            self._emit(ind, f"xr = {pid} + tl.zeros([1], tl.int32)")
+        else:
+            self._emit(ind, f"xr = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
         self._emit(ind, f"xmask = xr < {max(numel(k.outer), 1)}")
         self._unflatten("xr", "o", ind)
-        self._emit(ind, "rb = tl.arange(0, RBLOCK)[None, :]")
+        self._emit(ind, "rb = tl.arange(0, RBLOCK)" + ("" if self.one_row else "[None, :]"))
         # row scratch is written by a reduction pass or first thing in the final loop (a stored member that the
         # final loop reads, kernel_build's [Note: row scratch]); either way recomputed where read, never stored
         scratch = {st.buf: st.value for ph in k.phases if isinstance(ph, (ReduceLoop, FullLoop)) for st in ph.stores
@@ -266,7 +279,12 @@ class TritonKernelWriter:
             return self._arg_reduce(p, a, mask, ind)
         v = self._value(p, a)
         masked = f"tl.where({mask}, {v}, {_init(a.kind, compute_dtype(a.dtype))})"
-        return _REDUCE[a.kind].format(v=masked)
+        return _REDUCE[a.kind].format(v=masked, axis=self.axis)
+
+    @property
+    def axis(self) -> int:
+        """The row axis: 1 of ``[XBLOCK, RBLOCK]`` blocks, 0 of one-row blocks."""
+        return 0 if self.one_row else 1
 
     def _arg_reduce(self, p: TritonPrinter, a: Acc, mask: str, ind: str) -> str:
         """First index of the max (min); NaN counts as the largest (smallest), as in torch."""
@@ -274,12 +292,13 @@ class TritonKernelWriter:
         vd = compute_dtype(a.value.dtype)
         fn = "tl.argmax" if a.kind is Op.ARGMAX else "tl.argmin"
         masked = f"tl.where({mask}, {v}, {_init(a.kind, vd)})"
+        ax = self.axis
         if not vd.is_floating_point:
-            return f"{fn}({masked}, 1, keep_dims=True).to(tl.int64)"
+            return f"{fn}({masked}, {ax}, keep_dims=True).to(tl.int64)"
         nan = f"tl.where({mask}, {v} != {v}, 0).to(tl.int32)"
         self._emit(ind, f"{a.name}_nan = {nan}")
-        return (f"tl.where(tl.max({a.name}_nan, 1, keep_dims=True) > 0, tl.argmax({a.name}_nan, 1, keep_dims=True), "
-                f"{fn}({masked}, 1, keep_dims=True)).to(tl.int64)")
+        return (f"tl.where(tl.max({a.name}_nan, {ax}, keep_dims=True) > 0, tl.argmax({a.name}_nan, {ax}, "
+                f"keep_dims=True), {fn}({masked}, {ax}, keep_dims=True)).to(tl.int64)")
 
     def _open_chunk_loop(self, ind: str) -> None:
         self._emit(ind, f"for r0 in range(0, {self.k.rsize}, RBLOCK):")
@@ -299,7 +318,7 @@ class TritonKernelWriter:
             v = f"tl.where(xrmask, {self._value(chunk, a)}, {_init(a.kind, compute_dtype(a.dtype))})"
             self._emit(inner, f"{a.name}_b = " + _COMBINE[a.kind].format(a=f"{a.name}_b", v=v))
         for a in phase.accs:
-            self._emit(ind, f"{a.name} = " + _REDUCE[a.kind].format(v=f"{a.name}_b"))
+            self._emit(ind, f"{a.name} = " + _REDUCE[a.kind].format(v=f"{a.name}_b", axis=1))
 
 
 def module_source(kernels: list[Kernel], dtype_of: dict[str, torch.dtype]) -> str:

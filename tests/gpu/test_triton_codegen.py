@@ -98,7 +98,7 @@ def test_argmax_argmin():
     run(lambda x: (x.argmax(-1), x.argmin(1), x.argmax(0)), torch.randn(12, 40))
 
 
-@pytest.mark.parametrize("cols", [64, 1000, 6000])
+@pytest.mark.parametrize("cols", [64, 1000, 3000, 6000])  # several rows a program, one (1-D), looped
 def test_softmax_layer_norm_rms(cols):
     w, b = torch.randn(cols, device=DEVICE), torch.randn(cols, device=DEVICE)
 
@@ -225,3 +225,25 @@ def test_row_scratch_written_in_the_final_loop():
 
     report = run(f, torch.randn(2, 1600, dtype=torch.bfloat16), rtol=2e-2, atol=2e-2)
     assert len(report.kernels) == 1, [k.name for k in report.kernels]
+
+
+def test_one_row_persistent_reductions_written_1d():
+    """A persistent schedule of one row per program (``XBLOCK = 1``) is written with 1-D blocks (the form
+    Inductor gives its LayerNorms).  Reductions of every kind, arg-reductions with NaN, row values stored (the
+    mean), a 0-d result and a per-row epilogue, all under that schedule."""
+    from kiln import config
+    w, b = torch.randn(40, device=DEVICE), torch.randn(40, device=DEVICE)
+
+    def f(x, i):
+        y = x.clone()
+        y[2, 3] = float("nan")
+        return (x.sum(-1), x.mean(-1, keepdim=True), x.amax(-1), x.amin(1), x.var(-1), (x * 0.1 + 1).prod(-1),
+                y.argmax(-1), x.argmin(-1), i.argmax(-1), x.sum(), torch.softmax(x, -1),
+                F.layer_norm(x, (40,), w, b))
+    with config.scope(triton_persistent_schedule="1,4"):
+        report = run(f, torch.randn(12, 40), torch.randint(-50, 50, (12, 40)), rtol=5e-5, atol=5e-5)
+        assert "tl.zeros([1], tl.int32)" in report.source and "[None, :]" not in report.source, report.source
+        pytest.importorskip("triton.backends.nvidia.driver")
+        from kiln.schedule.plan import triton_graph
+        from kiln.testing.gpu_build import gpu_build_errors
+        assert gpu_build_errors(triton_graph(report.optimized, report, torch.device(DEVICE))) == {}
