@@ -46,6 +46,13 @@ PERSISTENT_MAX = 4096   # row elements kept in registers by one program
 LOOP_RBLOCK = 1024      # chunk of a looped reduction
 BLOCK_ELEMENTS = 2048   # target elements per program for reductions over short rows
 POINTWISE_BLOCK = 1024
+# Persistent rows of at least this many (padded) elements run one row per program in 1-D blocks, 2-8 warps -
+# Inductor's default for such reductions (XBLOCK=1, RBLOCK=rnumel, rnumel/128 warps).  Before: two rows of 768 or
+# 1024 per program in [2, RBLOCK] blocks, 4 warps, and kiln's LayerNorms took ~2.3 us where Inductor's took ~1.5
+# (bloom, H200, benchmarks/results/2026-12-03-h200-kernels-fp32-bloom-session21.txt); session 20's sweep of
+# [XBLOCK, RBLOCK] schedules found no schedule that closed it, the 1-D form (pytorch#102444) is the difference
+# left.  Shorter rows (softmax over a few hundred keys) keep several rows a program.
+ONE_ROW_MIN = 512
 INT32_LIMIT = 1 << 31
 
 HEADER = '''"""kiln-generated Triton kernels."""
@@ -109,6 +116,8 @@ def schedule_for(k: Kernel) -> TritonSchedule:
         return TritonSchedule(xblock, 0, True, _warps(xblock), -(-rows // xblock))
     if k.rsize <= PERSISTENT_MAX:
         rblock = max(2, _pow2(k.rsize))
+        if rblock >= ONE_ROW_MIN:  # one row a program, 1-D (``one_row``), 128 row elements a warp
+            return TritonSchedule(1, rblock, True, min(8, max(2, rblock // 128)), rows)
         xblock = max(1, min(_pow2(rows), BLOCK_ELEMENTS // rblock, 512))
         return TritonSchedule(xblock, rblock, True, _warps(xblock * rblock), -(-rows // xblock))
     return TritonSchedule(1, LOOP_RBLOCK, False, _warps(LOOP_RBLOCK), rows)
