@@ -453,7 +453,8 @@ def _leaky_relu(L: Lowerer, n: Any, x: Node, slope: float = 0.01) -> Node:
 def _to_copy(L: Lowerer, n: Any, x: Node, **kwargs: Any) -> Node:
     # ``.to(device=x.device, dtype=...)`` names the device it already is on: only a move between devices is a
     # transfer (on a GPU every such cast of a transformers model had run as an ATen call)
-    source = meta_val(n.args[0]).device if hasattr(n.args[0], "meta") else meta_val(n).device
+    value = meta_val(n.args[0]) if hasattr(n.args[0], "meta") else None
+    source = value.device if isinstance(value, torch.Tensor) else meta_val(n).device
     if meta_val(n).device != source:
         raise Unsupported(f"device transfer {source} -> {meta_val(n).device}")
     return L.cast(x, out_dtype(n))
