@@ -241,3 +241,24 @@ def test_relayout_copies_gives_attention_a_bias_with_a_unit_last_stride():
     extern = next(n for n in after.nodes if n.op is Op.EXTERN)
     assert extern.inputs[3] is copy
     assert relayout_copies(after, make_plan(after), weights=False) is after
+
+
+def test_relayout_copies_passes_offset_slices_and_expanded_views_as_views():
+    """Operands a view of a buffer can give - a slice with an offset, an expand (stride 0) - need no copy kernel:
+    relayout_copies leaves the graph as it is, and the plan, handing the views to the library, computes what the
+    interpreter does."""
+    from kiln.schedule.layout import relayout_copies
+    b = GraphBuilder()
+    x, w, r = _input(b, (9, 6), 0), _input(b, (6, 5), 1), _input(b, (1, 6), 2)
+    sliced = b.add(Op.SLICE, (b.add(Op.EXP, (x,)),), dim=0, start=2, step=1, shape=(7, 6))   # offset 12
+    expanded = b.add(Op.EXPAND, (b.add(Op.TANH, (r,)),), shape=(7, 6))                    # strides (0, 1)
+    mm1 = build_extern(b, torch.ops.aten.mm.default, [sliced, w], {}, (7, 5), torch.float32)
+    mm2 = build_extern(b, torch.ops.aten.mm.default, [expanded, w], {}, (7, 5), torch.float32)
+    g = b.finish([b.add(Op.ADD, (mm1, mm2))])
+    plan = make_plan(g)
+    assert relayout_copies(g, plan, weights=True) is g
+    assert plan.format().count("aten.mm.default(view(buf") == 2, plan.format()  # no copy kernel: 3 kernels
+    inputs = random_inputs(g)
+    with torch.inference_mode():
+        got = build_cpu(g, CompileReport("stages"))(inputs)
+    torch.testing.assert_close(got[0], interpret(g, inputs)[0], rtol=1.3e-5, atol=1.5e-5)
