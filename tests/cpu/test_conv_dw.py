@@ -47,11 +47,14 @@ def test_matches_float64_convolution(shape, channels_last):
     torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5)
 
 
-def test_epilogues_and_input_relu_keep_nan():
-    """relu(conv(relu(x)) + r) in one call, NaN kept as torch.relu keeps it."""
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_epilogues_and_input_relu_keep_nan(layout):
+    """relu(conv(relu(x)) + r) in one call, NaN kept as torch.relu keeps it; channels-last takes the interior
+    blocks' fast loop, NCHW the general one."""
     x, weight, bias, stride, padding = _case(SHAPES[0], 1)
     c = weight.shape[0]
     x[0, 3, 5, 5] = float("nan")
+    x = x.contiguous(memory_format=layout)
     r = torch.randn(1, c, 14, 14)
     packed = cpu_conv_dw.pack_weight(weight)
     got = torch.ops.kiln.conv_dw(x, packed, bias, r, c, [3, 3], stride, padding, True, True, True)
@@ -59,6 +62,21 @@ def test_epilogues_and_input_relu_keep_nan():
                      + r.double())
     torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
     assert torch.isnan(got[0, 3, 4:7, 4:7]).all() and not torch.isnan(got[0, 4]).any()
+
+
+@pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
+def test_input_relu6_clamps_both_ends(layout):
+    """The producer's ReLU6 applied on the input (``relu_input_max``): values above 6 and below 0 clamped, NaN kept."""
+    x, weight, bias, stride, padding = _case(SHAPES[0], 2)
+    c = weight.shape[0]
+    x = (x * 8).contiguous(memory_format=layout)
+    x[0, 2, 6, 6] = float("nan")
+    packed = cpu_conv_dw.pack_weight(weight)
+    got = cpu_conv_dw.conv_dw(x, packed, bias, None, c, [3, 3], stride, padding, False, True, True,
+                              relu_input_max=6.0)
+    clamped = torch.where(torch.isnan(x), x, x.clamp(0, 6))
+    ref = F.conv2d(clamped.double(), weight.double(), bias.double(), stride, padding, groups=c)
+    torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
 
 
 def test_bad_arguments_are_named():

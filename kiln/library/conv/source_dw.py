@@ -46,18 +46,24 @@ extern "C" void kiln_conv_dw(const float* x, int64_t n, int64_t h, int64_t w, in
           vec acc[KILN_DW_BX];
           for (int j = 0; j < KILN_DW_BX; ++j) acc[j] = bv;
           const int64_t ix0 = ox0 * sw - pw;
-          if (nx == KILN_DW_BX && ix0 >= 0 && ix0 + (KILN_DW_BX - 1) * sw + kw <= w && cn >= LANES && xsc == 1
-              && !relu_in) {
+          if (nx == KILN_DW_BX && ix0 >= 0 && ix0 + (KILN_DW_BX - 1) * sw + kw <= w && cn >= LANES && xsc == 1) {
             // interior block, whole vectors: fixed trip counts and no bounds tests, so the BX accumulators
-            // stay in registers and each tap is one weight load and BX load-FMAs
+            // stay in registers and each tap is one weight load and BX load-FMAs (plus the producer's ReLU
+            // on each load when it was moved here: the test is loop-invariant)
             for (int64_t dy = 0; dy < kh; ++dy) {
               const int64_t iy = oy * sh - ph + dy;
               if (iy < 0 || iy >= h) continue;
               const float* xr = xb + iy * xsh + ix0 * xsw + c0;
               for (int64_t dx = 0; dx < kw; ++dx) {
                 const vec wv = VLOAD(wt + (dy * kw + dx) * c + c0);
+                if (relu_in) {
 #pragma GCC unroll 8
-                for (int j = 0; j < KILN_DW_BX; ++j) acc[j] = VFMA(VLOAD(xr + (j * sw + dx) * xsw), wv, acc[j]);
+                  for (int j = 0; j < KILN_DW_BX; ++j)
+                    acc[j] = VFMA(RELU(VLOAD(xr + (j * sw + dx) * xsw), relu_in_max), wv, acc[j]);
+                } else {
+#pragma GCC unroll 8
+                  for (int j = 0; j < KILN_DW_BX; ++j) acc[j] = VFMA(VLOAD(xr + (j * sw + dx) * xsw), wv, acc[j]);
+                }
               }
             }
           } else {
