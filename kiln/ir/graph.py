@@ -83,6 +83,23 @@ def view_root(n: Node) -> Node:
     return n
 
 
+def readers_through_views(graph: "Graph", users: dict[Node, list[Node]] | None = None) -> dict[Node, set[Node]]:
+    """Each node's computing readers, looking through views: a view is an index map, so whoever reads the view
+    reads the node (OPT's residual ``(x + branch).view(shape)`` has one user, the view, and two readers).
+    ``users``: ``graph.users()`` when the caller has it already."""
+    users = graph.users() if users is None else users
+    out: dict[Node, set[Node]] = {}
+    for n in reversed(graph.nodes):
+        readers: set[Node] = set()
+        for u in users[n]:
+            if u.op in VIEW:
+                readers |= out[u]
+            else:
+                readers.add(u)
+        out[n] = readers
+    return out
+
+
 def _hashable(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return tuple(_hashable(x) for x in v)

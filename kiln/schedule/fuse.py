@@ -26,7 +26,8 @@ transformer's residual stream is the case: ``x_k = x_(k-1) + branch_k`` feeds la
 next add, and recomputing it inline made each LayerNorm re-read every earlier branch's output (GPT's layer 3:
 seven buffers instead of one).  Readers are counted through views (a view is an index map): OPT writes its
 residual as ``(x + branch).view(shape)``, whose one user is the view, and each of its LayerNorms re-read every
-earlier branch (layer 12's kernel took 28 buffers; the 12 distinct kernels compiled for seconds).  Values computed from weights alone (BatchNorm's scale
+earlier branch (layer 12's kernel took 32 arguments; 28 distinct kernels to compile, 15 since).  Values computed
+from weights alone (BatchNorm's scale
 ``w * rsqrt(var + eps)`` when it is not folded: GPU default mode holds no tensor of its own) cost nothing
 here: their inputs are a few per-channel values that stay in cache, and their arithmetic hides under the
 kernel's memory traffic.  Counting them made the stem's max-pool padding a materialized kernel.
@@ -36,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
-from kiln.ir.graph import Graph, Node, view_root
+from kiln.ir.graph import Graph, Node, readers_through_views, view_root
 from kiln.ir.program import ExternStep
 from kiln.ir.ops import INLINABLE, REDUCTION, TRANSCENDENTAL, VIEW, Op, numel
 
@@ -82,21 +83,6 @@ def distinct_users(graph: Graph) -> dict[Node, list[Node]]:
     return users
 
 
-def consumers_through_views(graph: Graph, users: dict[Node, list[Node]]) -> dict[Node, set[Node]]:
-    """Each node's computing readers, looking through views: a view is an index map, so whoever reads the
-    view reads the node (OPT's residual ``(x + branch).view(shape)`` has one user, the view, and two readers)."""
-    out: dict[Node, set[Node]] = {}
-    for n in reversed(graph.nodes):
-        readers: set[Node] = set()
-        for u in users[n]:
-            if u.op in VIEW:
-                readers |= out[u]
-            else:
-                readers.add(u)
-        out[n] = readers
-    return out
-
-
 def _rereads(n: Node, reads: frozenset[Node], consumers: int) -> bool:
     """Whether ``consumers`` recomputations of ``n`` load more than storing it once: ``(u - 1)(L - 1) > 2`` for
     ``L`` loaded values at least half ``n``'s size (small ones - biases, per-row statistics, indices - stay in
@@ -108,7 +94,7 @@ def _rereads(n: Node, reads: frozenset[Node], consumers: int) -> bool:
 def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
     """(realized nodes, alias nodes).  Alias nodes are view chains passed to externs without a copy."""
     users = distinct_users(graph)
-    readers = consumers_through_views(graph, users)
+    readers = readers_through_views(graph, users)
     realized: set[Node] = {o for o in graph.outputs if o.op not in VIEW}
     aliases: set[Node] = set()
     for n in graph.nodes:

@@ -28,32 +28,13 @@ from __future__ import annotations
 import torch
 
 from kiln.ir.extern import build_extern, extern_args
-from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.ir.graph import Graph, GraphBuilder, Node, readers_through_views, view_root
 from kiln.ir.interp import constant_value
-from kiln.ir.ops import VIEW, Op
+from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 aten = torch.ops.aten
 DEVICES = ("cuda",)  # where the bias must be for the rewrite (tests widen it to run it on CPU tensors)
-
-
-def _only_kernels_read(node: Node, users: dict[Node, list[Node]], outputs: set[Node]) -> bool:
-    """Is every reader of ``node`` (looking through views) a node kiln's kernels compute - no library call, no
-    graph output?"""
-    todo, seen = [node], set()
-    while todo:
-        n = todo.pop()
-        if n in outputs:
-            return False
-        for u in users[n]:
-            if u in seen:
-                continue
-            seen.add(u)
-            if u.op in VIEW:
-                todo.append(u)
-            elif u.op is Op.EXTERN:
-                return False
-    return bool(seen)
 
 
 def _bias_on_gpu(node: Node, devices: tuple[str, ...]) -> bool:
@@ -74,9 +55,11 @@ def _bias_on_gpu(node: Node, devices: tuple[str, ...]) -> bool:
 def unfuse_bias(graph: Graph, log: RewriteLog | None = None) -> Graph:
     """fp32 GPU ``addmm`` read only by kiln's kernels as ``mm`` plus a bias add those kernels take in."""
     devices = DEVICES
-    users = graph.users()
-    outputs = set(graph.outputs)
-    chosen = {n for n in graph.nodes if _bias_on_gpu(n, devices) and _only_kernels_read(n, users, outputs)}
+    readers = readers_through_views(graph)
+    returned = {view_root(o) for o in graph.outputs}  # a product the graph returns, or a view of it
+    # only kiln's kernels read it (through views): no library call, not returned
+    chosen = {n for n in graph.nodes if _bias_on_gpu(n, devices) and n not in returned and readers[n]
+              and all(u.op is not Op.EXTERN for u in readers[n])}
 
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         if node not in chosen:
