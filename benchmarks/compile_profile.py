@@ -27,9 +27,10 @@ def main() -> None:
     os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-compile-profile-"))
     import torch
     import kiln
+    from benchmarks.gpu_memory import DTYPES
     from benchmarks.zoo import builder
     from kiln.report import mark, reports_since
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = getattr(torch, DTYPES[args.dtype])
     model, inputs = builder("sdpa")(args.model, device=args.device, dtype=dtype)
     model.eval()
     position = mark()

@@ -48,21 +48,6 @@ class Record(TorchDispatchMode):
         return out
 
 
-def device_us(fn: Any, reps: int = 50) -> float:
-    """Median device time of ``fn()`` in microseconds (CUDA events)."""
-    for _ in range(5):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1e3)
-    return sorted(times)[len(times) // 2]
-
-
 def fresh(x: Any) -> Any:
     """A tensor operand moved to a new allocation with the same strides (so 512-byte aligned, offset 0)."""
     if not isinstance(x, torch.Tensor):
@@ -73,6 +58,7 @@ def fresh(x: Any) -> Any:
 
 def main() -> None:
     import kiln
+    from benchmarks.gpu_memory import DTYPES
     from benchmarks.runner import set_tf32
     from benchmarks.zoo import builder
     p = argparse.ArgumentParser()
@@ -82,7 +68,7 @@ def main() -> None:
     p.add_argument("--ops", default="addmm,mm,bmm,baddbmm")
     args = p.parse_args()
     set_tf32(args.device, args.dtype, False)
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype]
+    dtype = getattr(torch, DTYPES[args.dtype])
     model, inputs = builder("sdpa")(args.model, device=args.device, dtype=dtype)
     model.eval()
     for label, fn in (("kiln", kiln.compile(model)), ("inductor", torch.compile(model))):
@@ -98,6 +84,7 @@ def main() -> None:
         for sig, n in sorted(record.calls.items(), key=lambda kv: -kv[1]):
             print(f"  x{n:<3d} {sig}")
             if args.device == "cuda":  # the call as made, then on operands in fresh allocations
+                from benchmarks.transpose_tiles import device_us
                 func, fargs, fkwargs = record.first[sig]
                 with torch.inference_mode():
                     as_made = device_us(lambda: func(*fargs, **fkwargs))
