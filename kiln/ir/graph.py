@@ -100,6 +100,21 @@ def readers_through_views(graph: "Graph", users: dict[Node, list[Node]] | None =
     return out
 
 
+def data_device(n: Node) -> str | None:
+    """The device type (``"cpu"``, ``"cuda"``) of the graph data ``n`` computes on, judged from the first constant
+    (weight) it reaches; None when it reaches none."""
+    stack, seen = [n], set()
+    while stack:
+        x = stack.pop()
+        if x in seen:
+            continue
+        seen.add(x)
+        if x.op is Op.CONSTANT:
+            return x.attr("value").tensor.device.type
+        stack.extend(x.inputs)
+    return None
+
+
 def _hashable(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return tuple(_hashable(x) for x in v)

@@ -1,7 +1,8 @@
 """kiln's own operators, one package each, and the one list of them the generic stages read.
 
-Each package (``gemm``, ``conv``, ``attention``, ``gpu_matmul``) holds its kernel source, its torch op, the pass
-that chooses it, its tuner, and an ``OPERATOR`` describing what the rest of kiln needs to know (``spec.py``).
+Each package (``gemm``, ``conv``, ``attention``, ``bmm``, ``gpu_matmul``) holds its kernel source, its torch op,
+the pass that chooses it, its tuner, and an ``OPERATOR`` describing what the rest of kiln needs to know
+(``spec.py``).
 No module outside ``kiln/library`` imports an operator package; they import ``OPERATORS`` (or the helpers
 below) from here.  The order is fixed here, not by which module was imported first: it is the order their
 graph passes run in (the GEMM's before the convolutions', as the library stage has always run them).
@@ -12,10 +13,11 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from kiln.library import attention, conv, gemm, gpu_matmul
+from kiln.library import attention, bmm, conv, gemm, gpu_matmul
 from kiln.library.spec import GraphPass, Operator
 
-OPERATORS: tuple[Operator, ...] = (gemm.OPERATOR, conv.OPERATOR, attention.OPERATOR, gpu_matmul.OPERATOR)
+OPERATORS: tuple[Operator, ...] = (gemm.OPERATOR, conv.OPERATOR, attention.OPERATOR, bmm.OPERATOR,
+                                   gpu_matmul.OPERATOR)
 
 
 def graph_passes() -> list[GraphPass]:

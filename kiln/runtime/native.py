@@ -97,6 +97,28 @@ def dense(v: Any, strides_of: Callable[[Node], tuple[int, ...] | None]) -> bool:
         size == 1 or st == want for size, st, want in zip(v.shape, strides, contiguous_strides(v.shape)))
 
 
+def broadcast_strides(mask: Any, strides_of: Callable, shape: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The strides of ``mask`` (an input node or a tensor) broadcast to ``shape`` (zero along broadcast dims), or
+    None when it is not an fp32 tensor of at most ``len(shape)`` dims that broadcasts (an additive attention mask,
+    a batched product's bias)."""
+    if not fp32_tensor(mask, len(mask.shape)) or len(mask.shape) > len(shape):
+        return None
+    own = strides_of(mask)
+    if own is None:
+        return None
+    pad = len(shape) - len(mask.shape)
+    out = []
+    for i, size in enumerate(shape):
+        j = i - pad
+        if j < 0 or mask.shape[j] == 1:
+            out.append(0)
+        elif mask.shape[j] == size:
+            out.append(own[j])
+        else:
+            return None
+    return tuple(out)
+
+
 BINDERS: dict[Any, Binder] = {}
 
 

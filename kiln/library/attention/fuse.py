@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from kiln.ir.extern import build_extern, substitute
-from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
@@ -242,16 +242,7 @@ def _scores(logits: Node) -> tuple[Node, float, bool] | None:
 
 def _on(n: Node, devices: tuple[str, ...]) -> bool:
     """Is the graph's data on one of ``devices``?  Judged from the constants it reaches (weights)."""
-    stack, seen = [n], set()
-    while stack:
-        x = stack.pop()
-        if x in seen:
-            continue
-        seen.add(x)
-        if x.op is Op.CONSTANT:
-            return x.attr("value").tensor.device.type in devices
-        stack.extend(x.inputs)
-    return False
+    return data_device(n) in devices
 
 
 ATTENTION = Kind("attention", 6, ("kiln", "aten"))  # CPU fp32: kiln's kernel or ATen's SDPA

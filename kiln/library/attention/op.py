@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 
@@ -92,7 +92,7 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
     Ref, I64 = native.Ref, native.I64
     mask_strides = (0, 0, 0, 0)
     if mask is not None:
-        found = _broadcast_strides(mask, strides_of, (b, h, t, s))
+        found = native.broadcast_strides(mask, strides_of, (b, h, t, s))
         if found is None:
             return None
         mask_strides = found
@@ -103,27 +103,6 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
                                   *out_strides[:3])]
             + [(native.F32, args["scale"]), (native.I32, int(causal)), (native.I32, int(args["zero_empty"])),
                (native.I32, native.THREADS)])
-
-
-def _broadcast_strides(mask: Any, strides_of: Callable, shape: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The mask's strides broadcast to ``shape`` (zero along broadcast dims), or None when it is not an fp32 tensor
-    of at most 4 dims that broadcasts."""
-    if not native.fp32_tensor(mask, len(mask.shape)) or len(mask.shape) > 4:
-        return None
-    own = strides_of(mask)
-    if own is None:
-        return None
-    pad = len(shape) - len(mask.shape)
-    out = []
-    for i, size in enumerate(shape):
-        j = i - pad
-        if j < 0 or mask.shape[j] == 1:
-            out.append(0)
-        elif mask.shape[j] == size:
-            out.append(own[j])
-        else:
-            return None
-    return tuple(out)
 
 
 @references.register("kiln::attention")

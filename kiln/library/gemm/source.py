@@ -256,6 +256,60 @@ extern "C" void kiln_gemm(const float* a, int64_t lda, const float* bpacked, con
   }
   std::free(ap);
 }
+
+// Batched products of two run-time operands (attention's scores and weighted values, ``torch.bmm``):
+// C[t] = A[t] @ B[t] (+ D[t]) for t < batch.  Element (i, k) of A[t] at a[t*sab + i*sam + k*sak], (k, j) of B[t]
+// at b[t*sbb + k*sbk + j*sbn], (i, j) of C[t] at c[t*scb + i*scm + j] and of D[t] (or null) at
+// d[t*sdb + i*sdm + j*sdn] (a mask or bias, broadcast by zero strides).  A is read in place, one broadcast per
+// row per k as from a packed panel, so neither Q nor a transposed K is copied; each (t, NR-wide column panel) work
+// item packs its KC x NR slices of B into the thread's scratch and runs the row tiles over it.  Threads split the
+// work items, so one batch of a few heads still spreads.
+extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, const float* b, int64_t sbb,
+                         int64_t sbk, int64_t sbn, const float* d, int64_t sdb, int64_t sdm, int64_t sdn, float* c,
+                         int64_t scb, int64_t scm, int64_t batch, int64_t m, int64_t n, int64_t k, int threads) {
+  const int64_t KCB = 512;  // the B slice (KCB x NR floats, 64 KiB) stays in L2 across the row tiles
+  int64_t panels = (n + KILN_NR - 1) / KILN_NR;
+  int64_t kcmax = k < KCB ? k : KCB;
+#pragma omp parallel num_threads(threads)
+  {
+    float* bp = (float*)std::aligned_alloc(64, sizeof(float) * kcmax * KILN_NR + 64);
+#pragma omp for schedule(static)
+    for (int64_t w = 0; w < batch * panels; ++w) {
+      int64_t t = w / panels, jr = (w % panels) * KILN_NR;
+      int nr = (int)(n - jr < KILN_NR ? n - jr : KILN_NR);
+      const float* at = a + t * sab;
+      const float* bt = b + t * sbb + jr * sbn;
+      float* ct = c + t * scb + jr;
+      for (int64_t pc = 0; pc < k; pc += KCB) {
+        int64_t kc = k - pc < KCB ? k - pc : KCB;
+        if (sbk == 1 && sbn != 1) {  // B = K^T: each column is a contiguous row of K, read along k
+          for (int j = 0; j < KILN_NR; ++j) {
+            const float* src = bt + j * sbn + pc;
+            if (j < nr) for (int64_t kk = 0; kk < kc; ++kk) bp[kk * KILN_NR + j] = src[kk];
+            else for (int64_t kk = 0; kk < kc; ++kk) bp[kk * KILN_NR + j] = 0.0f;
+          }
+        } else {
+          for (int64_t kk = 0; kk < kc; ++kk) {
+            const float* src = bt + (pc + kk) * sbk;
+            float* dst = bp + kk * KILN_NR;
+            if (sbn == 1 && nr == KILN_NR) std::memcpy(dst, src, sizeof(float) * KILN_NR);
+            else for (int j = 0; j < KILN_NR; ++j) dst[j] = j < nr ? src[j * sbn] : 0.0f;
+          }
+        }
+        for (int64_t ir = 0; ir < m; ir += KILN_MR) {
+          int mr = (int)(m - ir < KILN_MR ? m - ir : KILN_MR);
+          micro_strided(at + ir * sam + pc * sak, sam, sak, bp, kc, ct + ir * scm, scm, mr, nr, pc == 0);
+        }
+      }
+      if (d) {
+        const float* dt = d + t * sdb + jr * sdn;
+        for (int64_t i = 0; i < m; ++i)
+          for (int j = 0; j < nr; ++j) ct[i * scm + j] += dt[i * sdm + j * sdn];
+      }
+    }
+    std::free(bp);
+  }
+}
 """
 
 # the math prelude first: the gelu epilogue evaluates kiln_rt::k_erfc, as generated kernels do

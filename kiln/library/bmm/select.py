@@ -1,0 +1,120 @@
+"""The pass that puts kiln's batched GEMM (``kiln::bmm``, ``op.py``) in place of ATen's ``bmm``/``baddbmm`` on fp32
+CPU tensors where it measures faster.
+
+Attention written out by hand (``nn.MultiheadAttention``'s slow path, BLOOM's ALiBi scores, GPT-Neo, Falcon, T5's
+position bias) runs its scores and weighted values as ATen batched products.  From a compiled graph each such call
+goes through Python into MKL and returns a fresh tensor, and a ``baddbmm`` first copies its broadcast mask into
+that tensor: MultiheadAttention's cross-attention scores (8 x 64x64 @ 64x69, transposed keys) took 135 us in the
+graph where the same product alone took 67 us.  ``kiln_bmm`` (``library/gemm/source.py``) reads both operands
+through their strides (a transposed key needs no copy), adds a broadcast mask or bias in its last step, writes into
+the graph's arena and is called from the generated C++ (``runtime/native.py``).
+
+Before::                                                    After (where kiln's measured faster)::
+
+    %26 = mul(%20, %25) : f32[8, 64, 64]                        %26 = mul(%20, %25) : f32[8, 64, 64]
+    %27 = permute(%21, dims=(1, 2, 0)) : f32[8, 64, 69]         %27 = permute(%21, dims=(1, 2, 0)) : f32[8, 64, 69]
+    %28 = extern(%18, %26, %27, target=aten.baddbmm.default)    %28 = extern(%26, %27, %18, target=kiln.bmm.default)
+
+The choice is measured per shape, layout class (keys transposed or not) and bias (``Kind`` ``bmm``), each
+candidate as a compiled graph calls it: kiln's from C, ATen's through Python; kiln's is kept unless ATen's is
+clearly faster, as for the GEMM (``library/gemm/select.py``: in a graph the Python of a library call runs
+cache-cold).  Where N leaves a narrow last column panel ATen can stay faster: the scores above (N = 69 keys: 96
+columns computed) measured 86 us against ATen's 68 alone, so they stay ATen's, while the weighted values (N = 64)
+went from 80 us in the graph to 48.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from kiln.ir.extern import build_extern
+from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
+from kiln.ir.ops import Op
+from kiln.library.gemm import op as cpu_gemm
+from kiln.passes.rewrite import RewriteLog, rewrite
+from kiln.runtime import native
+from kiln.tune.choices import Choices, Kind, measuring_s
+
+aten = torch.ops.aten
+BMM = Kind("bmm", 1, ("kiln", "aten"))
+MIN_FLOPS = 1 << 16  # below this a product is a few microseconds either way: ATen's, no measurement
+
+
+def _keys_transposed(b: Node) -> bool:
+    """Is the product's right operand a permuted view whose rows (K) are contiguous: keys ``[B, S, D]`` read as
+    ``[B, D, S]`` (what ``kiln_bmm`` packs along K rather than along N)?"""
+    while b.op in (Op.RESHAPE, Op.EXPAND):
+        b = b.inputs[0]
+    return b.op is Op.PERMUTE and b.attr("dims")[-1] != len(b.shape) - 1
+
+
+def choose(choices: Choices, batch: int, m: int, n: int, k: int, transposed: bool, bias: bool) -> str:
+    """'kiln' or 'aten' for one batched product, measured once per problem and machine (the tuning database)."""
+
+    def calls() -> dict:
+        gen = torch.Generator().manual_seed(0)
+        a = torch.randn(batch, m, k, generator=gen)
+        b = torch.randn(batch, n, k, generator=gen).transpose(1, 2) if transposed else \
+            torch.randn(batch, k, n, generator=gen)
+        d = torch.randn(m, n, generator=gen) if bias else None
+        out = {"aten": (lambda: torch.baddbmm(d, a, b)) if bias else (lambda: torch.bmm(a, b))}
+        kiln = native.direct_call(torch.ops.kiln.bmm.default, dict(a=a, b=b, d=d), torch.empty(batch, m, n))
+        if kiln is not None:
+            out["kiln"] = kiln
+        return out
+
+    key = (batch, m, n, k, int(transposed), int(bias), torch.get_num_threads())
+    return choices.decide(BMM, key, calls, baseline="kiln",
+                          what=f"bmm {batch}x{m}x{k}x{n}" + (" keys transposed" if transposed else "")
+                          + (" + bias" if bias else ""),
+                          estimate_s=measuring_s(2, 2 * batch * m * n * k))
+
+
+def _product(node: Node) -> tuple[Any, Any, Any] | None:
+    """(a, b, d or None) of an fp32 ``bmm(a, b)`` or ``baddbmm(d, a, b)`` (beta = alpha = 1) extern, else None."""
+    if node.op is not Op.EXTERN or node.dtype != torch.float32 or node.attr("out_index") is not None:
+        return None
+    packet = getattr(node.attr("target"), "overloadpacket", None)
+    if packet not in (aten.bmm, aten.baddbmm):
+        return None
+    args = native.named_args(node)
+    if packet is aten.bmm:
+        return args["self"], args["mat2"], None
+    if args.get("beta", 1) != 1 or args.get("alpha", 1) != 1:
+        return None
+    return args["batch1"], args["batch2"], args["self"]
+
+
+def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
+    """The GEMM library, where the graph has an fp32 batched product on the CPU."""
+    if any(_product(n) is not None and data_device(n) == "cpu" for n in graph.nodes):
+        return {"kiln_gemm": cpu_gemm.library}
+    return {}
+
+
+def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
+    """ATen's fp32 CPU ``bmm``/``baddbmm`` -> ``kiln::bmm`` where measured faster (module docstring)."""
+    choices = log.choices if log is not None else Choices()
+    if not cpu_gemm.available():
+        return graph
+
+    def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
+        if _product(node) is None or not data_device(node) == "cpu":
+            return None
+        new = Node(node.op, inputs, node.attrs, node.shape, node.dtype)  # args with rewritten inputs
+        x, y, d = _product(new)
+        if not all(isinstance(t, Node) for t in (x, y)) or not (d is None or isinstance(d, Node)):
+            return None
+        batch, m, k = x.shape
+        n = y.shape[2]
+        forced = choices.forced_value(BMM)
+        if 2 * batch * m * n * k < MIN_FLOPS and not forced:
+            return None
+        if choose(choices, batch, m, n, k, _keys_transposed(y), d is not None) != "kiln":
+            return None
+        if log:
+            log.hit(f"{node.attr('target').overloadpacket.__name__} -> kiln bmm")
+        return build_extern(b, torch.ops.kiln.bmm.default, [x, y, d], {}, node.shape, node.dtype)
+
+    return rewrite(graph, rule)

@@ -1,0 +1,113 @@
+"""kiln's batched CPU GEMM over run-time operands (``kiln::bmm``, library/gemm/bmm.py): the op against float64 on
+fresh random data in every layout a graph hands it, and the pass that puts it in place of ATen's bmm/baddbmm."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.library.gemm import op as cpu_gemm
+from kiln.report import mark, reports_since
+
+pytestmark = pytest.mark.skipif(not cpu_gemm.available(), reason="kiln's GEMM does not build here")
+
+
+def _rand(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
+
+
+def _layouts(batch, m, k, n):
+    """(name, a, b) in the layouts a graph gives: contiguous; keys transposed (``[S, B, D]`` read as ``[B, D, S]``,
+    nn.MultiheadAttention's); sliced with an offset; a broadcast (stride-0) batch; A transposed; K past the 512
+    block and N, M past whole tiles."""
+    a, b = _rand(batch, m, k, seed=1), _rand(batch, k, n, seed=2)
+    keys = _rand(n, batch, k, seed=3).permute(1, 2, 0)
+    sliced_a = _rand(batch, m + 3, k + 5, seed=4)[:, 2:2 + m, 5:]
+    sliced_b = _rand(batch + 1, k, n + 7, seed=5)[1:, :, 3:3 + n]
+    shared = _rand(1, k, n, seed=6).expand(batch, k, n)
+    a_t = _rand(batch, k, m, seed=7).transpose(1, 2)
+    return [("contiguous", a, b), ("keys transposed", a, keys), ("sliced, offset", sliced_a, sliced_b),
+            ("expanded batch", a, shared), ("a transposed", a_t, b)]
+
+
+SHAPES = [(3, 17, 33, 45), (2, 64, 64, 69), (1, 9, 600, 40), (4, 1, 8, 1)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_matches_float64_in_every_layout(shape):
+    batch, m, k, n = shape
+    atol = 1.5e-5 * max(1.0, (k / 64) ** 0.5)  # a K-long fp32 sum's rounding grows like sqrt(K)
+    for name, a, b in _layouts(batch, m, k, n):
+        got = torch.ops.kiln.bmm(a, b, None)
+        torch.testing.assert_close(got.double(), torch.bmm(a.double(), b.double()), rtol=1.3e-5, atol=atol,
+                                   msg=lambda msg, name=name: f"{name}: {msg}")
+
+
+@pytest.mark.parametrize("d_shape", [(64, 69), (1, 64, 69), (2, 1, 69), (2, 64, 69), (69,)])
+def test_added_term_broadcasts_like_baddbmm(d_shape):
+    a, b = _rand(2, 64, 40, seed=1), _rand(69, 2, 40, seed=2).permute(1, 2, 0)
+    d = _rand(*d_shape, seed=3)
+    got = torch.ops.kiln.bmm(a, b, d)
+    ref = torch.baddbmm(d.double().expand(2, 64, 69), a.double(), b.double())
+    torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_out_variant_writes_a_strided_buffer_and_empty_products():
+    a, b = _rand(3, 5, 7), _rand(3, 7, 6, seed=1)
+    out = torch.empty(5, 3, 6).transpose(0, 1)  # rows strided past the other batches: unit column stride only
+    torch.ops.kiln.bmm.out(a, b, None, out=out)
+    torch.testing.assert_close(out.double(), torch.bmm(a.double(), b.double()), rtol=1.3e-5, atol=1.5e-5)
+    d = _rand(5, 6, seed=2)
+    torch.testing.assert_close(torch.ops.kiln.bmm(a[:, :, :0], b[:, :0], d), d.expand(3, 5, 6))
+    assert torch.ops.kiln.bmm(a[:, :, :0], b[:, :0], None).abs().max() == 0
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match=r"b \[2, 4, 5\] must be \[B, K, N\] = \[2, 3, N\]"):
+        torch.ops.kiln.bmm(torch.randn(2, 6, 3), torch.randn(2, 4, 5), None)
+    with pytest.raises(ValueError, match="3-D fp32 CPU"):
+        torch.ops.kiln.bmm(torch.randn(2, 6, 3).double(), torch.randn(2, 3, 5), None)
+    with pytest.raises(ValueError, match="does not broadcast"):
+        torch.ops.kiln.bmm(torch.randn(2, 6, 3), torch.randn(2, 3, 5), torch.randn(4, 5))
+
+
+class _CrossAttention(nn.Module):
+    """nn.MultiheadAttention's slow path: a float mask (baddbmm), bias_k/bias_v, averaged weights returned."""
+
+    def __init__(self):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(32, 4, kdim=24, vdim=20, add_bias_kv=True)
+
+    def forward(self, q, k, v, mask):
+        return self.attn(q, k, v, attn_mask=mask, need_weights=True)
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_pass_puts_kiln_bmm_in_a_graph_and_calls_it_from_cpp(native):
+    """Both products (the masked scores: baddbmm with keys transposed; the weighted values: bmm) run as kiln's,
+    called from the generated C++ (or through Python with native calls off), matching eager."""
+    model = _CrossAttention().eval()
+    q, k, v = _rand(10, 2, 32, seed=1), _rand(12, 2, 24, seed=2), _rand(12, 2, 20, seed=3)
+    mask = torch.triu(torch.full((10, 12), float("-inf")), diagonal=4)  # (bias_k appends a column to it)
+    position = mark()
+    with torch.inference_mode(), kiln.config.scope(native_calls=native):
+        got = kiln.compile(model, fallback=False, choices="bmm=kiln")(q, k, v, mask)
+        want = model(q, k, v, mask)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-5)
+    report = reports_since(position)[-1]
+    assert report.externs.count("bmm") == 2 and "baddbmm" not in report.externs, report.externs
+    notes = " ".join(note for p in report.passes if p.name == "select_bmm" for note in p.notes)
+    assert "baddbmm -> kiln bmm: 1" in notes and "bmm -> kiln bmm: 1" in notes, notes
+    assert ("kiln_bmm" in report.source) == native
+
+
+def test_choice_measures_kiln_against_aten(candidate_recorder):
+    from kiln.library.bmm import select as bmm
+    recorder = candidate_recorder("kiln")
+    bmm.choose(recorder, 2, 16, 24, 8, transposed=True, bias=True)
+    (calls,) = recorder.candidates.values()
+    assert set(calls) == {"kiln", "aten"}, list(calls)
+    results = {name: fn() for name, fn in calls.items()}
+    torch.testing.assert_close(results["kiln"], results["aten"], rtol=1e-5, atol=1e-5)
