@@ -31,7 +31,10 @@ def _layouts(batch, m, k, n):
             ("expanded batch", a, shared), ("a transposed", a_t, b)]
 
 
-SHAPES = [(3, 17, 33, 45), (2, 64, 64, 69), (1, 9, 600, 40), (4, 1, 8, 1)]
+# (B, M, K, N).  AVX-512 (32-column panels): a last panel of at most 16 columns runs along M (``bmm_columns``): 45
+# (13 left), 69 (5), 40 (8), 37 over three 64-row blocks, 1; 96 has none.  AVX2 (16-column panels): 69, 37 and 40
+# leave 5, 5 and 8 columns, 45 leaves 13 (a full panel's path).
+SHAPES = [(3, 17, 33, 45), (2, 64, 64, 69), (1, 9, 600, 40), (2, 130, 20, 37), (2, 24, 40, 96), (4, 1, 8, 1)]
 
 
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
@@ -51,6 +54,38 @@ def test_added_term_broadcasts_like_baddbmm(d_shape):
     got = torch.ops.kiln.bmm(a, b, d)
     ref = torch.baddbmm(d.double().expand(2, 64, 69), a.double(), b.double())
     torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_the_avx2_build_matches(tmp_path):
+    """kiln_bmm as an AVX2 machine compiles it (16-column panels, 6-row tiles): built here with AVX-512 off and
+    called with the arguments the binder gives the native build, in each layout and with a broadcast bias."""
+    import ctypes
+    from kiln import config
+    from kiln.library.gemm.source import GemmSchedule, gemm_source
+    from kiln.runtime import native
+    from kiln.runtime.build import load_module
+    with config.scope(cache_dir=str(tmp_path)):
+        avx2 = load_module(gemm_source(GemmSchedule()), name="kiln_gemm_avx2", extra_flags=("-mno-avx512f",)).lib
+    assert avx2.kiln_gemm_nr() == 16
+    op = torch.ops.kiln.bmm.default
+    for batch, m, k, n in SHAPES:
+        d = _rand(m, n, seed=9)
+        for name, a, b in _layouts(batch, m, k, n):
+            out = torch.empty(batch, m, n)
+            fn, values = native._prepare(op, native.op_args(op, a, b, d), out)
+            ctypes.CFUNCTYPE(None, *fn._argtypes_)(ctypes.cast(avx2.kiln_bmm, ctypes.c_void_p).value)(*values)
+            ref = torch.baddbmm(d.double(), a.double(), b.double())
+            torch.testing.assert_close(out.double(), ref, rtol=1.3e-5, atol=1.5e-5 * max(1.0, (k / 64) ** 0.5),
+                                       msg=lambda msg, name=name: f"{name}: {msg}")
+
+
+def test_interleaved_result_is_a_view_of_rows_by_batch():
+    a, b = _rand(3, 5, 7), _rand(3, 7, 6, seed=1)
+    got = torch.ops.kiln.bmm(a, b, None, True)
+    assert got.stride() == (6, 18, 1)
+    merged = got.transpose(0, 1).reshape(5, 18)  # nn.MultiheadAttention's merge of the heads: a view here
+    assert merged.data_ptr() == got.data_ptr() and merged.is_contiguous()
+    torch.testing.assert_close(got.double(), torch.bmm(a.double(), b.double()), rtol=1.3e-5, atol=1.5e-5)
 
 
 def test_out_variant_writes_a_strided_buffer_and_empty_products():
@@ -86,7 +121,8 @@ class _CrossAttention(nn.Module):
 @pytest.mark.parametrize("native", [True, False])
 def test_pass_puts_kiln_bmm_in_a_graph_and_calls_it_from_cpp(native):
     """Both products (the masked scores: baddbmm with keys transposed; the weighted values: bmm) run as kiln's,
-    called from the generated C++ (or through Python with native calls off), matching eager."""
+    called from the generated C++ (or through Python with native calls off), matching eager; the weighted values
+    are written with the heads merged, so the output projection reads them through a view, not a copy."""
     model = _CrossAttention().eval()
     q, k, v = _rand(10, 2, 32, seed=1), _rand(12, 2, 24, seed=2), _rand(12, 2, 20, seed=3)
     mask = torch.triu(torch.full((10, 12), float("-inf")), diagonal=4)  # (bias_k appends a column to it)
@@ -100,6 +136,8 @@ def test_pass_puts_kiln_bmm_in_a_graph_and_calls_it_from_cpp(native):
     assert report.externs.count("bmm") == 2 and "baddbmm" not in report.externs, report.externs
     notes = " ".join(note for p in report.passes if p.name == "select_bmm" for note in p.notes)
     assert "baddbmm -> kiln bmm: 1" in notes and "bmm -> kiln bmm: 1" in notes, notes
+    assert "kiln bmm writes heads merged: 1" in notes, notes
+    assert not any(k.name.endswith("_copy") for k in report.kernels), [k.name for k in report.kernels]
     assert ("kiln_bmm" in report.source) == native
 
 

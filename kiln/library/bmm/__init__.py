@@ -17,6 +17,7 @@ OPERATOR = Operator(
     passes=(GraphPass("select_bmm", when_selecting(select.select_bmm),
                       "after fuse_attention (which matches ATen's bmm): the remaining fp32 CPU bmm/baddbmm"),),
     libraries=select.libraries,
+    fixed_strides=select.fixed_strides,
     out_variants=lambda: (op.bmm._opoverload.overloadpacket,),
     records=lambda: (select.BMM.record_kind,),
 )

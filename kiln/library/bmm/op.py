@@ -11,10 +11,16 @@ from kiln.library.gemm import op as cpu_gemm
 from kiln.runtime import native, references
 
 
-def bmm_impl(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None,
+def interleaved_strides(batch: int, m: int, n: int) -> tuple[int, int, int]:
+    """Strides of a ``[B, M, N]`` result laid out as ``[M, B, N]`` in memory (``interleave``)."""
+    return (n, batch * n, 1)
+
+
+def bmm_impl(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None, interleave: bool = False,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b (+ d)`` for ``a [B, M, K]``, ``b [B, K, N]`` fp32 CPU tensors of any strides, ``d`` broadcast to
-    ``[B, M, N]``; ``out``: a ``[B, M, N]`` buffer with unit column stride to write (the arena), else a new one."""
+    ``[B, M, N]``; ``out``: a ``[B, M, N]`` buffer with unit column stride to write (the arena), else a new one,
+    laid out ``[M, B, N]`` with ``interleave`` (heads merged: ``select.py``)."""
     for name, t in (("a", a), ("b", b)):
         if t.dtype != torch.float32 or t.dim() != 3 or t.device.type != "cpu":
             raise ValueError(f"kiln::bmm expects 3-D fp32 CPU tensors; {name} is {t.dtype} {list(t.shape)} on "
@@ -32,7 +38,8 @@ def bmm_impl(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None,
         except RuntimeError:
             raise ValueError(f"kiln::bmm: d {list(d.shape)} does not broadcast to {[batch, m, n]}") from None
     if out is None:
-        out = torch.empty(batch, m, n, dtype=torch.float32)
+        out = torch.empty_strided((batch, m, n), interleaved_strides(batch, m, n) if interleave else (m * n, n, 1),
+                                  dtype=torch.float32)
     elif tuple(out.shape) != (batch, m, n) or out.dtype != torch.float32 or (n > 1 and out.stride(2) != 1):
         raise ValueError(f"kiln::bmm.out: out must be float32 {[batch, m, n]} with unit column stride, got "
                          f"{out.dtype} {list(out.shape)} strides {list(out.stride())}")
@@ -42,20 +49,22 @@ def bmm_impl(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None,
 
 
 @torch.library.custom_op("kiln::bmm", mutates_args=(), device_types="cpu")
-def bmm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None) -> torch.Tensor:
-    """``a @ b (+ d)`` per batch: ``torch.bmm``, or ``torch.baddbmm(d, a, b)``."""
-    return bmm_impl(a, b, d)
+def bmm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None, interleave: bool = False) -> torch.Tensor:
+    """``a @ b (+ d)`` per batch: ``torch.bmm``, or ``torch.baddbmm(d, a, b)``; ``interleave``: the ``[B, M, N]``
+    result is a view of an ``[M, B, N]`` buffer."""
+    return bmm_impl(a, b, d, interleave)
 
 
 @bmm.register_fake
-def _(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None) -> torch.Tensor:
-    return a.new_empty(a.shape[0], a.shape[1], b.shape[2])
+def _(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None, interleave: bool = False) -> torch.Tensor:
+    batch, m, n = a.shape[0], a.shape[1], b.shape[2]
+    return a.new_empty_strided((batch, m, n), interleaved_strides(batch, m, n) if interleave else (m * n, n, 1))
 
 
 # ``.out``: the compiled graph's planner puts the result in its arena (runtime/module.py, _OUT_VARIANTS)
 _LIB = torch.library.Library("kiln", "FRAGMENT")
-_LIB.define("bmm.out(Tensor a, Tensor b, Tensor? d, *, Tensor(a!) out) -> Tensor(a!)")
-_LIB.impl("bmm.out", lambda a, b, d, *, out: bmm_impl(a, b, d, out), "CPU")
+_LIB.define("bmm.out(Tensor a, Tensor b, Tensor? d, bool interleave=False, *, Tensor(a!) out) -> Tensor(a!)")
+_LIB.impl("bmm.out", lambda a, b, d, interleave=False, *, out: bmm_impl(a, b, d, interleave, out), "CPU")
 
 
 @native.register(torch.ops.kiln.bmm.default)

@@ -257,22 +257,58 @@ extern "C" void kiln_gemm(const float* a, int64_t lda, const float* bpacked, con
   std::free(ap);
 }
 
+// Columns [0, nr) of one batch's C when they are few (the last column panel of N = 69 keys: 5 of 32): the vector
+// runs along M instead - A^T packed 4 vectors of rows wide per k, each column one broadcast of B per k - so those
+// columns cost nr x 4 FMAs per k, not the full panel's 2 x MR per row tile.  ``at``, ``bt``, ``ct``, ``dt``: the
+// batch's A, and B, C, D at the panel's first column; ``scratch``: k x 4 * LANES floats.
+static void bmm_columns(const float* at, int64_t sam, int64_t sak, const float* bt, int64_t sbk, int64_t sbn,
+                        const float* dt, int64_t sdm, int64_t sdn, float* ct, int64_t scm, int64_t m, int nr,
+                        int64_t k, float* scratch) {
+  const int CB = 4 * LANES;
+  alignas(64) float col[4 * LANES];
+  for (int64_t i0 = 0; i0 < m; i0 += CB) {
+    int rows = (int)(m - i0 < CB ? m - i0 : CB);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      const float* src = at + i0 * sam + kk * sak;
+      float* dst = scratch + kk * CB;
+      for (int i = 0; i < rows; ++i) dst[i] = src[i * sam];
+      for (int i = rows; i < CB; ++i) dst[i] = 0.0f;
+    }
+    for (int j = 0; j < nr; ++j) {
+      vec acc[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
+      const float* bj = bt + j * sbn;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        vec bv = VSET1(bj[kk * sbk]);
+        const float* ap = scratch + kk * CB;
+        for (int v = 0; v < 4; ++v) acc[v] = VFMA(VLOAD(ap + v * LANES), bv, acc[v]);
+      }
+      for (int v = 0; v < 4; ++v) VSTORE(col + v * LANES, acc[v]);
+      for (int i = 0; i < rows; ++i)
+        ct[(i0 + i) * scm + j] = dt ? col[i] + dt[(i0 + i) * sdm + j * sdn] : col[i];
+    }
+  }
+}
+
 // Batched products of two run-time operands (attention's scores and weighted values, ``torch.bmm``):
 // C[t] = A[t] @ B[t] (+ D[t]) for t < batch.  Element (i, k) of A[t] at a[t*sab + i*sam + k*sak], (k, j) of B[t]
 // at b[t*sbb + k*sbk + j*sbn], (i, j) of C[t] at c[t*scb + i*scm + j] and of D[t] (or null) at
 // d[t*sdb + i*sdm + j*sdn] (a mask or bias, broadcast by zero strides).  A is read in place, one broadcast per
 // row per k as from a packed panel, so neither Q nor a transposed K is copied; each (t, NR-wide column panel) work
-// item packs its KC x NR slices of B into the thread's scratch and runs the row tiles over it.  Threads split the
-// work items, so one batch of a few heads still spreads.
+// item packs its KC x NR slices of B into the thread's scratch and runs the row tiles over it, except a last panel
+// of at most NR / 2 columns, which ``bmm_columns`` computes.  Threads split the work items, so one batch of a few
+// heads still spreads.
 extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, const float* b, int64_t sbb,
                          int64_t sbk, int64_t sbn, const float* d, int64_t sdb, int64_t sdm, int64_t sdn, float* c,
                          int64_t scb, int64_t scm, int64_t batch, int64_t m, int64_t n, int64_t k, int threads) {
   const int64_t KCB = 512;  // the B slice (KCB x NR floats, 64 KiB) stays in L2 across the row tiles
   int64_t panels = (n + KILN_NR - 1) / KILN_NR;
   int64_t kcmax = k < KCB ? k : KCB;
+  int last = (int)(n - (panels - 1) * KILN_NR);  // columns of the last panel
+  bool narrow = last <= KILN_NR / 2;
 #pragma omp parallel num_threads(threads)
   {
     float* bp = (float*)std::aligned_alloc(64, sizeof(float) * kcmax * KILN_NR + 64);
+    float* ap = narrow ? (float*)std::aligned_alloc(64, sizeof(float) * k * 4 * LANES + 64) : nullptr;
 #pragma omp for schedule(static)
     for (int64_t w = 0; w < batch * panels; ++w) {
       int64_t t = w / panels, jr = (w % panels) * KILN_NR;
@@ -280,6 +316,11 @@ extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, 
       const float* at = a + t * sab;
       const float* bt = b + t * sbb + jr * sbn;
       float* ct = c + t * scb + jr;
+      const float* dt = d ? d + t * sdb + jr * sdn : nullptr;
+      if (narrow && nr == last) {
+        bmm_columns(at, sam, sak, bt, sbk, sbn, dt, sdm, sdn, ct, scm, m, nr, k, ap);
+        continue;
+      }
       for (int64_t pc = 0; pc < k; pc += KCB) {
         int64_t kc = k - pc < KCB ? k - pc : KCB;
         if (sbk == 1 && sbn != 1) {  // B = K^T: each column is a contiguous row of K, read along k
@@ -301,13 +342,12 @@ extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, 
           micro_strided(at + ir * sam + pc * sak, sam, sak, bp, kc, ct + ir * scm, scm, mr, nr, pc == 0);
         }
       }
-      if (d) {
-        const float* dt = d + t * sdb + jr * sdn;
+      if (dt)
         for (int64_t i = 0; i < m; ++i)
           for (int j = 0; j < nr; ++j) ct[i * scm + j] += dt[i * sdm + j * sdn];
-      }
     }
     std::free(bp);
+    std::free(ap);
   }
 }
 """
