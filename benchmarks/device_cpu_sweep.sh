@@ -3,7 +3,8 @@
 # in ~11 min and OpInfo over the whole op_db in ~1 min per dtype.  From the repo root, through the device tool:
 #   BUDGET_S=580 FUZZ_FROM=0 FUZZ_TO=5000 FUZZ_STEP=1000 bash benchmarks/device_cpu_sweep.sh fuzz    (carry: .whl)
 #   BUDGET_S=580 bash benchmarks/device_cpu_sweep.sh gpu opinfo
-#   BUDGET_S=580 GPU_S=150 bash benchmarks/device_cpu_sweep.sh gpu perf    (tests/gpu, then host time and the runner;
+#   BUDGET_S=580 GPU_S=150 bash benchmarks/device_cpu_sweep.sh gpu perf    (tests/gpu - every test, GPU_X=-x to stop at
+#   the first failure - then host time and the runner;
 #   GPU_PYTEST=--ignore=tests/gpu/test_gpu_builds.py leaves out the zoo through the Triton target)
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
@@ -21,7 +22,7 @@ mkdir -p /tmp/fz
 for what in "$@"; do
   case $what in
   gpu)
-    timeout ${GPU_S:-240} python3 -m pytest -q -x tests/gpu -p no:cacheprovider ${GPU_PYTEST:-} > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; tail -5 $OUT/gpu_tests.log;;
+    timeout ${GPU_S:-240} python3 -m pytest -q ${GPU_X:-} tests/gpu -p no:cacheprovider ${GPU_PYTEST:-} > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gpu_tests.log | tail -15;;
   perf)
     # GPU default mode against Inductor: host vs device time per call, launch paths, then the suite runner
     mkdir -p /tmp/wrappers
