@@ -36,6 +36,14 @@ def cold_copies(nbytes: int) -> int:
     return max(1, min(16, 2 * llc // max(1, nbytes) + 1, (512 << 20) // max(1, nbytes)))
 
 
+def copies(t: Any, n: int) -> list[Any]:
+    """``n`` tensors with ``t``'s values in separate memory (``t`` first, then clones): the operand copies a
+    measurement cycles through (``cold_copies``).  Their values need not differ, only their memory: drawing each
+    copy at random and packing each again (kiln's GEMM panels, oneDNN's blocked weights) had taken 60% of a GEMM
+    choice's time (encoder_fast's three new linear shapes: 0.41 of 0.69 s), where a clone is one memcpy."""
+    return [t] + [t.clone() for _ in range(n - 1)]
+
+
 def cycling(calls: list[Any]) -> Any:
     """One zero-argument function that runs ``calls`` in turn, one per call (see ``cold_copies``)."""
     position = [0]

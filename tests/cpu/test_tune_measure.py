@@ -45,3 +45,15 @@ def test_bad_candidates_are_isolated_and_tuning_goes_on(tmp_path):
         if m.status == "ok":
             db.put(f"sum:{m.name}", "reduction", m.trace, m.median_s, m.spread_s, structure="sum:f32")
     assert {r.key for r in db.records()} == {"sum:good-small", "sum:good-full"}
+
+
+def test_copies_hold_the_values_in_separate_memory():
+    """The operand copies a measurement cycles through: the same values, each in memory of its own (so each call
+    reads its copy from memory, not from the cache the previous call filled), the original first."""
+    import torch
+
+    from kiln.tune import timing
+    t = torch.randn(4, 5)
+    cs = timing.copies(t, 3)
+    assert cs[0] is t and len({c.data_ptr() for c in cs}) == 3
+    assert all(torch.equal(c, t) for c in cs)

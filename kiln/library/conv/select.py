@@ -141,11 +141,11 @@ def choose(choices: Choices, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
                 return torch.add(y, r, out=after)
             return torch.clamp_min(y, 0.0, out=after) if relu else y
         # each call on another copy of the weight, so it comes from memory as in a model
-        ws = [torch.randn(w_shape, generator=gen) / (kh * kw * cg) ** 0.5
-              for _ in range(timing.cold_copies(4 * k * cg * kh * kw))]
+        ws = timing.copies(torch.randn(w_shape, generator=gen) / (kh * kw * cg) ** 0.5,
+                           timing.cold_copies(4 * k * cg * kh * kw))
         if prepack_conv.available():
-            packs = [torch.ops.mkldnn._reorder_convolution_weight(w, padding, stride, [1, 1], groups, list(x_shape))
-                     for w in ws]
+            packs = timing.copies(torch.ops.mkldnn._reorder_convolution_weight(ws[0], padding, stride, [1, 1], groups,
+                                                                               list(x_shape)), len(ws))
             out = {ONEDNN: timing.cycling([lambda p=p: separate(torch.ops.mkldnn._convolution_pointwise(
                 x, p, bias, padding, stride, [1, 1], groups, "none", [], "")) for p in packs])}
         else:
@@ -160,13 +160,14 @@ def choose(choices: Choices, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
                 for p in packed])
         if groups > 1:  # depthwise: kiln's direct kernel is the only other candidate
             if cpu_conv_dw.available():
-                out[DEPTHWISE] = kiln_calls(torch.ops.kiln.conv_dw.default, [cpu_conv_dw.pack_weight(w) for w in ws])
+                out[DEPTHWISE] = kiln_calls(torch.ops.kiln.conv_dw.default,
+                                            timing.copies(cpu_conv_dw.pack_weight(ws[0]), len(ws)))
             return out
         for m in (m for m in allowed if cpu_conv.available(m)):
             out[f"winograd{m}"] = kiln_calls(torch.ops.kiln.conv_winograd.default,
-                                             [cpu_conv.transform_weight(w, m) for w in ws], tile=m)
+                                             timing.copies(cpu_conv.transform_weight(ws[0], m), len(ws)), tile=m)
         if cpu_conv.gemm_available():
-            gs = [cpu_conv.pack_conv_weight(w) for w in ws]
+            gs = timing.copies(cpu_conv.pack_conv_weight(ws[0]), len(ws))
             out[GEMM] = kiln_calls(torch.ops.kiln.conv_gemm.default, gs)
             if c <= DIRECT_MAX_CHANNELS:  # (packing im2col rows of few channels costs more than it saves)
                 out[DIRECT] = kiln_calls(torch.ops.kiln.conv_gemm.default, gs, direct=True)

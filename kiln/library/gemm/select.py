@@ -53,7 +53,7 @@ def choose(choices: Choices, m: int, k: int, n: int, gelu: bool = False) -> str:
         x = torch.randn(m, k, generator=gen)
         b = torch.randn(n, generator=gen)
         # each call on another copy of the weight, so it comes from memory as in a model
-        ws = [torch.randn(n, k, generator=gen) for _ in range(timing.cold_copies(4 * n * k))]
+        ws = timing.copies(torch.randn(n, k, generator=gen), timing.cold_copies(4 * n * k))
         after = torch.empty(m, n)
         out = {"aten": timing.cycling([lambda w=w: torch.addmm(b, x, w.t()) for w in ws])}
         if gelu:
@@ -66,8 +66,8 @@ def choose(choices: Choices, m: int, k: int, n: int, gelu: bool = False) -> str:
         if kiln:
             # as a compiled graph runs it: called from C++ into its buffer (runtime/native.py)
             op, y = torch.ops.kiln.linear_packed.default, torch.empty(m, n)
-            out["kiln"] = timing.cycling([native.direct_call(op, native.op_args(
-                op, x, cpu_gemm.pack_weight(w), b, n, gelu=gelu), y) for w in ws])
+            out["kiln"] = timing.cycling([native.direct_call(op, native.op_args(op, x, p, b, n, gelu=gelu), y)
+                                          for p in timing.copies(cpu_gemm.pack_weight(ws[0]), len(ws))])
         return out
 
     # kiln's GEMM unless another is clearly faster: in a compiled graph it is called from C++, while a library

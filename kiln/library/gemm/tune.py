@@ -138,7 +138,7 @@ def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int, rounds: int
     from kiln.library.gemm import op as cpu_gemm
     gen = torch.Generator().manual_seed(0)
     x, bias = torch.randn(m, k, generator=gen), torch.randn(n, generator=gen)
-    packs = [cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)) for _ in range(timing.cold_copies(4 * n * k))]
+    packs = timing.copies(cpu_gemm.pack_weight(torch.randn(n, k, generator=gen)), timing.cold_copies(4 * n * k))
     calls = [timing.cycling([lambda s=s, p=p: cpu_gemm.linear_packed_impl(x, p, bias, n, s) for p in packs])
              for s in schedules]
     return timing.drift_corrected(timing.round_times(calls, rounds))
