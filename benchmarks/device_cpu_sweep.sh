@@ -8,7 +8,9 @@
 #   GPU_PYTEST=--ignore=tests/gpu/test_gpu_builds.py leaves out the zoo through the Triton target)
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
-#   ZOO_EXTRA="--tf32" passes runner options, ZOO_TAG names the output files - several zoo runs in one call)
+#   ZOO_EXTRA="--tf32" passes runner options, ZOO_TAG names the output files - several zoo runs in one call;
+#   ZOO_MODELS=all: every zoo model; $OUT/zoo*.json is rewritten after each model, so a run the time limit ends keeps
+#   what it measured)
 # .whl holds the expecttest wheel (pip download --no-deps --only-binary=:all: --python-version 3.12 -d .whl
 # expecttest; .whl in .git/info/exclude).  Results come back as $OUT/fuzz.tgz and $OUT/opinfo.tgz (only 8 files
 # come back from a call); RESULTS.md "session 12" has the first run.
@@ -30,7 +32,8 @@ for what in "$@"; do
     tar -C /tmp/wrappers -czf $OUT/wrappers.tgz .
     timeout $(left) python3 -m benchmarks.runner --device cuda --dtype bf16 --backends eager,inductor,kiln --modes default,reduce-overhead --repeats 5 --calls 10 ${RUNNER_MODELS:+--models $RUNNER_MODELS} --json $OUT/runner.json > $OUT/runner.log 2>&1; echo "runner rc=$?"; grep "^| " $OUT/runner.log;;
   zoo)
-    timeout $(left) python3 -m benchmarks.zoo --device cuda --dtype ${ZOO_DTYPE:-bf16} --models ${ZOO_MODELS:-bert} --modes ${ZOO_MODES:-default,reduce-overhead} --repeats ${ZOO_REPEATS:-3} --calls 10 ${ZOO_EXTRA:-} --json $OUT/zoo${ZOO_TAG:-}.json > $OUT/zoo${ZOO_TAG:-}.log 2>&1; echo "zoo${ZOO_TAG:-} rc=$?"; grep "^| " $OUT/zoo${ZOO_TAG:-}.log | grep -v geomean; grep -A40 "^kiln:" $OUT/zoo${ZOO_TAG:-}.log | head -40;;
+    models="--models ${ZOO_MODELS:-bert}"; [ "${ZOO_MODELS:-}" = all ] && models=--full
+    timeout $(left) python3 -m benchmarks.zoo --device cuda --dtype ${ZOO_DTYPE:-bf16} $models --modes ${ZOO_MODES:-default,reduce-overhead} --repeats ${ZOO_REPEATS:-3} --calls 10 ${ZOO_EXTRA:-} --json $OUT/zoo${ZOO_TAG:-}.json > $OUT/zoo${ZOO_TAG:-}.log 2>&1; echo "zoo${ZOO_TAG:-} rc=$?"; grep "^| " $OUT/zoo${ZOO_TAG:-}.log | grep -v geomean; grep -A40 "^kiln:" $OUT/zoo${ZOO_TAG:-}.log | head -40;;
   ab)  # AB_MODELS, AB_B (kiln options of B, e.g. "disabled_passes=merge_linears"), AB_MODE, AB_DTYPE
     timeout $(left) python3 -m benchmarks.ab_options --device cuda --dtype ${AB_DTYPE:-bf16} --mode ${AB_MODE:-default} --models ${AB_MODELS:-gpt2} --b "${AB_B}" --rounds 9 --calls 20 > $OUT/ab.log 2>&1; echo "ab rc=$?"; grep -v -i warn $OUT/ab.log | tail -8;;
   fuzz)

@@ -48,6 +48,18 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def _write_json(args: argparse.Namespace, info: dict, records: list[dict], complete: bool) -> None:
+    """The run so far to ``--json`` (``complete``: every model asked for was run)."""
+    if args.json is None:
+        return
+    import json
+    payload = {"machine": info, "complete": complete, "results": records,
+               "table": runner.format_table(records, args.backends),
+               "geomean_speedup": runner.geomeans(records, args.backends)}
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+
+
 def zoo_models(args: argparse.Namespace) -> list[str]:
     """The models to run: ``--models``, else every zoo architecture (``--full``) or the headline ones."""
     from kiln.testing import zoo
@@ -107,20 +119,17 @@ def main(argv: Sequence[str] | None = None) -> int:
             record["kiln_graphs"] = kiln_summary(reports_since(position))
             records.append(record)
             notes.append(f"  {name}: {record['kiln_graphs']}")
-            # each model's rows as soon as it is done: a long run that dies still leaves its numbers
+            # each model's rows (and the JSON so far) as soon as it is done: a long run that dies (the device
+            # call's time limit) still leaves its numbers
             rows = runner.format_table([record], args.backends).splitlines()[2:]
             runner._progress("\n".join(row for row in rows if not row.startswith("| geomean")))
+            _write_json(args, info, records, complete=False)
         size = "CI" if args.small else "full"
         print(f"\n{info['date']}  {info['cpu']}  threads {info['threads']}  torch {info['torch']}  "
               f"{size} size, attention {args.attn}\n")
         print(runner.format_table(records, args.backends))
         print("\nkiln:\n" + "\n".join(notes))
-        if args.json is not None:
-            import json
-            payload = {"machine": info, "results": records, "table": runner.format_table(records, args.backends),
-                       "geomean_speedup": runner.geomeans(records, args.backends)}
-            args.json.parent.mkdir(parents=True, exist_ok=True)
-            args.json.write_text(json.dumps(payload, indent=2, default=str) + "\n")
+        _write_json(args, info, records, complete=True)
         return 0 if any(rec["backends"] for rec in records) else 1
     finally:
         import shutil

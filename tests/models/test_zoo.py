@@ -86,3 +86,23 @@ def test_assert_close_names_the_differing_leaf():
         other.cache.cross_attention_cache.layers[0].keys[0, 0, 0, 0] += 1
     with pytest.raises(AssertionError, match=r"out\.cache\.cross_attention_cache\.layers\[0\]\.keys"):
         zoo.assert_close(other, out)
+
+
+def test_the_zoo_benchmark_runs_and_writes_its_json(tmp_path):
+    """``python -m benchmarks.zoo`` (the benchmark of record) on one CI-size model: a row per backend, correct
+    results, and the JSON - written after each model, so a run its time limit ends keeps what it measured - marked
+    complete at the end."""
+    import json
+
+    from benchmarks import zoo as zoo_benchmark
+    out = tmp_path / "zoo.json"
+    threads = torch.get_num_threads()
+    try:  # (the benchmark sets the process's thread count)
+        assert zoo_benchmark.main(["--models", "mha_self", "--small", "--backends", "eager,kiln", "--repeats", "1",
+                                   "--calls", "1", "--warmup", "0", "--threads", "1", "--json", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    payload = json.loads(out.read_text())
+    assert payload["complete"] is True and [r["model"] for r in payload["results"]] == ["mha_self"]
+    kiln_row = payload["results"][0]["backends"]["kiln"]
+    assert kiln_row["status"] == "ok" and kiln_row["median_ms"] > 0, kiln_row
