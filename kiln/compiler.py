@@ -119,6 +119,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
              examples: Sequence[Any] | None = None) -> Callable:
     from kiln.frontend.lower import lower_fx
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
+    from kiln.ir.graph import compiling_for
     from kiln.passes.pipeline import run_pipeline
     from kiln.schedule.choose import build_best
     from kiln.schedule.plan import build_cpu, build_triton
@@ -133,7 +134,8 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     report.phases["lower"] = time.perf_counter() - start
     choices = Choices.for_compile(report.mode)
     try:
-        graph = run_pipeline(graph, report, check=cfg.check, choices=choices)
+        with compiling_for(device.type):  # (passes that judge the device from weights: a weightless graph's)
+            graph = run_pipeline(graph, report, check=cfg.check, choices=choices)
         report.optimized = graph
         report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
         if triton:

@@ -15,9 +15,11 @@ Text form (stable, used by tests and ``kiln.explain``)::
 """
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import itertools
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
@@ -100,9 +102,25 @@ def readers_through_views(graph: "Graph", users: dict[Node, list[Node]] | None =
     return out
 
 
+_COMPILE_DEVICE: contextvars.ContextVar[str | None] = contextvars.ContextVar("kiln_compile_device", default=None)
+
+
+@contextlib.contextmanager
+def compiling_for(device_type: str) -> Iterator[None]:
+    """Within it, ``data_device`` answers ``device_type`` for nodes that reach no constant (the compiler sets it
+    for the graph it compiles: its inputs' device)."""
+    token = _COMPILE_DEVICE.set(device_type)
+    try:
+        yield
+    finally:
+        _COMPILE_DEVICE.reset(token)
+
+
 def data_device(n: Node) -> str | None:
     """The device type (``"cpu"``, ``"cuda"``) of the graph data ``n`` computes on, judged from the first constant
-    (weight) it reaches; None when it reaches none."""
+    (weight) it reaches, else the device of the graph being compiled (``compiling_for``): a user's function of its
+    inputs has no weights, and its attention's products still run on its inputs' device.  None outside a compile
+    for a node that reaches no constant."""
     stack, seen = [n], set()
     while stack:
         x = stack.pop()
@@ -112,7 +130,7 @@ def data_device(n: Node) -> str | None:
         if x.op is Op.CONSTANT:
             return x.attr("value").tensor.device.type
         stack.extend(x.inputs)
-    return None
+    return _COMPILE_DEVICE.get()
 
 
 def _hashable(v: Any) -> Any:

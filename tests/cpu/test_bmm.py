@@ -149,3 +149,19 @@ def test_choice_measures_kiln_against_aten(candidate_recorder):
     assert set(calls) == {"kiln", "aten"}, list(calls)
     results = {name: fn() for name, fn in calls.items()}
     torch.testing.assert_close(results["kiln"], results["aten"], rtol=1e-5, atol=1e-5)
+
+
+def test_a_weightless_function_gets_kiln_bmm():
+    """A user's function of its inputs reaches no weight to tell its device: the compile's device (its inputs')
+    decides (``ir/graph.data_device``), so its batched products run as kiln's on the CPU too."""
+    def scores(q, k, v, bias):
+        return torch.bmm(torch.softmax(torch.baddbmm(bias, q, k.transpose(1, 2)), -1), v)
+
+    q, k, v, bias = _rand(4, 24, 16, seed=1), _rand(4, 30, 16, seed=2), _rand(4, 30, 8, seed=3), _rand(24, 30, seed=4)
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(scores, fallback=False, choices="bmm=kiln")(q, k, v, bias)
+    torch.testing.assert_close(got, scores(q, k, v, bias), rtol=1e-4, atol=1e-5)
+    report = reports_since(position)[-1]
+    notes = " ".join(note for p in report.passes if p.name == "select_bmm" for note in p.notes)
+    assert "baddbmm -> kiln bmm: 1" in notes and "bmm -> kiln bmm: 1" in notes, notes
