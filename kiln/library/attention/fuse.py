@@ -241,7 +241,8 @@ def _scores(logits: Node) -> tuple[Node, float, bool] | None:
 
 
 def _on(n: Node, devices: tuple[str, ...]) -> bool:
-    """Is the graph's data on one of ``devices``?  Judged from the constants it reaches (weights)."""
+    """Is the graph's data on one of ``devices``?  Judged from the constants it reaches (weights), else the
+    compile's device (``ir/graph.data_device``)."""
     return data_device(n) in devices
 
 

@@ -16,6 +16,11 @@ def interleaved_strides(batch: int, m: int, n: int) -> tuple[int, int, int]:
     return (n, batch * n, 1)
 
 
+def result_strides(batch: int, m: int, n: int, interleave: bool) -> tuple[int, int, int]:
+    """The strides ``kiln::bmm`` gives its result: interleaved, or contiguous."""
+    return interleaved_strides(batch, m, n) if interleave else (m * n, n, 1)
+
+
 def bmm_impl(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None, interleave: bool = False,
              out: torch.Tensor | None = None) -> torch.Tensor:
     """``a @ b (+ d)`` for ``a [B, M, K]``, ``b [B, K, N]`` fp32 CPU tensors of any strides, ``d`` broadcast to
@@ -38,8 +43,7 @@ def bmm_impl(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None, interleav
         except RuntimeError:
             raise ValueError(f"kiln::bmm: d {list(d.shape)} does not broadcast to {[batch, m, n]}") from None
     if out is None:
-        out = torch.empty_strided((batch, m, n), interleaved_strides(batch, m, n) if interleave else (m * n, n, 1),
-                                  dtype=torch.float32)
+        out = torch.empty_strided((batch, m, n), result_strides(batch, m, n, interleave), dtype=torch.float32)
     elif tuple(out.shape) != (batch, m, n) or out.dtype != torch.float32 or (n > 1 and out.stride(2) != 1):
         raise ValueError(f"kiln::bmm.out: out must be float32 {[batch, m, n]} with unit column stride, got "
                          f"{out.dtype} {list(out.shape)} strides {list(out.stride())}")
@@ -58,7 +62,7 @@ def bmm(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None, interleave: bo
 @bmm.register_fake
 def _(a: torch.Tensor, b: torch.Tensor, d: torch.Tensor | None, interleave: bool = False) -> torch.Tensor:
     batch, m, n = a.shape[0], a.shape[1], b.shape[2]
-    return a.new_empty_strided((batch, m, n), interleaved_strides(batch, m, n) if interleave else (m * n, n, 1))
+    return a.new_empty_strided((batch, m, n), result_strides(batch, m, n, interleave))
 
 
 # ``.out``: the compiled graph's planner puts the result in its arena (runtime/module.py, _OUT_VARIANTS)

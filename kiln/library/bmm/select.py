@@ -130,10 +130,9 @@ def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
     users = graph.users()
 
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
-        if _product(node) is None or not data_device(node) == "cpu":
+        if _product(node) is None or data_device(node) != "cpu":  # (a cheap test first: most nodes are not)
             return None
-        new = Node(node.op, inputs, node.attrs, node.shape, node.dtype)  # args with rewritten inputs
-        x, y, d = _product(new)
+        x, y, d = _product(Node(node.op, inputs, node.attrs, node.shape, node.dtype))  # with rewritten inputs
         if not all(isinstance(t, Node) for t in (x, y)) or not (d is None or isinstance(d, Node)):
             return None
         batch, m, k = x.shape
