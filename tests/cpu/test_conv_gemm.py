@@ -66,6 +66,61 @@ def test_epilogue_residual_relu_and_input_relu_keep_nan(direct):
     assert torch.isnan(y[0, :, 2:5, 2:5]).all() and not torch.isnan(y[0, :, 6:, 6:]).any()
 
 
+# 1x1 stride-1 convolutions read their input in place (no packing) when its pixels lie at one stride, and write a
+# dense channels-last output directly, the epilogue tile by tile: (N, C, H, W, K, input layout, threads), each
+# with the residual/ReLU6 epilogue and without
+POINTWISE = [
+    (1, 16, 9, 9, 96, "channels_last", 1),     # small K x N: tile by tile; 81 rows (a partial last tile)
+    (2, 32, 7, 5, 16, "channels_last", 2),     # two images at one pixel stride; 16 of 32 columns; two threads
+    (1, 520, 6, 6, 136, "channels_last", 1),   # the K block of all panels too big for L2: panel by panel
+    (1, 1100, 3, 5, 40, "channels_last", 2),   # K = 1100 > one K block (1024)
+    (1, 24, 8, 9, 33, "nchw", 1),              # NCHW input (pixels at stride 1, channels at H*W)
+    (2, 24, 8, 9, 33, "nchw", 1),              # two NCHW images: not one pixel stride -> packed
+    (1, 20, 9, 11, 24, "sliced", 2),           # a channels-last slice along W: not one pixel stride -> packed
+]
+
+
+@pytest.mark.parametrize("case", POINTWISE, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-t{c[6]}")
+@pytest.mark.parametrize("epilogue", [False, True], ids=["plain", "residual-relu6"])
+@pytest.mark.parametrize("channels_last_out", [True, False], ids=["nhwc-out", "nchw-out"])
+@pytest.mark.parametrize("relu_in", [None, 6.0, float("inf")], ids=["x", "relu6-x", "relu-x"])
+def test_pointwise_convolution_paths(case, epilogue, channels_last_out, relu_in):
+    n, c, h, w, k, layout, threads = case
+    gen = torch.Generator().manual_seed(c + k)
+    x = torch.randn(n, c, h, w + (layout == "sliced"), generator=gen)
+    if layout != "nchw":
+        x = x.contiguous(memory_format=torch.channels_last)
+    if layout == "sliced":
+        x = x[..., 1:]
+    weight = torch.randn(k, c, 1, 1, generator=gen) / c ** 0.5
+    bias = torch.randn(k, generator=gen)
+    residual = torch.randn(n, k, w, h, generator=gen).transpose(2, 3) if epilogue else None  # (strided)
+    if epilogue:
+        x[0, 3, 2, 2] = float("nan")
+    if relu_in is not None:
+        x[0, 4, 1, 1] = float("nan")  # (an input ReLU keeps NaN)
+        x[0, :, 0, 1] = 9.0  # (above ReLU6's clamp)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(threads)
+        y = torch.ops.kiln.conv_gemm(x, cpu_conv.pack_conv_weight(weight), bias, residual, k, [1, 1], [1, 1], [0, 0],
+                                     epilogue, channels_last_out, relu_input=relu_in is not None,
+                                     relu_max=6.0 if epilogue else None,
+                                     relu_input_max=relu_in if relu_in != float("inf") else None)
+    finally:
+        torch.set_num_threads(before)
+    xin = x.double() if relu_in is None else torch.clamp(x.double(), 0.0, relu_in)  # (clamp keeps NaN)
+    ref = F.conv2d(xin, weight.double(), bias.double())
+    if epilogue:
+        ref = torch.clamp(ref + residual.double(), 0.0, 6.0)  # (clamp keeps NaN, as the kernel)
+    assert y.is_contiguous(memory_format=torch.channels_last if channels_last_out else torch.contiguous_format)
+    torch.testing.assert_close(y, ref.float(), rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
+    if epilogue:
+        assert torch.isnan(y[0, :, 2, 2]).all() and not torch.isnan(y[:, :, 3:, 3:]).any()
+    if relu_in is not None:
+        assert torch.isnan(y[0, :, 1, 1]).all()
+
+
 def test_two_threads_share_a_block():
     """A 7x7 layer is one block of 49 rows: the threads split its packing, column panels and epilogue."""
     x, weight, bias, stride, padding = _case((1, 64, 7, 7, 96, 3, 3, (1, 1), (1, 1)), seed=7)
@@ -144,3 +199,40 @@ def test_pass_runs_a_downsampling_block_with_its_epilogues():
     assert "relu -> implicit-GEMM epilogue: 2" in notes and "residual add -> implicit-GEMM epilogue: 1" in notes, \
         notes
     assert not report.kernels  # BN folded, the add and both ReLUs in epilogues
+
+
+def test_the_avx2_build_matches(tmp_path):
+    """The library as an AVX2 machine compiles it (16-column panels, 6-row tiles): the 1x1 paths (input read in
+    place, with an input ReLU6; tile epilogue) and the packed 3x3, built here with AVX-512 off and called with the
+    arguments the binder gives the native build."""
+    import ctypes
+    from kiln import config
+    from kiln.runtime import native
+    from kiln.runtime.build import load_module
+    from kiln.library.conv.source_gemm import conv_gemm_source
+    with config.scope(cache_dir=str(tmp_path)):
+        avx2 = load_module(conv_gemm_source(), name="kiln_conv_gemm_avx2", extra_flags=("-mno-avx512f",)).lib
+    assert avx2.kiln_gemm_nr() == 16
+    gen = torch.Generator().manual_seed(11)
+    op = torch.ops.kiln.conv_gemm.default
+    for c, k, kernel, padding in ((24, 40, 1, 0), (12, 20, 3, 1)):
+        x = torch.randn(1, c, 9, 7, generator=gen).contiguous(memory_format=torch.channels_last)
+        x[0, 2, 4, 4] = float("nan")
+        weight = torch.randn(k, c, kernel, kernel, generator=gen) / c ** 0.5
+        bias = torch.randn(k, generator=gen)
+        residual = torch.randn(1, k, 9, 7, generator=gen).contiguous(memory_format=torch.channels_last)
+        # the native build's packing: 32-column panels here, so pack with the AVX2 library's own
+        taps = weight.permute(0, 2, 3, 1).contiguous()
+        kg = taps[0].numel()
+        packed = torch.empty(-(-k // 16) * 16 * kg)
+        avx2.kiln_pack_b(ctypes.c_void_p(taps.data_ptr()), ctypes.c_int64(kg), ctypes.c_int64(k), ctypes.c_int64(1),
+                         ctypes.c_int64(kg), ctypes.c_void_p(packed.data_ptr()))
+        out = torch.empty(1, k, 9, 7).contiguous(memory_format=torch.channels_last)
+        args = native.op_args(op, x, packed, bias, residual, k, kernel=[kernel, kernel], stride=[1, 1],
+                              padding=[padding, padding], relu=True, channels_last=True, relu_input=True,
+                              relu_max=6.0, relu_input_max=6.0)
+        fn, values = native._prepare(op, args, out)
+        ctypes.CFUNCTYPE(None, *fn._argtypes_)(ctypes.cast(avx2.kiln_conv_gemm, ctypes.c_void_p).value)(*values)
+        ref = torch.clamp(F.conv2d(torch.clamp(x.double(), 0, 6), weight.double(), bias.double(), 1, padding)
+                          + residual.double(), 0, 6)
+        torch.testing.assert_close(out, ref.float(), rtol=1.3e-5, atol=1.5e-5, equal_nan=True)

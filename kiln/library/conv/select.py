@@ -54,7 +54,7 @@ from kiln.tune import timing
 from kiln.tune.choices import Choices, Kind, measuring_s
 
 aten = torch.ops.aten
-CONV = Kind("conv", 12, ("onednn", "gemm", "direct", "dw", *(f"winograd{m}" for m in cpu_conv.TILE_SIZES)))
+CONV = Kind("conv", 13, ("onednn", "gemm", "direct", "dw", *(f"winograd{m}" for m in cpu_conv.TILE_SIZES)))
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"

@@ -63,6 +63,7 @@ typedef __m512 vec;
 #define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm512_add_ps(a, b)
 #define VZERO() _mm512_setzero_ps()
+#define VCLAMP0(v, hi) _mm512_min_ps(hi, _mm512_max_ps(_mm512_setzero_ps(), v))
 #define LANES 16
 #elif defined(__AVX2__) && defined(__FMA__)
 #define KILN_MR 6
@@ -74,6 +75,7 @@ typedef __m256 vec;
 #define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
 #define VADD(a, b) _mm256_add_ps(a, b)
 #define VZERO() _mm256_setzero_ps()
+#define VCLAMP0(v, hi) _mm256_min_ps(hi, _mm256_max_ps(_mm256_setzero_ps(), v))
 #define LANES 8
 #else
 #error "kiln's GEMM needs AVX2+FMA or AVX-512"
@@ -124,10 +126,13 @@ static void pack_a(const float* a, int64_t lda, int64_t mc, int64_t kc, float* o
 // On Zen 3 this made the suite's GEMMs 3-5% faster (benchmarks/cpu_gemm.py's shapes, one core); an inner K split
 // of the B panel instead was 2-5% slower.  An edge tile computes only its own rows (64 = 10 x 6 + 4).
 // PACKED false: A is read in place, element (i, k) at ap[i * ars + k * aks] (each is one broadcast either way;
-// attention's K and V^T need no packing).
-template <bool PREFETCH, int ROWS, bool PACKED>
+// attention's K and V^T need no packing).  CLAMP_A: each A element enters as min(a_hi, max(0, a)), NaN kept (a
+// convolution's input ReLU, applied as the broadcast is made: its input is read in place, not packed).
+template <bool PREFETCH, int ROWS, bool PACKED, bool CLAMP_A = false>
 static inline void micro_t(const float* __restrict ap, int64_t ars, int64_t aks, const float* __restrict bp, int64_t kc,
-                           float* c, int64_t ldc, int nr, bool first, const float* bias, const float* next_b) {
+                           float* c, int64_t ldc, int nr, bool first, const float* bias, const float* next_b,
+                           float a_hi = 0.0f) {
+  const vec hi = VSET1(a_hi);
   vec acc[ROWS][NV];
   for (int i = 0; i < ROWS; ++i)
     for (int v = 0; v < NV; ++v) acc[i][v] = VZERO();
@@ -149,6 +154,7 @@ static inline void micro_t(const float* __restrict ap, int64_t ars, int64_t aks,
 #pragma GCC unroll 16
     for (int i = 0; i < ROWS; ++i) {
       vec av = VSET1(PACKED ? ap[kk * KILN_MR + i] : ap[i * ars + kk * aks]);
+      if (CLAMP_A) av = VCLAMP0(av, hi);
       for (int v = 0; v < NV; ++v) acc[i][v] = VFMA(av, bv[v], acc[i][v]);
     }
   }
@@ -173,20 +179,23 @@ static inline void micro_t(const float* __restrict ap, int64_t ars, int64_t aks,
     }
 }
 
-// micro_t<P, mr, PACKED> for a run-time row count 1 <= mr <= MR
-template <bool PREFETCH, int ROWS, bool PACKED>
+// micro_t<P, mr, PACKED, CLAMP_A> for a run-time row count 1 <= mr <= MR
+template <bool PREFETCH, int ROWS, bool PACKED, bool CLAMP_A = false>
 struct micro_rows {
   static inline void run(int mr, const float* __restrict ap, int64_t ars, int64_t aks, const float* __restrict bp,
                          int64_t kc, float* c, int64_t ldc, int nr, bool first, const float* bias,
-                         const float* next_b) {
-    if (mr == ROWS) micro_t<PREFETCH, ROWS, PACKED>(ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b);
-    else micro_rows<PREFETCH, ROWS - 1, PACKED>::run(mr, ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b);
+                         const float* next_b, float a_hi = 0.0f) {
+    if (mr == ROWS)
+      micro_t<PREFETCH, ROWS, PACKED, CLAMP_A>(ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b, a_hi);
+    else
+      micro_rows<PREFETCH, ROWS - 1, PACKED, CLAMP_A>::run(mr, ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b,
+                                                           a_hi);
   }
 };
-template <bool PREFETCH, bool PACKED>
-struct micro_rows<PREFETCH, 0, PACKED> {
+template <bool PREFETCH, bool PACKED, bool CLAMP_A>
+struct micro_rows<PREFETCH, 0, PACKED, CLAMP_A> {
   static inline void run(int, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int, bool,
-                         const float*, const float*) {}
+                         const float*, const float*, float = 0.0f) {}
 };
 
 static inline void micro(const float* __restrict ap, const float* __restrict bp, int64_t kc, float* c, int64_t ldc,
