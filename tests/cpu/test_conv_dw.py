@@ -21,6 +21,10 @@ SHAPES = [
     (1, 20, 17, 19, 5, 5, (1, 1), (2, 2)),     # 5x5; 20 channels: partial vectors on AVX2 and AVX-512
     (1, 12, 9, 11, 5, 3, (2, 1), (0, 1)),      # rectangular filter, stride and padding
     (1, 7, 6, 5, 3, 3, (1, 1), (0, 0)),        # fewer channels than a vector; output narrower than a pixel block
+    (1, 48, 14, 14, 7, 7, (1, 1), (3, 3)),     # ConvNeXt's 7x7: every block of a 14-wide row at an edge
+    (2, 24, 19, 23, 7, 7, (2, 2), (3, 3)),     # 7x7 stride 2; 24 channels: a whole and a partial vector
+    (1, 40, 9, 29, 3, 3, (1, 1), (0, 0)),      # unpadded: a short last block whose windows lie in the input
+    (1, 16, 12, 30, 5, 5, (2, 1), (2, 2)),     # 5x5, different strides along y and x
 ]
 
 
@@ -65,14 +69,15 @@ def test_epilogues_and_input_relu_keep_nan(layout):
 
 
 @pytest.mark.parametrize("layout", [torch.contiguous_format, torch.channels_last])
-def test_input_relu6_clamps_both_ends(layout):
+@pytest.mark.parametrize("shape", [SHAPES[0], SHAPES[6], SHAPES[8]], ids=["3x3", "7x7", "3x3-unpadded"])
+def test_input_relu6_clamps_both_ends(layout, shape):
     """The producer's ReLU6 applied on the input (``relu_input_max``): values above 6 and below 0 clamped, NaN kept."""
-    x, weight, bias, stride, padding = _case(SHAPES[0], 2)
-    c = weight.shape[0]
+    x, weight, bias, stride, padding = _case(shape, 2)
+    c, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
     x = (x * 8).contiguous(memory_format=layout)
     x[0, 2, 6, 6] = float("nan")
     packed = cpu_conv_dw.pack_weight(weight)
-    got = cpu_conv_dw.conv_dw(x, packed, bias, None, c, [3, 3], stride, padding, False, True, True,
+    got = cpu_conv_dw.conv_dw(x, packed, bias, None, c, [kh, kw], stride, padding, False, True, True,
                               relu_input_max=6.0)
     clamped = torch.where(torch.isnan(x), x, x.clamp(0, 6))
     ref = F.conv2d(clamped.double(), weight.double(), bias.double(), stride, padding, groups=c)
@@ -250,3 +255,30 @@ def test_tensorflow_same_pad_folds_into_the_convolution(choice, groups, label):
     notes = " ".join(note for p in report.passes if p.name == "winograd" for note in p.notes)
     assert f"zero pad -> {label} padding: 1" in notes and f"relu6 -> {label} input: 1" in notes, notes
     assert not any("pad" in k.name for k in report.kernels), [k.name for k in report.kernels]
+
+
+def test_the_avx2_build_matches(tmp_path):
+    """The library as an AVX2 machine compiles it (8-lane vectors, 4-pixel blocks): the sliding-window rows of the
+    3x3 and 7x7 filters, edge blocks and the input ReLU6, called with the arguments the binder gives the native
+    build."""
+    import ctypes
+    from kiln import config
+    from kiln.runtime import native
+    from kiln.runtime.build import load_module
+    from kiln.library.conv.source_dw import conv_dw_source
+    with config.scope(cache_dir=str(tmp_path)):
+        avx2 = load_module(conv_dw_source(), name="kiln_conv_dw_avx2", extra_flags=("-mno-avx512f",)).lib
+    op = torch.ops.kiln.conv_dw.default
+    for shape in (SHAPES[1], SHAPES[6], SHAPES[7]):
+        x, weight, bias, stride, padding = _case(shape, 4)
+        c, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
+        x = (x * 4).contiguous(memory_format=torch.channels_last)
+        x[0, 1, 3, 3] = float("nan")
+        ho, wo = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1, (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
+        out = torch.empty(x.shape[0], c, ho, wo).contiguous(memory_format=torch.channels_last)
+        args = native.op_args(op, x, cpu_conv_dw.pack_weight(weight), bias, None, c, kernel=[kh, kw], stride=stride,
+                              padding=padding, relu=False, channels_last=True, relu_input=True, relu_input_max=6.0)
+        fn, values = native._prepare(op, args, out)
+        ctypes.CFUNCTYPE(None, *fn._argtypes_)(ctypes.cast(avx2.kiln_conv_dw, ctypes.c_void_p).value)(*values)
+        ref = F.conv2d(torch.clamp(x.double(), 0, 6), weight.double(), bias.double(), stride, padding, groups=c)
+        torch.testing.assert_close(out.double(), ref, rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
