@@ -165,3 +165,17 @@ def test_a_weightless_function_gets_kiln_bmm():
     report = reports_since(position)[-1]
     notes = " ".join(note for p in report.passes if p.name == "select_bmm" for note in p.notes)
     assert "baddbmm -> kiln bmm: 1" in notes and "bmm -> kiln bmm: 1" in notes, notes
+
+
+def test_a_graph_without_batched_products_does_not_build_the_library(monkeypatch):
+    """Asking for the GEMM library builds it (seconds of g++ with a cold cache): select_bmm asks only where a
+    graph has a CPU batched product (a GPU compile had built kiln's CPU GEMM for nothing)."""
+    from kiln.library.bmm import select as bmm
+
+    def built() -> bool:
+        raise AssertionError("select_bmm asked for the GEMM library on a graph without a batched product")
+    monkeypatch.setattr(bmm.cpu_gemm, "available", built)
+    x = _rand(3, 5, 7, seed=1)
+    with torch.inference_mode(), kiln.config.scope(disabled_passes="select_gemm"):
+        got = kiln.compile(lambda t: torch.tanh(t) * 2 + t.sum(-1, keepdim=True), fallback=False)(x)
+    torch.testing.assert_close(got, torch.tanh(x) * 2 + x.sum(-1, keepdim=True), rtol=1.3e-5, atol=1.5e-5)

@@ -125,7 +125,11 @@ def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
 def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
     """ATen's fp32 CPU ``bmm``/``baddbmm`` -> ``kiln::bmm`` where measured faster (module docstring)."""
     choices = log.choices if log is not None else Choices()
-    if not cpu_gemm.available():
+    # a candidate first, then the library: asking for it builds it (g++, seconds with a cold cache), and on a GPU
+    # compile (or a CPU graph without a batched product) nothing here needs it - the H200's encoder_fast had spent
+    # 4.4 s of its first compile building kiln's CPU GEMM
+    if not any(_product(n) is not None and data_device(n) == "cpu" for n in graph.nodes) \
+            or not cpu_gemm.available():
         return graph
     users = graph.users()
 
