@@ -282,3 +282,22 @@ def test_the_avx2_build_matches(tmp_path):
         ctypes.CFUNCTYPE(None, *fn._argtypes_)(ctypes.cast(avx2.kiln_conv_dw, ctypes.c_void_p).value)(*values)
         ref = F.conv2d(torch.clamp(x.double(), 0, 6), weight.double(), bias.double(), stride, padding, groups=c)
         torch.testing.assert_close(out.double(), ref, rtol=1.3e-5, atol=1.5e-5, equal_nan=True)
+
+
+def test_past_the_budget_the_rule_predicts_kilns_kernel_for_its_sliding_windows(tmp_path):
+    """Nothing measured (budget 0): a depthwise convolution of 3, 5 or 7 taps per row at stride 1 or 2 and at
+    least 16 channels is predicted kiln's kernel (ConvNeXt in the model: faster than oneDNN's calls); a 4-wide
+    filter, or 8 channels, oneDNN."""
+    from kiln import config
+    # (each above the MIN_FLOPS below which no choice is made)
+    cases = [(nn.Conv2d(32, 32, 7, padding=3, groups=32), torch.randn(1, 32, 40, 40), "dw"),
+             (nn.Conv2d(96, 96, 3, stride=2, padding=1, groups=96), torch.randn(1, 96, 112, 112), "dw"),
+             (nn.Conv2d(64, 64, 4, padding=2, groups=64), torch.randn(1, 64, 60, 60), "onednn"),
+             (nn.Conv2d(8, 8, 5, padding=2, groups=8), torch.randn(1, 8, 120, 120), "onednn")]
+    position = mark()
+    with config.scope(cache_dir=str(tmp_path)), torch.inference_mode():
+        for conv, x, _ in cases:
+            out = kiln.compile(conv.eval(), fallback=False, choice_budget_s=0.0)(x)
+            torch.testing.assert_close(out, conv(x), rtol=1e-4, atol=1e-5)
+    made = [(m.choice, m.how) for r in reports_since(position) for m in r.choices if m.kind == "conv"]
+    assert made == [(want, "predicted") for *_, want in cases], made

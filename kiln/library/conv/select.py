@@ -175,21 +175,31 @@ def choose(choices: Choices, x_shape: tuple[int, ...], w_shape: tuple[int, ...],
 
     out_hw = cpu_conv.output_hw(h, w, [kh, kw], stride, padding)
     return str(choices.decide(CONV, key, calls, baseline=ONEDNN, what=_what(x_shape, w_shape, stride, groups, epilogue),
-                              use_forced=use_forced, predict=lambda: predict(allowed, out_hw),
+                              use_forced=use_forced,
+                              predict=lambda: predict(allowed, out_hw, groups, (kh, kw), list(stride), c),
                               estimate_s=measuring_s(candidates, 2 * n * k * cg * kh * kw * math.prod(out_hw))))
 
 
 WINOGRAD_MIN_OUTPUT = 14 * 14  # output positions from which the rule predicts Winograd F(2x2) for a 3x3 stride 1
 
 
-def predict(allowed: tuple[int, ...], out_hw: tuple[int, int]) -> str:
+def predict(allowed: tuple[int, ...], out_hw: tuple[int, int], groups: int = 1,
+            kernel: tuple[int, int] = (3, 3), stride: list[int] | None = None, channels: int = 0) -> str:
     """The rule where a convolution is not measured (past the compile's measuring budget): Winograd F(2x2, 3x3)
-    for a 3x3 stride-1 convolution with an output of at least ``WINOGRAD_MIN_OUTPUT`` positions, else oneDNN.
+    for a 3x3 stride-1 convolution with an output of at least ``WINOGRAD_MIN_OUTPUT`` positions; kiln's
+    depthwise kernel for a depthwise convolution its sliding window covers (3, 5 or 7 wide, stride 1 or 2, at
+    least 16 channels); else oneDNN.
     Measured on the AVX2 Zen 3 box (time against oneDNN's, each with its epilogue): the seed model's 220x220 x 128
     channels 0.6x, ResNet-18's 56x56 x 64 0.94-0.95x, 28x28 x 128 0.98-0.99x, 14x14 x 256 0.96-0.98x - and its
-    7x7 x 512 1.11x.  (max-autotune measures every convolution.)"""
+    7x7 x 512 1.11x.  Depthwise, in the model (AVX-512 box, one thread, ``kiln.profile`` with the choice forced,
+    twice): ConvNeXt's 18 7x7 layers and 4 others 9.1-9.9 ms with kiln's kernel against 11.6-15.8 with oneDNN's,
+    although op by op oneDNN's measured 0.8x kiln's time - its calls allocate their result, kiln's write into the
+    arena.  (max-autotune measures every convolution.)"""
     if 2 in allowed and out_hw[0] * out_hw[1] >= WINOGRAD_MIN_OUTPUT and cpu_conv.available(2):
         return "winograd2"
+    if groups > 1 and groups == channels >= 16 and kernel[1] in (3, 5, 7) and stride is not None \
+            and stride[1] in (1, 2) and cpu_conv_dw.available():
+        return DEPTHWISE
     return ONEDNN
 
 
