@@ -274,7 +274,8 @@ def test_the_avx2_build_matches(tmp_path):
         c, kh, kw = weight.shape[0], weight.shape[2], weight.shape[3]
         x = (x * 4).contiguous(memory_format=torch.channels_last)
         x[0, 1, 3, 3] = float("nan")
-        ho, wo = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1, (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
+        ho = (x.shape[2] + 2 * padding[0] - kh) // stride[0] + 1
+        wo = (x.shape[3] + 2 * padding[1] - kw) // stride[1] + 1
         out = torch.empty(x.shape[0], c, ho, wo).contiguous(memory_format=torch.channels_last)
         args = native.op_args(op, x, cpu_conv_dw.pack_weight(weight), bias, None, c, kernel=[kh, kw], stride=stride,
                               padding=padding, relu=False, channels_last=True, relu_input=True, relu_input_max=6.0)

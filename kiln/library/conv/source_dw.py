@@ -18,8 +18,10 @@ a weight load too).  For filter widths 3, 5 and 7 at strides 1 and 2 each filter
 (``dw_row``): the row's input vectors are loaded once each and multiplied into every output of the block they
 reach; blocks at the padded edges copy their rows' windows into a zero-padded buffer first and run the same code.
 Against one load per multiply-add (one thread, AVX-512, before -> after, oneDNN): ConvNeXt's 7x7 at 96 x 56x56
-0.55 -> 0.43 ms (0.37), 384 x 14x14 0.25 -> 0.15 (0.12); MobileNet's 3x3 at 960 x 7x7 0.075 -> 0.057 (0.050).  The producer's ReLU can be applied as the input is read, as in the other kiln
-convolutions (``library/conv/select.py``).
+0.55 -> 0.43 ms (0.37), 384 x 14x14 0.25 -> 0.15 (0.12); MobileNet's 3x3 at 960 x 7x7 0.075 -> 0.057 (0.050)
+(in ConvNeXt itself kiln's layers were faster than oneDNN's calls: see ``select.predict``).  The producer's ReLU
+can be applied as the input is read, as in the other kiln convolutions (``library/conv/select.py``).  An input
+whose channels are not contiguous (NCHW) is first copied into a zero-padded channels-last buffer.
 """
 from __future__ import annotations
 
