@@ -53,6 +53,24 @@ def _claim_scratch(expr: KExpr, unplaced: list[Store]) -> list[Store]:
     return claimed
 
 
+def _read_by_other_members(group: Group, buffer_of: dict[Node, str]) -> set[Node]:
+    """The members another member of ``group`` reads, directly or through the nodes inlined into it."""
+    members = set(group.members)
+    found: set[Node] = set()
+    for m in group.members:
+        stack, seen = list(m.inputs), set()
+        while stack:
+            n = stack.pop()
+            if n in seen:
+                continue
+            seen.add(n)
+            if n in members:
+                found.add(n)
+            elif n not in buffer_of:  # (a realized buffer is a load: its producers are not inlined here)
+                stack.extend(n.inputs)
+    return found
+
+
 class KernelBuilder:
     def __init__(self, group: Group, name: str, buffer_of: dict[Node, str], stored: set[Node],
                  flat: bool = False, strides_of: dict[Node, tuple[int, ...]] | None = None,
@@ -98,7 +116,13 @@ class KernelBuilder:
         self.memo: dict[tuple[int, tuple[Lin, ...]], KExpr] = {}
         # [Note: row scratch] A realized full-row member (realized because it is expensive and shared) that
         # several passes over the row read is computed once per row into a stack array and re-read later.
-        self.cacheable = {m for m in group.members if self.rsize and m.op not in REDUCTION and m not in stored
+        # A stored member qualifies too when another member reads it: a residual add whose sum feeds the next
+        # LayerNorm is written in the final loop but read by both statistics passes before it, and was recomputed
+        # in each (Swin's window-reverse + residual + LayerNorm kernel: the previous LayerNorm's expression four
+        # times per element, 14% of its memory limit).
+        read_inside = _read_by_other_members(group, buffer_of)
+        self.cacheable = {m for m in group.members if self.rsize and m.op not in REDUCTION
+                          and (m not in stored or m in read_inside)
                           and m.shape == group.shape and 1 < self.rsize <= SCRATCH_MAX}
         self.scratch: dict[Node, str] = {}
         self.pending: list[Store] = []
@@ -243,6 +267,7 @@ class KernelBuilder:
         full_stores: list[Store] = []
         scratch_stores: list[Store] = []
         row_stores: list[RowStore] = []
+        stored_members: list[Node] = []  # (the member of each full store, in order)
         counter = 0
         for m in self.group.members:
             self.current = m
@@ -285,6 +310,11 @@ class KernelBuilder:
                 value = self.value(m, self.full_index)
                 full_stores.append(Store(self.buffer_of[m], linearize(self.full_index, self.strides(m)), value))
                 scratch_stores.extend(self.pending)
+                stored_members.append(m)
+        # a stored member that went to a row scratch (another member reads it) is stored from there: the scratch
+        # is written by an earlier pass or first thing in the final loop
+        full_stores = [Store(st.buf, st.index, KLoad(self.scratch[m], Lin.of(Var("r", self.rsize)), m.dtype))
+                       if m in self.scratch else st for m, st in zip(stored_members, full_stores)]
         phases.extend(row_stores)
         if full_stores:
             # scratch writes go first in the loop body: a later read in the same iteration sees them
