@@ -6,7 +6,7 @@
 #   BUDGET_S=580 GPU_S=150 bash benchmarks/device_cpu_sweep.sh gpu perf    (tests/gpu - every test, GPU_X=-x to stop at
 #   the first failure - then host time and the runner;
 #   GPU_PYTEST=--ignore=tests/gpu/test_gpu_builds.py leaves out the zoo through the Triton target; since session
-#   23 tests/gpu takes more than one 600-s call (50 tests in 170 s, 36 in 320 s): run it in two calls,
+#   23 tests/gpu takes more than one 600-s call (25 tests in 170 s, 36 in 320 s): run it in two calls,
 #   GPU_PYTEST=--ignore=tests/gpu/test_gpu_builds.py, then GPU_TESTS=tests/gpu/test_gpu_builds.py)
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
