@@ -115,11 +115,14 @@ def fixed_strides(n: Node) -> tuple[int, ...] | None:
     return None
 
 
+def _has_cpu_product(graph: Graph) -> bool:
+    """Has ``graph`` an fp32 batched product on the CPU (a candidate of the pass)?"""
+    return any(_product(n) is not None and data_device(n) == "cpu" for n in graph.nodes)
+
+
 def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
     """The GEMM library, where the graph has an fp32 batched product on the CPU."""
-    if any(_product(n) is not None and data_device(n) == "cpu" for n in graph.nodes):
-        return {"kiln_gemm": cpu_gemm.library}
-    return {}
+    return {"kiln_gemm": cpu_gemm.library} if _has_cpu_product(graph) else {}
 
 
 def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
@@ -128,8 +131,7 @@ def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
     # a candidate first, then the library: asking for it builds it (g++, seconds with a cold cache), and on a GPU
     # compile (or a CPU graph without a batched product) nothing here needs it - the H200's encoder_fast had spent
     # 4.4 s of its first compile building kiln's CPU GEMM
-    if not any(_product(n) is not None and data_device(n) == "cpu" for n in graph.nodes) \
-            or not cpu_gemm.available():
+    if not _has_cpu_product(graph) or not cpu_gemm.available():
         return graph
     users = graph.users()
 

@@ -41,10 +41,6 @@ BLOCK_PIXELS = """
 """
 
 KERNEL = r"""
-// One filter row of an interior block at compile-time width KW and stride SW: the block's (BX - 1) * SW + KW input
-// vectors are each loaded once and multiplied into every output they reach (oneDNN's sliding window), against one
-// load per multiply-add when each output pixel read its own window: a 7x7 row of 8 pixels is 21 loads for 56 FMAs
-// instead of 63.  RELU_IN: the producer's ReLU on each input vector.
 // input vector I of a filter row, multiplied into every output it reaches: taps DX.. of output (I - DX) / SW
 // (compile-time recursion: every index is a constant, so the accumulators stay in registers; GCC's unroll
 // pragmas left the 14 x 7 loop of a 7x7 row rolled, the accumulators indexed in memory)
@@ -62,7 +58,7 @@ __attribute__((always_inline)) static inline void dw_inputs(const float* __restr
                                                             const vec (&wv)[KW], vec (&acc)[KILN_DW_BX], vec hi) {
   if constexpr (I < (KILN_DW_BX - 1) * SW + KW) {
     vec v = VLOAD(xr + I * xsw);
-    if (RELU_IN) v = VMIN(hi, VMAX(VZERO(), v));  // (RELU: max(0, NaN) is NaN, as torch.relu)
+    if (RELU_IN) v = VCLAMP0(v, hi);  // (the producer's ReLU: max(0, NaN) is NaN, as torch.relu)
     dw_taps<I, 0, KW, SW>(v, wv, acc);
     dw_inputs<I + 1, KW, SW, RELU_IN>(xr, xsw, wv, acc, hi);
   }

@@ -72,6 +72,19 @@ static inline void micro_in_place(const float* a, int64_t ars, int64_t aks, cons
   }
 }
 
+// one output pixel's epilogue: nc channels of C at co (unit stride) + the residual at ro (stride rsc, or null),
+// ReLU clamped at relu_max when relu, stored at yo with channel stride ysc (co may be yo: in place)
+static inline void epilogue_pixel(const float* co, const float* ro, int64_t rsc, float* yo, int64_t ysc, int64_t nc,
+                                  int relu, float relu_max) {
+  for (int64_t k0 = 0; k0 < nc; k0 += LANES) {
+    const int64_t kn = nc - k0;
+    vec val = vloadn(co + k0, kn);
+    if (ro) val = VADD(val, vloads(ro + k0 * rsc, kn, rsc));
+    if (relu) val = RELU(val, relu_max);
+    vstores(yo + k0 * ysc, val, kn, ysc);
+  }
+}
+
 // the epilogue (+ residual r by strides, ReLU clamped at relu_max) in place on rows g .. g+mr, channels
 // j0 .. j0+nc of y, whose pixels lie at stride ysw with unit channel stride: applied to a tile as its last K block
 // leaves it, while it is in L1 (as a pass over the block's output it cost MobileNet's 16 -> 96 expansion 40%)
@@ -82,14 +95,7 @@ static inline void tile_epilogue(float* y, int64_t ysw, const float* r, int64_t 
   if (r) b = g / (ho * wo), oy = (g / wo) % ho, ox = g % wo;
   for (int i = 0; i < mr; ++i) {
     float* yo = y + (g + i) * ysw + j0;
-    const float* ro = r ? r + b * rsn + oy * rsh + ox * rsw + j0 * rsc : nullptr;
-    for (int64_t k0 = 0; k0 < nc; k0 += LANES) {
-      const int64_t kn = nc - k0;
-      vec val = vloadn(yo + k0, kn);
-      if (ro) val = VADD(val, vloads(ro + k0 * rsc, kn, rsc));
-      if (relu) val = RELU(val, relu_max);
-      vstoren(yo + k0, val, kn);
-    }
+    epilogue_pixel(yo, r ? r + b * rsn + oy * rsh + ox * rsw + j0 * rsc : nullptr, rsc, yo, 1, nc, relu, relu_max);
     if (r) next_pixel(b, oy, ox, ho, wo);
   }
 }
@@ -210,16 +216,8 @@ extern "C" void kiln_conv_gemm(const float* x, int64_t n, int64_t h, int64_t w, 
       const int64_t g = g0 + t0;
       int64_t b = g / (ho * wo), oy = (g / wo) % ho, ox = g % wo;
       for (int64_t t = t0; t < nt && t < t0 + KILN_MR; ++t, next_pixel(b, oy, ox, ho, wo)) {
-        float* yo = y + b * ysn + oy * ysh + ox * ysw;
-        const float* co = cb + t * k;
-        const float* ro = r ? r + b * rsn + oy * rsh + ox * rsw : nullptr;
-        for (int64_t k0 = 0; k0 < k; k0 += LANES) {
-          const int64_t kn = k - k0;
-          vec val = vloadn(co + k0, kn);
-          if (ro) val = VADD(val, vloads(ro + k0 * rsc, kn, rsc));
-          if (relu) val = RELU(val, relu_max);
-          vstores(yo + k0 * ysc, val, kn, ysc);
-        }
+        epilogue_pixel(cb + t * k, r ? r + b * rsn + oy * rsh + ox * rsw : nullptr, rsc,
+                       y + b * ysn + oy * ysh + ox * ysw, ysc, k, relu, relu_max);
       }
     }
   }

@@ -147,7 +147,7 @@ static inline void vstores(float* p, vec v, int64_t n, int64_t s) {
 #endif
 // the convolutions' ReLU epilogue, clamped above at hi (inf: a plain ReLU; 6: ReLU6): max(0, NaN) and min(hi, NaN)
 // are NaN, as torch.relu and hardtanh give (the max and min instructions return their second operand on a NaN)
-#define RELU(v, hi) VMIN(VSET1(hi), VMAX(VZERO(), v))
+#define RELU(v, hi) VCLAMP0(v, VSET1(hi))  // (the GEMM header's clamp)
 static inline float relu1(float v, float hi) {  // RELU on one float
   v = v > 0.0f || v != v ? v : 0.0f;
   return v < hi || v != v ? v : hi;
