@@ -240,6 +240,33 @@ KILN_INLINE float k_erfc(float x) {
   return x != x ? x : r2;
 }
 
+// Phi(x), the standard normal CDF (torch.special.ndtr), in one branch: for a = |x|, h = Phi(-a) =
+// exp(-a^2/2) * t * P(u) with t = 1/(1 + c a), u = c a t = 1 - t (without cancellation, so P is evaluated
+// around a = 0, where P(0) = 1/2 exactly) and P of degree 7 (kiln's own fit: Lawson's minimax of the relative
+// error of h on 0 <= a <= 13, in double, coefficients rounded to float one at a time, lowest first, refitting
+// the rest; fit error 9e-8 relative); Phi = h for x < 0, 1 - h otherwise.  a^2 is split exactly (hi + lo),
+// so exp(-a^2/2) keeps its accuracy in the tail; a^2/2 <= 84.5 scales by one normal power of two.  Beyond
+// a = 13 h < 6e-39 and 0 is returned.  Cheaper than erfc's degree-9 fit around 1/(1 + a/2): gelu is lowered
+// to x * Phi(x) on this function (0.47 against 0.65 ns per element through k_erfc, one AVX-512 core).
+KILN_INLINE float k_ndtr(float x) {
+  const float ax = std::fabs(x);
+  const float a = ax < 13.0f ? ax : 13.0f;
+  const float ca = 0.3035f * a;
+  const float t = 1.0f / (1.0f + ca);
+  const float u = ca * t;
+  const float p = kdetail::poly(u, -0.036710955f, 0.10143615f, -0.03161034f, -0.1229926f, -0.059910685f,
+                                0.5852994f, -0.81447685f, 0.5f);
+  float hi, lo;
+  kdetail::exact_square(a, hi, lo);
+  int32_t n;
+  const float r = kdetail::exp_reduce(-0.5f * hi, n);
+  float e = (1.0f + kdetail::expm1_poly(r)) * kdetail::pow2i(n);
+  e = e - e * (0.5f * lo);                   // exp(-hi/2 - lo/2) ~= exp(-hi/2) * (1 - lo/2)
+  const float h = ax < 13.0f ? e * (t * p) : 0.0f;
+  const float phi = x < 0.0f ? h : 1.0f - h;
+  return x != x ? x : phi;
+}
+
 // gelu(x) = x * Phi(x), Phi(x) = 0.5*erfc(-x/sqrt(2)); the tail uses exp(-x^2/2)
 // with x^2 split exactly, so gelu keeps a few-ulp relative accuracy also for x << 0.
 KILN_INLINE float k_gelu_erf(float x) {
@@ -391,6 +418,7 @@ KILN_INLINE double k_log1p(double x) { return std::log1p(x); }
 KILN_INLINE double k_tanh(double x) { return std::tanh(x); }
 KILN_INLINE double k_erf(double x) { return std::erf(x); }
 KILN_INLINE double k_erfc(double x) { return std::erfc(x); }
+KILN_INLINE double k_ndtr(double x) { return 0.5 * std::erfc(x * -0.70710678118654752); }
 KILN_INLINE double k_sin(double x) { return std::sin(x); }
 KILN_INLINE double k_cos(double x) { return std::cos(x); }
 KILN_INLINE double k_pow(double x, double y) { return std::pow(x, y); }

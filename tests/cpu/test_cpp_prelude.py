@@ -37,6 +37,9 @@ pytestmark = pytest.mark.skipif(CXX is None, reason="g++ not available")
 # absolute error <= ABS_TOL (for tiny results); and always the project-wide
 # tolerance used when comparing kiln against eager torch.
 MAX_ULP = 4.0
+# ndtr's result is a product of five rounded factors (exp, t, P, their products) on top of its 9e-8 relative
+# fit, and Phi(-a) sits just below 1/2 near 0, where an ulp is 6e-8 relative: up to 5.4 ulp measured.
+MAX_ULP_OF = {"ndtr": 6.0}
 ABS_TOL = 1e-7
 PROJECT_RTOL = 1.3e-5
 PROJECT_ATOL = 1.5e-5
@@ -51,6 +54,8 @@ UNARY = {
     "sigmoid": ("kiln_rt::k_sigmoid(v)", torch.sigmoid),
     "erf": ("kiln_rt::k_erf(v)", torch.erf),
     "erfc": ("kiln_rt::k_erfc(v)", torch.erfc),
+    # torch.special.ndtr in float64 goes through 1 + erf and loses relative accuracy for x << 0 (2e-8 at x = -6)
+    "ndtr": ("kiln_rt::k_ndtr(v)", lambda t: 0.5 * torch.erfc(-t * math.sqrt(0.5))),
     "sin": ("kiln_rt::k_sin(v)", torch.sin),
     "cos": ("kiln_rt::k_cos(v)", torch.cos),
     "rsqrt": ("kiln_rt::k_rsqrt(v)", torch.rsqrt),
@@ -227,6 +232,8 @@ def unary_inputs(name: str, seed: int = 0) -> np.ndarray:
         parts += [_lin(-5, 10.2, n), _logspace_pm(-12, 0.7, 1 << 18)]
     elif name == "gelu_erf":
         parts += [_lin(-12, 12, n), _logspace_pm(-12, 1.1, 1 << 18)]
+    elif name == "ndtr":
+        parts += [_lin(-14, 14, n), _logspace_pm(-12, 1.15, 1 << 18)]
     elif name in ("sin", "cos"):
         k = rng.integers(-(1 << 20), 1 << 20, size=1 << 16).astype(np.float64)
         parts += [_lin(-10, 10, n // 2), rng.uniform(-1e4, 1e4, n // 4), rng.uniform(-1e8, 1e8, n // 8),
@@ -259,7 +266,7 @@ def binary_inputs(name: str, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 
 
 # ----------------------------------------------------------------------------- error metric
-def error_report(y32: np.ndarray, ref64: torch.Tensor) -> dict:
+def error_report(y32: np.ndarray, ref64: torch.Tensor, max_ulp: float = MAX_ULP) -> dict:
     """Compare float32 results with a float64 reference (special values must match exactly)."""
     y = np.asarray(y32, dtype=np.float32).astype(np.float64)
     ref = ref64.double().numpy()
@@ -274,7 +281,7 @@ def error_report(y32: np.ndarray, ref64: torch.Tensor) -> dict:
         _, ex = np.frexp(np.where(fin, ref, 1.0))
         ulps = err / np.ldexp(1.0, np.maximum(ex - 24, -149))
         big = err > ABS_TOL  # where the relative criterion is the binding one
-        bad = big & (ulps > MAX_ULP)
+        bad = big & (ulps > max_ulp)
         proj_bad = err > PROJECT_ATOL + PROJECT_RTOL * np.abs(ref)
         normal = fin & (np.abs(ref) >= 1e-6)
     return {
@@ -362,7 +369,7 @@ def test_all_loops_vectorized(built):
 def test_unary_accuracy(lib, name):
     x = unary_inputs(name)
     y = call_unary(lib, f"apply_{name}", x)
-    rep = error_report(y, reference_unary(name, x))
+    rep = error_report(y, reference_unary(name, x), MAX_ULP_OF.get(name, MAX_ULP))
     assert rep["bad_nan"] == 0 and rep["bad_inf"] == 0, rep
     assert rep["bad"] == 0, (rep, x[rep["worst_idx"]])
     assert rep["proj_bad"] == 0, rep

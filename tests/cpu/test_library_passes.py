@@ -2,7 +2,6 @@
 fp32), each as IR text before and after (``tests/unit/test_passes.run_pass``: the pass, then DCE, and the
 interpreter checks the results on fresh random inputs).  The choices are forced through the choice service
 (``Config.choices`` syntax), so nothing is measured."""
-import math
 
 import pytest
 import torch
@@ -35,14 +34,12 @@ def _scalar(b, v, shape):
 
 
 def _linear_gelu():
-    """addmm(b, x, W^T) then the exact gelu as lowering writes it: (y * 0.5) * erfc(y * -sqrt(1/2))."""
+    """addmm(b, x, W^T) then the exact gelu as lowering writes it on the CPU: y * ndtr(y)."""
     b = GraphBuilder()
     x = inp(b, (8, 64))
     w, bias = const(b, randn(96, 64)), const(b, randn(96))
     y = build_extern(b, aten.addmm.default, [bias, x, b.add(Op.PERMUTE, (w,), dims=(1, 0))], {}, (8, 96), F32)
-    half = b.add(Op.MUL, (y, _scalar(b, 0.5, (8, 96))))
-    cdf = b.add(Op.ERFC, (b.add(Op.MUL, (y, _scalar(b, -math.sqrt(0.5), (8, 96)))),))
-    return b.finish([b.add(Op.MUL, (half, cdf))])
+    return b.finish([b.add(Op.MUL, (y, b.add(Op.NDTR, (y,))))])
 
 
 # the linear + gelu graph as built, and after select_gemm put it on kiln's GEMM (gemm_epilogue's input)
@@ -52,28 +49,16 @@ graph(%in0: f32[8, 64]):
   %1 = constant(value=const<(96,)>) : f32[96]
   %2 = permute(%0, dims=(1, 0)) : f32[64, 96]
   %3 = extern(%1, %in0, %2, target=aten.addmm.default, out_index=None) : f32[8, 96]
-  %4 = full(value=0.5) : f32[]
-  %5 = expand(%4, shape=(8, 96)) : f32[8, 96]
-  %6 = mul(%3, %5) : f32[8, 96]
-  %7 = full(value=-0.7071067811865476) : f32[]
-  %8 = expand(%7, shape=(8, 96)) : f32[8, 96]
-  %9 = mul(%3, %8) : f32[8, 96]
-  %10 = erfc(%9) : f32[8, 96]
-  %11 = mul(%6, %10) : f32[8, 96]
-  return (%11)"""
+  %4 = ndtr(%3) : f32[8, 96]
+  %5 = mul(%3, %4) : f32[8, 96]
+  return (%5)"""
 _LINEAR_GELU_ON_KILNS_GEMM = """\
 graph(%in0: f32[8, 64]):
   %0 = constant(value=const<(96,)>) : f32[96]
   %1 = extern(%in0, %0, target=kiln.linear_packed.default, out_index=None) : f32[8, 96]
-  %2 = full(value=0.5) : f32[]
-  %3 = expand(%2, shape=(8, 96)) : f32[8, 96]
-  %4 = mul(%1, %3) : f32[8, 96]
-  %5 = full(value=-0.7071067811865476) : f32[]
-  %6 = expand(%5, shape=(8, 96)) : f32[8, 96]
-  %7 = mul(%1, %6) : f32[8, 96]
-  %8 = erfc(%7) : f32[8, 96]
-  %9 = mul(%4, %8) : f32[8, 96]
-  return (%9)"""
+  %2 = ndtr(%1) : f32[8, 96]
+  %3 = mul(%1, %2) : f32[8, 96]
+  return (%3)"""
 
 
 def _conv_add_relu():
@@ -126,19 +111,13 @@ graph(%in0: f32[8, 64]):
   %0 = constant(value=const<(96, 64)>) : f32[96, 64]
   %1 = constant(value=const<(96,)>) : f32[96]
   %2 = extern(%in0, %0, %1, target=mkldnn._linear_pointwise.default, out_index=None) : f32[8, 96]
-  %3 = full(value=0.5) : f32[]
-  %4 = expand(%3, shape=(8, 96)) : f32[8, 96]
-  %5 = mul(%2, %4) : f32[8, 96]
-  %6 = full(value=-0.7071067811865476) : f32[]
-  %7 = expand(%6, shape=(8, 96)) : f32[8, 96]
-  %8 = mul(%2, %7) : f32[8, 96]
-  %9 = erfc(%8) : f32[8, 96]
-  %10 = mul(%5, %9) : f32[8, 96]
-  return (%10)""")
+  %3 = ndtr(%2) : f32[8, 96]
+  %4 = mul(%2, %3) : f32[8, 96]
+  return (%4)""")
 
 
 def test_gemm_epilogue_takes_the_gelu_into_kilns_gemm():
-    """the gelu's four nodes become the GEMM's epilogue."""
+    """the gelu's two nodes become the GEMM's epilogue."""
     from kiln.library.gemm.epilogue import fuse_gemm_gelu
     from kiln.library.gemm.select import select_gemm
     g = _linear_gelu()

@@ -2,7 +2,7 @@
 tile's last K block leaves the registers, oneDNN as its "gelu" post-op.  The gelu kernel that would otherwise
 read and write the whole activation once more (MLP: 64 x 4096 floats after each up-projection) disappears.
 
-The pattern is what ``aten.gelu`` (exact, erf form) lowers to (``frontend/aten.py``): ``x/2 * erfc(-x/sqrt 2)``,
+The pattern is what ``aten.gelu`` (exact, erf form) lowers to on the CPU (``frontend/aten.py``): ``x * ndtr(x)``,
 with the linear's result used by nothing else.  ``x`` may also be a reshape of the linear's 2-D result (a linear on
 3-D activations, as in a transformer: ``[B*T, N]`` viewed as ``[B, T, N]``); the gelu then moves into the GEMM and
 the reshape stays, now of the fused result.  kiln's epilogue computes the same operations in the same order
@@ -11,15 +11,11 @@ own (a few ulp apart).
 
 Before::                                                  After::
 
-    %2 = extern(%x, %w, %b, target=kiln.linear_packed)        %10 = extern(%x, %w, %b, ..., gelu=True,
-    %5 = mul(%2, -0.7071067811865476)                                  target=kiln.linear_packed)
-    %6 = erfc(%5)
-    %9 = mul(%2, 0.5)
-    %10 = mul(%9, %6)
+    %2 = extern(%x, %w, %b, target=kiln.linear_packed)        %4 = extern(%x, %w, %b, ..., gelu=True,
+    %3 = ndtr(%2)                                                     target=kiln.linear_packed)
+    %4 = mul(%2, %3)
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
@@ -28,26 +24,14 @@ from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
-from kiln.passes.simplify import is_scalar
-
-
-def _times(n: Node, value: float) -> Node | None:
-    """``x`` when ``n`` is ``x * value`` (either operand order)."""
-    if n.op is not Op.MUL or len(n.inputs) != 2:
-        return None
-    for a, s in (n.inputs, n.inputs[::-1]):
-        if is_scalar(s, value):
-            return a
-    return None
 
 
 def gelu_input(n: Node) -> Node | None:
-    """``x`` when ``n`` is ``(x * 0.5) * erfc(x * -sqrt(1/2))``, else None."""
+    """``x`` when ``n`` is ``x * ndtr(x)`` (either operand order), else None."""
     if n.op is not Op.MUL or len(n.inputs) != 2:
         return None
-    for half, cdf in (n.inputs, n.inputs[::-1]):
-        x = _times(half, 0.5)
-        if x is not None and cdf.op is Op.ERFC and _times(cdf.inputs[0], -math.sqrt(0.5)) is x:
+    for x, cdf in (n.inputs, n.inputs[::-1]):
+        if cdf.op is Op.NDTR and cdf.inputs[0] is x:
             return x
     return None
 
@@ -79,7 +63,7 @@ def fuse_gemm_gelu(graph: Graph, log: RewriteLog | None = None) -> Graph:
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         x = gelu_input(node)
         if x is None or x in outputs or len(users[x]) != 2 or (kind := _fusable(linear_of(x))) is None:
-            return None  # (two users: the two multiplications of the pattern, nothing else)
+            return None  # (two users: the pattern's ndtr and product, nothing else)
         new_x = gelu_input(Node(node.op, inputs, node.attrs, node.shape, node.dtype))  # x with rewritten inputs
         reshaped = new_x.op is Op.RESHAPE
         linear = new_x.inputs[0] if reshaped else new_x

@@ -212,9 +212,9 @@ static inline void micro_strided(const float* __restrict a, int64_t ars, int64_t
   micro_rows<false, KILN_MR, false>::run(mr, a, ars, aks, bp, kc, c, ldc, nr, first, nullptr, nullptr);
 }
 
-// gelu(x) = x/2 * erfc(-x/sqrt(2)) on an mr x nr tile, in place: the same operations, in the same order, as the
-// kernel kiln generates for a graph's gelu (frontend/aten.py), so fusing it here changes no bit of the result
-static inline float gelu1(float x) { return (x * 0.5f) * kiln_rt::k_erfc(x * -0.7071067811865476f); }
+// gelu(x) = x * Phi(x) on an mr x nr tile, in place: the same operations, in the same order, as the kernel kiln
+// generates for a graph's gelu (frontend/aten.py), so fusing it here changes no bit of the result
+static inline float gelu1(float x) { return x * kiln_rt::k_ndtr(x); }
 
 static void gelu_tile(float* c, int64_t ldc, int mr, int nr) {
   if (mr == KILN_MR && nr == KILN_NR) {  // whole tiles: one vector loop of compile-time length (no remainders)
