@@ -1,18 +1,28 @@
-"""Where kiln's compile time goes on one zoo model: the first call (Dynamo, AOTAutograd, kiln, the first run)
-under cProfile with an empty kiln cache, then kiln's compile phases and the functions with the most cumulative
-time below kiln's backend entry point.
+"""Where kiln's compile time goes on one zoo model.
+
+Default: the first call (Dynamo, AOTAutograd, kiln, the first run) under cProfile with an empty kiln cache, then
+kiln's compile phases and the functions with the most cumulative time below kiln's backend entry point.
+
+``--breakdown``: no profiler.  With empty kiln, Inductor and Triton caches, first compile ``--warm`` (another
+model, so imports and Triton's first-use costs are paid as in a zoo run), then time the first call of
+``--model`` with Inductor and with kiln, kiln's phases, and the time Triton spent in its stages (ASTs to cubins
+through ``JITFunction.warmup``; the C launchers it builds with the host compiler; binaries loaded)::
 
     python -m benchmarks.compile_profile --model opt --device cuda --dtype bf16 [--mode default] [--top 40]
+    python -m benchmarks.compile_profile --model encoder_fast --device cuda --dtype bf16 --breakdown --warm mha_self
 """
 from __future__ import annotations
 
 import argparse
 import cProfile
+import collections
+import functools
 import io
 import os
 import pstats
 import tempfile
 import time
+from typing import Any
 
 
 def main() -> None:
@@ -23,16 +33,31 @@ def main() -> None:
     p.add_argument("--mode", default="default")
     p.add_argument("--top", type=int, default=40, help="functions listed, by cumulative time")
     p.add_argument("--save", default=None, help="write the raw profile here (pstats format)")
+    p.add_argument("--breakdown", action="store_true", help="no profiler: first-call times and Triton's stages")
+    p.add_argument("--warm", default=None, help="with --breakdown: compile this zoo model first")
     args = p.parse_args()
-    os.environ.setdefault("KILN_CACHE_DIR", tempfile.mkdtemp(prefix="kiln-compile-profile-"))
+    for env in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        if args.breakdown or env == "KILN_CACHE_DIR":
+            os.environ.setdefault(env, tempfile.mkdtemp(prefix="kiln-compile-profile-"))
+    if args.breakdown:
+        breakdown(args)
+    else:
+        profile(args)
+
+
+def _build(args: argparse.Namespace, name: str) -> tuple[Any, tuple]:
     import torch
-    import kiln
     from benchmarks.gpu_memory import DTYPES
     from benchmarks.zoo import builder
+    model, inputs = builder("sdpa")(name, device=args.device, dtype=getattr(torch, DTYPES[args.dtype]))
+    return model.eval(), inputs
+
+
+def profile(args: argparse.Namespace) -> None:
+    import torch
+    import kiln
     from kiln.report import mark, reports_since
-    dtype = getattr(torch, DTYPES[args.dtype])
-    model, inputs = builder("sdpa")(args.model, device=args.device, dtype=dtype)
-    model.eval()
+    model, inputs = _build(args, args.model)
     position = mark()
     profiler = cProfile.Profile()
     start = time.perf_counter()
@@ -50,6 +75,68 @@ def main() -> None:
     stats = pstats.Stats(profiler, stream=out).sort_stats("cumulative")
     stats.print_stats(r"kiln|triton|inductor|_functorch|fx", args.top)
     print(out.getvalue())
+
+
+def _timed(owner: Any, name: str, totals: dict[str, list[float]], label: str) -> None:
+    """Wrap ``owner.name`` so each call's wall time adds to ``totals[label]`` (calls from several threads
+    overlap: the sum is CPU-side work, not wall time)."""
+    original = getattr(owner, name)
+
+    @functools.wraps(original)
+    def wrapper(*a: Any, **k: Any) -> Any:
+        start = time.perf_counter()
+        try:
+            return original(*a, **k)
+        finally:
+            totals[label].append(time.perf_counter() - start)
+    setattr(owner, name, wrapper)
+
+
+def _instrument_triton(totals: dict[str, list[float]]) -> None:
+    try:
+        import triton.runtime.jit as jit
+        from triton.backends.nvidia import driver as nvidia
+    except ImportError:
+        return
+    _timed(jit.JITFunction, "warmup", totals, "triton warmup (compile)")
+    _timed(nvidia.CudaLauncher, "__init__", totals, "triton C launcher build")
+    _timed(nvidia, "compile_module_from_src", totals, "host compiler (launchers, utils)")
+
+
+def breakdown(args: argparse.Namespace) -> None:
+    import torch
+    import kiln
+    from kiln.report import mark, reports_since
+    totals: dict[str, list[float]] = collections.defaultdict(list)
+    _instrument_triton(totals)
+
+    def first_call(backend: str, name: str) -> float:
+        model, inputs = _build(args, name)
+        torch._dynamo.reset()
+        start = time.perf_counter()
+        with torch.inference_mode():
+            if backend == "kiln":
+                kiln.compile(model, mode=args.mode)(*inputs)
+            else:
+                torch.compile(model, mode=None if args.mode == "default" else args.mode)(*inputs)
+            if args.device == "cuda":
+                torch.cuda.synchronize()
+        return time.perf_counter() - start
+
+    if args.warm:
+        for backend in ("inductor", "kiln"):
+            print(f"warm-up {args.warm} {backend}: first call {first_call(backend, args.warm):.2f} s")
+    totals.clear()
+    print(f"{args.model} inductor: first call {first_call('inductor', args.model):.2f} s")
+    for label, times in sorted(totals.items()):
+        print(f"  {label}: {len(times)} calls, {sum(times):.2f} s summed")
+    totals.clear()
+    position = mark()
+    print(f"{args.model} kiln: first call {first_call('kiln', args.model):.2f} s")
+    for report in reports_since(position):
+        print("  phases:", ", ".join(f"{k} {v:.3f}" for k, v in report.phases.items()))
+    for label, times in sorted(totals.items()):
+        print(f"  {label}: {len(times)} calls, {sum(times):.2f} s summed, longest {max(times):.2f} s")
 
 
 if __name__ == "__main__":
