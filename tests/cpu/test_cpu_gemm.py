@@ -48,6 +48,10 @@ def test_schedule_blocks_k_evenly_and_fills_l2():
     assert s.kc == 1000 and s.kc <= KC_MAX  # three equal K blocks, not 1024 + 1024 + 952
     assert s.mc % s.mr == 0 and s.mc * s.kc * 4 <= L2_BLOCK
     assert schedule_for(64, 768).mc == 64  # no more rows packed than there are
+    # A blocks of equal height: 784 rows as 4 x 200, not 3 x 256 + 16; a weight larger than the L2 lets a block
+    # overfill by 1/16 rather than stream the weight once more (197 rows: one block of 200, not 192 + 5)
+    assert schedule_for(784, 768, 192).mc == 200 and schedule_for(197, 3072, 64).mc == 104
+    assert schedule_for(197, 3072, 768).mc == 200
 
 
 def test_bad_input_is_named():

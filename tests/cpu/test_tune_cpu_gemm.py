@@ -18,7 +18,7 @@ MACHINE = tg.Machine(l1=32 * 1024, l2=1024 * 1024, nr=32, tile_heights=(8, 12))
 @pytest.mark.parametrize("m,k,n", [(64, 1024, 4096), (256, 3072, 768), (5, 7, 3), (1000, 2500, 96)])
 def test_space_is_valid_and_holds_the_rule(m, k, n):
     space = tg.candidates(m, k, n, MACHINE)
-    assert len(space) == len(set(space)) and schedule_for(m, k) in space
+    assert len(space) == len(set(space)) and schedule_for(m, k) in space  # (the rule for a small weight)
     for s in space:
         assert s.mr in MACHINE.tile_heights and s.mc % s.mr == 0 and 1 <= s.kc <= k
         assert -(-k // s.kc) * s.kc - k < -(-k // s.kc)  # equal K blocks (at most one short by the rounding)

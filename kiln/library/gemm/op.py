@@ -73,7 +73,7 @@ def linear_packed_impl(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor
     if k == 0:
         out = out.copy_(bias.expand(m, n)) if bias is not None else out.zero_()
         return out.copy_(torch.nn.functional.gelu(out)) if gelu else out
-    s = schedule or schedule_for(m, k)
+    s = schedule or schedule_for(m, k, n)
     return native.call(torch.ops.kiln.linear_packed.default,
                        dict(x=x, packed=packed, bias=native.contiguous(bias), n=n, mr=s.mr, kc=s.kc, mc=s.mc,
                             gelu=gelu), out)
@@ -113,7 +113,7 @@ def _native(args: dict, strides_of: Callable, out_strides: tuple[int, ...]) -> t
     m, k = x.shape
     if m == 0 or n == 0 or k == 0:
         return None
-    s = GemmSchedule(mr=args["mr"], kc=args["kc"], mc=args["mc"]) if args["mr"] else schedule_for(m, k)
+    s = GemmSchedule(mr=args["mr"], kc=args["kc"], mc=args["mc"]) if args["mr"] else schedule_for(m, k, n)
     Ref = native.Ref
     return (native.address(library(GemmSchedule(mr=s.mr)).kiln_gemm), f"kiln_gemm mr={s.mr}",
             [(native.PTR, Ref(x)), (native.I64, xs[0]), (native.PTR, Ref(packed)), (native.PTR, Ref(bias)),

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import config
-from kiln.library.gemm.source import GemmSchedule, schedule_for
+from kiln.library.gemm.source import GemmSchedule, equal_blocks, schedule_for
 from kiln.tune import timing
 from kiln.tune.choices import Choices
 from kiln.tune.ranking import Correction
@@ -74,7 +74,7 @@ def candidates(m: int, k: int, n: int, machine: Machine) -> list[GemmSchedule]:
         for limit in KC_LIMITS:
             kc = -(-k // -(-k // limit))
             for fraction in A_BLOCK_FRACTIONS:
-                mc = max(mr, min(int(machine.l2 * fraction) // (4 * kc) // mr * mr, -(-m // mr) * mr))
+                mc = equal_blocks(m, max(mr, int(machine.l2 * fraction) // (4 * kc) // mr * mr), mr)
                 out.setdefault((mr, kc, mc), GemmSchedule(mr=mr, kc=kc, mc=mc))
     return list(out.values())
 
@@ -154,7 +154,7 @@ def schedule(m: int, k: int, n: int, tune: bool, choices: Choices,
         machine = Machine.here()
         ranked = rank(m, k, n, machine, fit_correction(_samples(db), machine))
         chosen = ranked[:MEASURED]
-        rule = schedule_for(m, k)
+        rule = schedule_for(m, k, n)
         if rule not in chosen and rule.mr in machine.tile_heights:
             chosen.append(rule)  # the rule is always in the running: tuning never makes a problem slower
         cost_s = sum(estimate_s(s, m, k, n, machine) for s in chosen) * (ROUNDS + 1) / max(1, torch.get_num_threads())
