@@ -53,6 +53,11 @@ def _claim_scratch(expr: KExpr, unplaced: list[Store]) -> list[Store]:
     return claimed
 
 
+def _without_unit_vars(lin: Lin) -> Lin:
+    """``lin`` without its terms in variables of size 1 (always 0: a loop of one iteration)."""
+    return Lin(lin.const, tuple((a, c) for a, c in lin.terms if not (isinstance(a, Var) and a.size == 1)))
+
+
 def _read_by_other_members(group: Group, buffer_of: dict[Node, str]) -> set[Node]:
     """The members another member of ``group`` reads, directly or through the nodes inlined into it."""
     members = set(group.members)
@@ -120,10 +125,16 @@ class KernelBuilder:
         # LayerNorm is written in the final loop but read by both statistics passes before it, and was recomputed
         # in each (Swin's window-reverse + residual + LayerNorm kernel: the previous LayerNorm's expression four
         # times per element, 14% of its memory limit).
+        # An inlined concatenation read at the row's own position is kept too, whatever its shape (Swin's patch
+        # merging: the cat of four strided slices is [1, 28, 28, 384], its LayerNorm runs over the rows of the
+        # reshape [1, 784, 384]): its where-chain of gathers was computed in each of the LayerNorm's three passes
+        # (12% of the kernel's memory limit).
         read_inside = _read_by_other_members(group, buffer_of)
         self.cacheable = {m for m in group.members if self.rsize and m.op not in REDUCTION
                           and (m not in stored or m in read_inside)
                           and m.shape == group.shape and 1 < self.rsize <= SCRATCH_MAX}
+        self.row_position = _without_unit_vars(linearize(self.full_index, contiguous_strides(group.shape))) \
+            if self.rsize else None
         self.scratch: dict[Node, str] = {}
         self.pending: list[Store] = []
 
@@ -132,8 +143,13 @@ class KernelBuilder:
         return self.strides_of.get(n) or contiguous_strides(n.shape)
 
     # ------------------------------------------------------------------ values
+    def _caches(self, n: Node) -> bool:
+        """Is ``n`` kept in a row scratch where it is read at the row's position (see [Note: row scratch])?"""
+        return n in self.cacheable or (n.op is Op.CAT and n not in self.buffer_of and 1 < self.rsize <= SCRATCH_MAX
+                                       and numel(n.shape) == numel(self.group.shape))
+
     def value(self, n: Node, idx: list[Lin]) -> KExpr:
-        if n in self.cacheable:
+        if self._caches(n):
             return self._value(n, idx)
         key = (n.uid, tuple(idx))
         if key not in self.memo:
@@ -145,7 +161,7 @@ class KernelBuilder:
             if linearize(idx, contiguous_strides(n.shape)) != self.o_flat:
                 raise NotFusable(self.current, f"{n} is read outside its own row")
             return self.rowvars[n]
-        if n in self.cacheable and list(idx) == list(self.full_index):
+        if self._caches(n) and (list(idx) == list(self.full_index) or self._at_row_position(n, idx)):
             if n in self.scratch:
                 return KLoad(self.scratch[n], Lin.of(Var("r", self.rsize)), n.dtype)
             expr = self.define(n, idx)
@@ -160,6 +176,10 @@ class KernelBuilder:
         if n in self.buffer_of:
             return KLoad(self.buffer_of[n], linearize(idx, self.strides(n)), n.dtype)
         return self.define(n, idx)
+
+    def _at_row_position(self, n: Node, idx: list[Lin]) -> bool:
+        """Is element ``idx`` of ``n`` (in its own contiguous order) the element the row loop is at?"""
+        return _without_unit_vars(linearize(idx, contiguous_strides(n.shape))) == self.row_position
 
     def define(self, n: Node, idx: list[Lin]) -> KExpr:
         """The value of ``n`` at ``idx`` computed from its inputs (inlining)."""
