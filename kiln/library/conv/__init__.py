@@ -1,6 +1,5 @@
 """kiln's CPU convolutions: Winograd F(m x m, 3x3), the implicit GEMM and the direct depthwise kernel, each with
 the bias, residual add and ReLU folded in; and oneDNN's convolution with a weight reordered once (prepacked).
-1-D convolutions are taken as 2-D ones of height 1 (``as_2d.py``).
 
 - ``source_winograd.py``, ``source_gemm.py``, ``source_dw.py``: the C++ of each algorithm;
 - ``op.py``, ``op_dw.py``: the built libraries, weight transforms, the torch ops (``kiln::conv_winograd``,
@@ -16,7 +15,7 @@ from __future__ import annotations
 
 from kiln.ir.graph import Node
 from kiln.ir.ops import channels_last_strides
-from kiln.library.conv import as_2d, prepack, select, split_bias
+from kiln.library.conv import prepack, select, split_bias
 from kiln.library.spec import GraphPass, Operator, when_selecting
 
 
@@ -33,9 +32,7 @@ def _fixed_strides(n: Node) -> tuple[int, ...] | None:
 OPERATOR = Operator(
     name="conv",
     what="kiln's CPU convolutions (Winograd, implicit GEMM, depthwise) chosen against oneDNN per shape",
-    passes=(GraphPass("conv1d_as_2d", when_selecting(as_2d.conv1d_as_2d),
-                      "before choosing convolutions: CPU 1-D ones as 2-D of height 1, so the choice takes them"),
-            GraphPass("winograd", when_selecting(select.winograd_conv),
+    passes=(GraphPass("winograd", when_selecting(select.winograd_conv),
                       "after folding (final weights, BN bias); before oneDNN takes the rest"),
             GraphPass("prepack_conv", when_selecting(prepack.prepack_conv),
                       "after folding: reorder final conv weights once for oneDNN"),

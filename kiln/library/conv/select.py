@@ -48,7 +48,6 @@ from kiln.passes.fold_pad import sides
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.passes.simplify import scalar_value
 from kiln.runtime import native
-from kiln.library.conv import as_2d
 from kiln.library.conv import op as cpu_conv
 from kiln.library.conv import op_dw as cpu_conv_dw
 from kiln.tune import timing
@@ -245,7 +244,7 @@ def _candidate(node: Node, min_flops: int = MIN_FLOPS) -> list | None:
 def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
     """kiln's convolution libraries this pass may use on ``graph`` (the pipeline starts their builds in the
     background at the compile's start, so that they build in parallel)."""
-    convs = [args for n in graph.nodes if (args := _candidate(n) or as_2d.candidate(n)) is not None]
+    convs = [args for n in graph.nodes if (args := _candidate(n)) is not None]
     out: dict[str, Callable[[], Any]] = {}
     if any(args[8] == 1 for args in convs):
         out["kiln_conv_gemm"] = cpu_conv.gemm_library
