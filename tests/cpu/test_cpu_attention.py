@@ -53,6 +53,16 @@ def test_two_threads_match_one():
     assert torch.equal(one, two)
 
 
+def test_scores_far_below_the_row_max():
+    """Scores 90 to 2000 below their row's max: the softmax's exponential flushes e^x below e^-87 to 0 (the
+    probabilities it drops are under 1.6e-38); rows whose scores spread little keep every key."""
+    gen = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 40, 16, generator=gen) for _ in range(3))
+    q[:, :, :20] *= 60.0  # half the rows: scores spread by hundreds
+    got = torch.ops.kiln.attention(q, k, v, None, 0.25, False, False)
+    torch.testing.assert_close(got, _reference(q, k, v, 0.25, False).float(), rtol=1.3e-5, atol=1.5e-5)
+
+
 def test_nan_scores_give_nan_rows_as_torch():
     q, k, v = (torch.randn(1, 1, 8, 8) for _ in range(3))
     q[0, 0, 5, 2] = float("nan")

@@ -24,6 +24,18 @@ import functools
 from kiln.library.gemm.source import SOURCE as GEMM_SOURCE
 
 KERNEL = r"""
+// e^x for the softmax's x = score - row max: x <= 0, -inf (a masked key) or NaN.  k_exp without what it needs for
+// x > 0 and for results below 2^-126 (its upper clamp, its two-step scaling into the denormals): results under
+// e^-87 = 1.6e-38 are 0 here, which changes no probability (the row's sum is at least 1) and no output by more
+// than 1.6e-38 |v|.  The same reduction and polynomial as k_exp otherwise (bit-equal above e^-87).
+static inline float exp_nonpositive(float x) {
+  const float xc = x < -87.0f ? -87.0f : x;  // (NaN passes: the comparison is false)
+  int32_t n;
+  const float r = kiln_rt::kdetail::exp_reduce(xc, n);
+  const float e = (1.0f + kiln_rt::kdetail::expm1_poly(r)) * kiln_rt::kdetail::pow2i(n);  // n >= -126
+  return x < -87.0f ? 0.0f : e;
+}
+
 // q, k, v, mask, o: [B, H, T|S, D] by strides (b, h, t[, d]); q and o have unit stride along D.  mask (or null):
 // an additive [B, H, T, S] float mask by strides (zero strides broadcast).  causal: keys after the query are
 // masked (S == T).  zero_empty: a row whose scores are all -inf gives zeros (ATen's flash kernels) instead of
@@ -117,7 +129,7 @@ extern "C" void kiln_attention(const float* q, const float* k, const float* v, c
         float* row = st + j * NR;
 #pragma omp simd
         for (int c = 0; c < NR; ++c) {
-          const float e = kiln_rt::k_exp(row[c] - mx[c]);
+          const float e = exp_nonpositive(row[c] - mx[c]);
           row[c] = e;
           sum[c] += e;
         }
