@@ -56,7 +56,7 @@ from pathlib import Path
 __all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS"]
 
 #: Bump whenever the text of PRELUDE (prelude.h, the transposes below) changes (it is part of kernel cache keys).
-PRELUDE_VERSION = "10"
+PRELUDE_VERSION = "11"
 
 #: Names of the public float math functions defined in namespace ``kiln_rt``.
 PRELUDE_FUNCTIONS = (

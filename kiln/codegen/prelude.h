@@ -221,7 +221,7 @@ KILN_INLINE float k_erf(float x) {
 // (hi + lo) so exp(-a^2) keeps its accuracy for large a.  Up to |x| = 9.25 exp(-a^2) scales by one normal
 // power of two (a second scaling step cost gelu 9%); beyond, erfc < 4.2e-39 and 0 is returned (absolute error
 // below 4.2e-39).  x < 0: 2 - erfc(|x|).  No cancellation anywhere, so relative
-// accuracy holds across the tail; gelu is lowered to x/2 * erfc(-x/sqrt(2)) on this function.
+// accuracy holds across the tail (gelu, once lowered on this function, now uses k_ndtr below).
 KILN_INLINE float k_erfc(float x) {
   const float ax = std::fabs(x);
   const float a = ax < 9.25f ? ax : 9.25f;   // beyond, erfc < 4.2e-39 (denormal) and 0 is returned
@@ -235,7 +235,7 @@ KILN_INLINE float k_erfc(float x) {
   const float r = kdetail::exp_reduce(-hi, n);
   float e = (1.0f + kdetail::expm1_poly(r)) * kdetail::pow2i(n);  // n >= -124: one normal power of two
   e = e - e * lo;                            // exp(-hi - lo) ~= exp(-hi) * (1 - lo)
-  const float c = ax < 9.25f ? e * (t * p) : 0.0f;  // (exactly 0, so gelu(x) = x/2 * erfc(-x/sqrt 2) -> 0 for x << 0)
+  const float c = ax < 9.25f ? e * (t * p) : 0.0f;  // (exactly 0: x * erfc(|x|) -> 0 for x << 0, no -x * 4e-39)
   const float r2 = x < 0.0f ? 2.0f - c : c;
   return x != x ? x : r2;
 }

@@ -130,9 +130,9 @@ class KernelBuilder:
         # reshape [1, 784, 384]): its where-chain of gathers was computed in each of the LayerNorm's three passes
         # (12% of the kernel's memory limit).
         read_inside = _read_by_other_members(group, buffer_of)
-        self.cacheable = {m for m in group.members if self.rsize and m.op not in REDUCTION
-                          and (m not in stored or m in read_inside)
-                          and m.shape == group.shape and 1 < self.rsize <= SCRATCH_MAX}
+        self.scratch_fits = 1 < self.rsize <= SCRATCH_MAX
+        self.cacheable = {m for m in group.members if self.scratch_fits and m.op not in REDUCTION
+                          and (m not in stored or m in read_inside) and m.shape == group.shape}
         self.row_position = _without_unit_vars(linearize(self.full_index, contiguous_strides(group.shape))) \
             if self.rsize else None
         self.scratch: dict[Node, str] = {}
@@ -145,7 +145,7 @@ class KernelBuilder:
     # ------------------------------------------------------------------ values
     def _caches(self, n: Node) -> bool:
         """Is ``n`` kept in a row scratch where it is read at the row's position (see [Note: row scratch])?"""
-        return n in self.cacheable or (n.op is Op.CAT and n not in self.buffer_of and 1 < self.rsize <= SCRATCH_MAX
+        return n in self.cacheable or (n.op is Op.CAT and self.scratch_fits and n not in self.buffer_of
                                        and numel(n.shape) == numel(self.group.shape))
 
     def value(self, n: Node, idx: list[Lin]) -> KExpr:

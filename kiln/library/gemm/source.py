@@ -377,7 +377,7 @@ extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, 
 }
 """
 
-# the math prelude first: the gelu epilogue evaluates kiln_rt::k_erfc, as generated kernels do
+# the math prelude first: the gelu epilogue evaluates kiln_rt::k_ndtr, as generated kernels do
 SOURCE = PRELUDE + _ISA + _BODY
 
 #: the prelude and the ISA's vector definitions alone (vec, VLOAD, VFMA, LANES, KILN_NR, ...): what a library that
