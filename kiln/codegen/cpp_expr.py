@@ -161,6 +161,7 @@ CPP_OPS = OpTable("C++", _INFIX, {
     Op.RSQRT: lambda a, d, ad: f"({_t(d)}(1) / std::sqrt({a[0]}))",
     Op.RECIPROCAL: lambda a, d, ad: f"({_t(d)}(1) / {a[0]})",
     Op.NDTR: lambda a, d, ad: f"k_ndtr({a[0]})",  # (the prelude's, float and double)
+    Op.GELU: lambda a, d, ad: f"k_gelu_erf({a[0]})",
     Op.SIGMOID: lambda a, d, ad: f"k_sigmoid({a[0]})" if ad == torch.float32
     else f"({_t(d)}(1) / ({_t(d)}(1) + std::exp(-{a[0]})))",
     # NaN > 0 is false: written so that NaN passes through (and GCC if-converts it)

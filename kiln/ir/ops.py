@@ -31,6 +31,7 @@ class Op(enum.Enum):
     ERF = "erf"
     ERFC = "erfc"
     NDTR = "ndtr"            # the standard normal CDF, Phi(x) (torch.special.ndtr)
+    GELU = "gelu"            # the exact (erf) GELU, x * Phi(x) (F.gelu, approximate="none"); CPU lowering only
     TANH = "tanh"
     SIGMOID = "sigmoid"
     RELU = "relu"
@@ -93,7 +94,7 @@ class Op(enum.Enum):
 
 UNARY = frozenset({
     Op.NEG, Op.ABS, Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.SQRT, Op.RSQRT, Op.RECIPROCAL, Op.ERF, Op.ERFC,
-    Op.NDTR, Op.TANH, Op.SIGMOID, Op.RELU, Op.SIN, Op.COS, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC, Op.SIGN, Op.ISNAN,
+    Op.NDTR, Op.GELU, Op.TANH, Op.SIGMOID, Op.RELU, Op.SIN, Op.COS, Op.FLOOR, Op.CEIL, Op.ROUND, Op.TRUNC, Op.SIGN, Op.ISNAN,
     Op.LOGICAL_NOT, Op.BITWISE_NOT, Op.CAST,
 })
 BINARY = frozenset({
@@ -110,8 +111,8 @@ COMMUTATIVE = frozenset({Op.ADD, Op.MUL, Op.MAXIMUM, Op.MINIMUM, Op.EQ, Op.NE, O
                          Op.LOGICAL_XOR, Op.BITWISE_AND, Op.BITWISE_OR, Op.BITWISE_XOR})
 # elementwise ops whose cost is dominated by a transcendental evaluation: the fusion cost model
 # weighs them when deciding whether recomputing a shared producer is cheaper than storing it.
-TRANSCENDENTAL = frozenset({Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.ERF, Op.ERFC, Op.NDTR, Op.TANH, Op.SIGMOID, Op.SIN,
-                            Op.COS, Op.POW})
+TRANSCENDENTAL = frozenset({Op.EXP, Op.EXPM1, Op.LOG, Op.LOG1P, Op.ERF, Op.ERFC, Op.NDTR, Op.GELU, Op.TANH,
+                            Op.SIGMOID, Op.SIN, Op.COS, Op.POW})
 REDUCTION = frozenset({Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ARGMAX, Op.ARGMIN})
 VIEW = frozenset({Op.RESHAPE, Op.PERMUTE, Op.EXPAND, Op.SLICE})
 MOVEMENT = VIEW | frozenset({Op.PAD, Op.CAT})

@@ -34,12 +34,12 @@ def _scalar(b, v, shape):
 
 
 def _linear_gelu():
-    """addmm(b, x, W^T) then the exact gelu as lowering writes it on the CPU: y * ndtr(y)."""
+    """addmm(b, x, W^T) then the exact gelu as lowering writes it on the CPU: gelu(y)."""
     b = GraphBuilder()
     x = inp(b, (8, 64))
     w, bias = const(b, randn(96, 64)), const(b, randn(96))
     y = build_extern(b, aten.addmm.default, [bias, x, b.add(Op.PERMUTE, (w,), dims=(1, 0))], {}, (8, 96), F32)
-    return b.finish([b.add(Op.MUL, (y, b.add(Op.NDTR, (y,))))])
+    return b.finish([b.add(Op.GELU, (y,))])
 
 
 # the linear + gelu graph as built, and after select_gemm put it on kiln's GEMM (gemm_epilogue's input)
@@ -49,16 +49,14 @@ graph(%in0: f32[8, 64]):
   %1 = constant(value=const<(96,)>) : f32[96]
   %2 = permute(%0, dims=(1, 0)) : f32[64, 96]
   %3 = extern(%1, %in0, %2, target=aten.addmm.default, out_index=None) : f32[8, 96]
-  %4 = ndtr(%3) : f32[8, 96]
-  %5 = mul(%3, %4) : f32[8, 96]
-  return (%5)"""
+  %4 = gelu(%3) : f32[8, 96]
+  return (%4)"""
 _LINEAR_GELU_ON_KILNS_GEMM = """\
 graph(%in0: f32[8, 64]):
   %0 = constant(value=const<(96,)>) : f32[96]
   %1 = extern(%in0, %0, target=kiln.linear_packed.default, out_index=None) : f32[8, 96]
-  %2 = ndtr(%1) : f32[8, 96]
-  %3 = mul(%1, %2) : f32[8, 96]
-  return (%3)"""
+  %2 = gelu(%1) : f32[8, 96]
+  return (%2)"""
 
 
 def _conv_add_relu():
@@ -111,13 +109,12 @@ graph(%in0: f32[8, 64]):
   %0 = constant(value=const<(96, 64)>) : f32[96, 64]
   %1 = constant(value=const<(96,)>) : f32[96]
   %2 = extern(%in0, %0, %1, target=mkldnn._linear_pointwise.default, out_index=None) : f32[8, 96]
-  %3 = ndtr(%2) : f32[8, 96]
-  %4 = mul(%2, %3) : f32[8, 96]
-  return (%4)""")
+  %3 = gelu(%2) : f32[8, 96]
+  return (%3)""")
 
 
 def test_gemm_epilogue_takes_the_gelu_into_kilns_gemm():
-    """the gelu's two nodes become the GEMM's epilogue."""
+    """the gelu node becomes the GEMM's epilogue."""
     from kiln.library.gemm.epilogue import fuse_gemm_gelu
     from kiln.library.gemm.select import select_gemm
     g = _linear_gelu()

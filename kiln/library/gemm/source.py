@@ -226,19 +226,17 @@ static inline void micro_strided(const float* __restrict a, int64_t ars, int64_t
   micro_rows<false, KILN_MR, false>::run(mr, a, ars, aks, bp, kc, c, ldc, nr, first, nullptr, nullptr);
 }
 
-// gelu(x) = x * Phi(x) on an mr x nr tile, in place: the same operations, in the same order, as the kernel kiln
-// generates for a graph's gelu (frontend/aten.py), so fusing it here changes no bit of the result
-static inline float gelu1(float x) { return x * kiln_rt::k_ndtr(x); }
+// gelu(x) = x * Phi(x) on an mr x nr tile, in place: the function the kernel kiln generates for a graph's gelu
+// calls (frontend/aten.py), so fusing it here changes no bit of the result
+static inline float gelu1(float x) { return kiln_rt::k_gelu_erf(x); }
 
 static void gelu_tile(float* c, int64_t ldc, int mr, int nr) {
-  if (mr == KILN_MR && nr == KILN_NR) {  // whole tiles: one vector loop of compile-time length (no remainders)
-    alignas(64) float t[KILN_MR * KILN_NR];
-    for (int i = 0; i < KILN_MR; ++i)
-      for (int j = 0; j < KILN_NR; ++j) t[i * KILN_NR + j] = c[i * ldc + j];
+  if (nr == KILN_NR) {  // whole rows: vector loops of compile-time length (no remainders), in place
+    for (int i = 0; i < mr; ++i) {
+      float* row = c + i * ldc;
 #pragma omp simd
-    for (int e = 0; e < KILN_MR * KILN_NR; ++e) t[e] = gelu1(t[e]);
-    for (int i = 0; i < KILN_MR; ++i)
-      for (int j = 0; j < KILN_NR; ++j) c[i * ldc + j] = t[i * KILN_NR + j];
+      for (int j = 0; j < KILN_NR; ++j) row[j] = gelu1(row[j]);
+    }
     return;
   }
   for (int i = 0; i < mr; ++i)
@@ -377,7 +375,7 @@ extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, 
 }
 """
 
-# the math prelude first: the gelu epilogue evaluates kiln_rt::k_ndtr, as generated kernels do
+# the math prelude first: the gelu epilogue evaluates kiln_rt::k_gelu_erf, as generated kernels do
 SOURCE = PRELUDE + _ISA + _BODY
 
 #: the prelude and the ISA's vector definitions alone (vec, VLOAD, VFMA, LANES, KILN_NR, ...): what a library that
