@@ -30,8 +30,8 @@ def _relu(a: torch.Tensor) -> torch.Tensor:
 _ELEMENTWISE: dict[Op, Callable[..., torch.Tensor]] = {
     Op.NEG: torch.neg, Op.ABS: torch.abs, Op.EXP: torch.exp, Op.EXPM1: torch.expm1, Op.LOG: torch.log,
     Op.LOG1P: torch.log1p, Op.SQRT: torch.sqrt, Op.RSQRT: torch.rsqrt, Op.RECIPROCAL: torch.reciprocal,
-    Op.ERF: torch.erf, Op.ERFC: torch.erfc, Op.NDTR: torch.special.ndtr, Op.GELU: torch.nn.functional.gelu, Op.TANH: torch.tanh,
-    Op.SIGMOID: torch.sigmoid, Op.RELU: _relu,
+    Op.ERF: torch.erf, Op.ERFC: torch.erfc, Op.NDTR: torch.special.ndtr, Op.GELU: torch.nn.functional.gelu,
+    Op.TANH: torch.tanh, Op.SIGMOID: torch.sigmoid, Op.RELU: _relu,
     Op.SIN: torch.sin, Op.COS: torch.cos, Op.FLOOR: torch.floor, Op.CEIL: torch.ceil, Op.ROUND: _round_half_even,
     Op.TRUNC: torch.trunc, Op.SIGN: torch.sign, Op.ISNAN: torch.isnan, Op.LOGICAL_NOT: torch.logical_not,
     Op.BITWISE_NOT: torch.bitwise_not,
