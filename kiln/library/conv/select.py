@@ -57,6 +57,16 @@ aten = torch.ops.aten
 CONV = Kind("conv", 13, ("onednn", "gemm", "direct", "dw", *(f"winograd{m}" for m in cpu_conv.TILE_SIZES)))
 EPILOGUES = ("", "relu", "add", "add_relu")  # what follows a convolution that kiln's kernels can take in
 MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
+# A depthwise convolution does k*k FMAs per output, so even a small one is a pass over memory, and oneDNN's
+# depthwise call costs more than kiln's below MIN_FLOPS too: ConvNeXt's last stage (768 channels of 7x7, a 7x7
+# filter, 3.7 MFLOP) 229 against 179 us per compiled call with its epilogue, one thread, AVX-512 (session 25).
+MIN_FLOPS_DEPTHWISE = 1 << 18
+
+
+def _big_enough(node: Node, w_shape: tuple[int, ...], groups: int, min_flops: int) -> bool:
+    """Does the convolution ``node`` (weight ``w_shape``) do enough work for the algorithm to decide?"""
+    floor = min(min_flops, MIN_FLOPS_DEPTHWISE) if groups > 1 else min_flops
+    return 2 * node.numel * w_shape[1] * w_shape[2] * w_shape[3] >= floor
 ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"
 
 
@@ -236,7 +246,7 @@ def _candidate(node: Node, min_flops: int = MIN_FLOPS) -> list | None:
                     or cpu_conv_dw.supports(x.shape[1], tuple(w.shape), stride, dilation, groups)) \
             or (bias is not None and (not isinstance(bias, Node) or bias.dtype != torch.float32)) \
             or w.attr("value").tensor.device.type != "cpu" \
-            or 2 * node.numel * w.shape[1] * w.shape[2] * w.shape[3] < min_flops:
+            or not _big_enough(node, tuple(w.shape), groups, min_flops):
         return None
     return args
 
@@ -281,7 +291,7 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
     weight = w.attr("value").tensor.float()
     if forced and possible(forced, tuple(x.shape), tuple(w.shape), list(stride), groups):
         choice = choices.known(CONV, (), _what(x.shape, w.shape, stride, groups, epilogue))  # (reported as forced)
-    elif 2 * node.numel * w.shape[1] * w.shape[2] * w.shape[3] < MIN_FLOPS:
+    elif not _big_enough(node, tuple(w.shape), groups, MIN_FLOPS):
         return None  # (forced to what this convolution cannot run, and too small to measure)
     else:  # (measured as usual where the forced answer cannot run this convolution)
         choice = choose(choices, tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue, groups,
