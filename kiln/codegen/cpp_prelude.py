@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-__all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS"]
+__all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS", "transpose_stages"]
 
 #: Bump whenever the text of PRELUDE (prelude.h, the transposes below) changes (it is part of kernel cache keys).
 PRELUDE_VERSION = "12"
@@ -68,20 +68,22 @@ PRELUDE_FUNCTIONS = (
 
 
 
-def _transpose_stages() -> str:
-    """The shuffles of a 16x16 in-register transpose: four stages, each swapping one bit of the row index with
-    the same bit of the column index between row pairs (p, p | bit).  After all four, element (r, c) sits at
-    (c, r).  GCC lowers each two-source shuffle to one permute (vpermt2ps) with AVX-512."""
+def transpose_stages(n: int = 16, vector_type: str = "kv16f") -> str:
+    """The shuffles of an n x n in-register transpose of the vectors ``r[0..n)`` (n a power of two): log2(n)
+    stages, each swapping one bit of the row index with the same bit of the column index between row pairs
+    (p, p | bit).  After all of them, element (r, c) sits at (c, r).  GCC lowers each two-source shuffle to one
+    permute (vpermt2ps) with AVX-512, to one or two shuffles with AVX2."""
     lines = []
-    for b in range(4):
+    for b in range(n.bit_length() - 1):
         d = 1 << b
-        for p in range(16):
+        for p in range(n):
             if p & d:
                 continue
             q = p | d
-            lo = [c if not c & d else 16 + c - d for c in range(16)]
-            hi = [c + d if not c & d else 16 + c for c in range(16)]
-            lines.append(f"  {{ const kv16f x = __builtin_shufflevector(r[{p}], r[{q}], {', '.join(map(str, lo))});\n"
+            lo = [c if not c & d else n + c - d for c in range(n)]
+            hi = [c + d if not c & d else n + c for c in range(n)]
+            lines.append(f"  {{ const {vector_type} x = __builtin_shufflevector(r[{p}], r[{q}], "
+                         f"{', '.join(map(str, lo))});\n"
                          f"    r[{q}] = __builtin_shufflevector(r[{p}], r[{q}], {', '.join(map(str, hi))}); "
                          f"r[{p}] = x; }}")
     return "\n".join(lines)
@@ -94,7 +96,7 @@ typedef float kv16f __attribute__((vector_size(64)));
 KILN_INLINE void transpose16(const float* src, int64_t ld, float* dst) {
   kv16f r[16];
   for (int i = 0; i < 16; ++i) std::memcpy(&r[i], src + i * ld, sizeof(kv16f));
-""" + _transpose_stages() + r"""
+""" + transpose_stages() + r"""
   for (int i = 0; i < 16; ++i) std::memcpy(dst + i * 16, &r[i], sizeof(kv16f));
 }
 // Other element types: the same tile, element by element.

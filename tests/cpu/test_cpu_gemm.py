@@ -24,10 +24,12 @@ def test_gemm_matches_float64(m, k, n, bias):
     torch.testing.assert_close(got.double(), want, rtol=0, atol=float(6e-8 * k * scale) + 1e-6)
 
 
-@pytest.mark.parametrize("mr", [8, 12, 14])
-def test_strided_input_small_blocks_and_tile_heights(mr):
+@pytest.mark.parametrize("mr", [6, 7, 8, 12, 14])
+@pytest.mark.parametrize("kc", [16, 13])
+def test_strided_input_small_blocks_and_tile_heights(mr, kc):
     """A row-strided input (a slice of a wider tensor) through the op, and each micro-tile height with tiny
-    blocks (many K and M blocks, edge tiles in both directions)."""
+    blocks (many K and M blocks, edge tiles in both directions; K blocks a multiple of the packing's 8 x 8
+    transposes and not, tile heights below, at and above 8 and not a multiple of it)."""
     wide = torch.randn(50, 90)
     x = wide[:, 5:45]  # row stride 90
     w, b = torch.randn(45, 40), torch.randn(45)
@@ -38,8 +40,29 @@ def test_strided_input_small_blocks_and_tile_heights(mr):
     out = torch.empty(50, 45)
     packed = cpu_gemm.pack_weight(w)
     lib.kiln_gemm(x.data_ptr(), x.stride(0), packed.data_ptr(), b.data_ptr(), out.data_ptr(), 45, 50, 45, 40,
-                  16, 2 * lib.kiln_gemm_mr(), 0, 2)
+                  kc, 2 * lib.kiln_gemm_mr(), 0, 2)
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-4)
+
+
+def test_the_avx2_build_matches(tmp_path):
+    """kiln_gemm as an AVX2 machine compiles it (16-column panels, 6-row tiles: A packed 6 rows of each 8 x 8
+    transpose), built here with AVX-512 off: edge tiles both ways, K blocks with and without a remainder of 8."""
+    from kiln import config
+    from kiln.library.gemm.op import bind_gemm
+    from kiln.library.gemm.source import gemm_source
+    from kiln.runtime.build import load_module
+    with config.scope(cache_dir=str(tmp_path)):
+        avx2 = bind_gemm(load_module(gemm_source(GemmSchedule()), name="kiln_gemm_avx2",
+                                     extra_flags=("-mno-avx512f",)).lib)
+    assert avx2.kiln_gemm_nr() == 16 and avx2.kiln_gemm_mr() == 6
+    gen = torch.Generator().manual_seed(5)
+    for m, k, n, kc in [(50, 40, 45, 16), (31, 70, 33, 21), (6, 8, 16, 8)]:
+        x, w, b = torch.randn(m, k, generator=gen), torch.randn(n, k, generator=gen), torch.randn(n, generator=gen)
+        packed = torch.empty(-(-n // 16) * 16 * k)
+        avx2.kiln_pack_b(w.data_ptr(), k, n, 1, k, packed.data_ptr())
+        out = torch.empty(m, n)
+        avx2.kiln_gemm(x.data_ptr(), k, packed.data_ptr(), b.data_ptr(), out.data_ptr(), n, m, n, k, kc, 12, 0, 1)
+        torch.testing.assert_close(out, torch.addmm(b, x, w.t()), rtol=1e-5, atol=1e-4)
 
 
 def test_schedule_blocks_k_evenly_and_fills_l2():
