@@ -241,9 +241,20 @@ class KernelWriter:
         for a in phase.accs:
             name = a.name + suffix
             decl = f"{acc_type(a.dtype)} " if suffix else ""
-            self.lines.append(f"{inner}{decl}{name} = {a.name}_l[0];")
-            self.lines.append(f"{inner}for (int l = 1; l < {vw}; ++l) "
-                              f"{name} = {_combine(a.kind, name, a.name + '_l[l]', a.dtype)};")
+            if vw & (vw - 1) == 0:
+                # [Note: lanes combined as a tree] lane l with lane l + w, w halving: log2(VW) dependent steps of
+                # vector operations instead of VW - 1 scalar ones in a chain (a float sum is not reassociated
+                # by the compiler; 15 dependent adds and 15 maxima cost a 69-wide softmax row ~90 cycles)
+                w = vw // 2
+                while w:
+                    self.lines.append(f"{inner}for (int l = 0; l < {w}; ++l) {a.name}_l[l] = "
+                                      f"{_combine(a.kind, a.name + '_l[l]', a.name + f'_l[l + {w}]', a.dtype)};")
+                    w //= 2
+                self.lines.append(f"{inner}{decl}{name} = {a.name}_l[0];")
+            else:
+                self.lines.append(f"{inner}{decl}{name} = {a.name}_l[0];")
+                self.lines.append(f"{inner}for (int l = 1; l < {vw}; ++l) "
+                                  f"{name} = {_combine(a.kind, name, a.name + '_l[l]', a.dtype)};")
 
     def _acc_body(self, phase: ReduceLoop, row: ExprPrinter, indent: str, lane: str, guard: str = "") -> None:
         """One element's row-scratch writes and accumulations; ``guard``: accumulate only where it holds."""

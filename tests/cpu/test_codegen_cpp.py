@@ -67,6 +67,21 @@ def test_reduction_and_epilogue_loops_vectorize(tmp_path):
     assert epilogue and all(_is_vectorized(ln, vectorized) for ln in epilogue), log
 
 
+def test_row_reduction_lanes_combine_as_a_tree():
+    """The per-lane partial sums and maxima of a row combine pairwise (lane l with l + w, w halving), not in a
+    chain of VW - 1 dependent scalar steps; NaN and infinities in any lane still decide the row as eager's."""
+    x = torch.randn(96, 69)
+    x[3, 40], x[5, 2], x[7, 68] = float("nan"), float("inf"), float("-inf")
+    fn = lambda t: (t.sum(-1), t.amax(-1), torch.nn.functional.layer_norm(t, (69,)))  # noqa: E731
+    position = mark()
+    with torch.inference_mode():
+        torch.testing.assert_close(kiln.compile(fn, fallback=False)(x), fn(x), rtol=1.3e-5, atol=1.5e-5,
+                                   equal_nan=True)
+    r = reports_since(position)[-1]
+    assert re.search(r"_l\[l\] = .*_l\[l \+ 1\]\)", r.source), r.source
+    assert "for (int l = 1; l <" not in r.source, r.source
+
+
 def test_pointwise_loop_vectorizes(tmp_path):
     r = _compile(lambda a, b: torch.sigmoid(a) * torch.tanh(b) + torch.exp(a - b), torch.randn(32, 256),
                  torch.randn(32, 256))
