@@ -5,7 +5,11 @@ graph), MKL (``torch.addmm``, what eager calls) and oneDNN (``mkldnn._linear_poi
 same inputs; the FMA probe runs between rounds, so a slow phase of this shared machine lowers both the peak
 and the GEMMs.  Reported: median GFLOP/s per backend, and kiln's median per-round fraction of the peak.
 
-    python -m benchmarks.cpu_gemm [--shapes 2048x2048x2048,64x1024x4096] [--rounds 7]
+    python -m benchmarks.cpu_gemm [--shapes 2048x2048x2048,64x1024x4096] [--rounds 7] [--gelu] [--cold 3]
+
+``--gelu``: each library applies the exact gelu in its epilogue (kiln's ``gelu=True``, oneDNN's "gelu" post-op,
+MKL's addmm followed by ATen's gelu).  ``--cold N``: each call takes the next of N copies of the weight, so it
+comes from memory as in a model (N = 1: one weight, warm in the caches).
 """
 from __future__ import annotations
 
@@ -26,18 +30,34 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--shapes", default="2048x2048x2048,64x1024x4096,256x768x2304")
     p.add_argument("--rounds", type=int, default=7)
+    p.add_argument("--gelu", action="store_true", help="with the exact gelu as each library's epilogue")
+    p.add_argument("--cold", type=int, default=1, help="weight copies cycled through (1: one warm weight)")
     args = p.parse_args()
     torch.set_num_threads(1)
     from benchmarks.fma_probe import peak_gflops
     from kiln.library.gemm import op as cpu_gemm
     for shape in args.shapes.split(","):
         m, k, n = (int(v) for v in shape.split("x"))
-        x, w, b = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
-        packed = cpu_gemm.pack_weight(w)
-        calls = {"kiln": lambda: torch.ops.kiln.linear_packed(x, packed, b, n),
-                 "mkl": lambda: torch.addmm(b, x, w.t()),
-                 "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, w, b, "none", [], "")}
-        torch.testing.assert_close(calls["kiln"](), calls["mkl"](), rtol=1e-4, atol=1e-3)
+        x, b = torch.randn(m, k), torch.randn(n)
+        ws = [torch.randn(n, k) for _ in range(max(1, args.cold))]
+        packs = [cpu_gemm.pack_weight(w) for w in ws]
+        post = ("gelu", [], "none") if args.gelu else ("none", [], "")
+        turn = [0]
+
+        def nxt() -> int:
+            turn[0] = (turn[0] + 1) % len(ws)
+            return turn[0]
+
+        def mkl() -> torch.Tensor:
+            y = torch.addmm(b, x, ws[nxt()].t())
+            return torch.nn.functional.gelu(y) if args.gelu else y
+        calls = {"kiln": lambda: torch.ops.kiln.linear_packed(x, packs[nxt()], b, n, gelu=args.gelu),
+                 "mkl": mkl,
+                 "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, ws[nxt()], b, *post)}
+        turn[0] = -1
+        kiln_first = calls["kiln"]()
+        turn[0] = -1
+        torch.testing.assert_close(kiln_first, calls["mkl"](), rtol=1e-4, atol=1e-3)
         flop = 2 * m * n * k / 1e9
         rates: dict[str, list[float]] = {name: [] for name in calls}
         fractions = []
