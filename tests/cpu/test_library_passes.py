@@ -196,3 +196,24 @@ graph(%in0: bf16[8, 64]):
   %3 = extern(%0, %2, target=aten.mm.default, out_index=None) : f32[8, 96]
   %4 = cast(%3) : bf16[8, 96]
   return (%4)""")
+
+
+def _conv(k: int, stride: int, c: int = 16):
+    b = GraphBuilder()
+    x = inp(b, (1, c, 128, 128))
+    w, bias = const(b, randn(32, c, k, k) * 0.1), const(b, randn(32))
+    out = (128 - k) // stride + 1
+    return b.finish([build_extern(b, aten.convolution.default, [x, w, bias, [stride, stride], [0, 0], [1, 1], False,
+                                                                 [0, 0], 1], {}, (1, 32, out, out), F32)])
+
+
+def test_conv_libraries_built_for_a_graph_are_the_ones_it_can_use():
+    """The compile starts kiln's convolution libraries in the background; Winograd's only where a 3x3 stride-1
+    convolution could run on them (a patch embedding, 16x16 stride 16, needs the implicit GEMM's alone)."""
+    from kiln import config
+    from kiln.library.conv.select import libraries
+    with config.scope(winograd_tiles="2,4"):
+        patch = libraries(_conv(16, 16))
+        three = libraries(_conv(3, 1))
+    assert set(patch) == {"kiln_conv_gemm"}, patch
+    assert set(three) == {"kiln_conv_gemm", "kiln_winograd2", "kiln_winograd4"}, three

@@ -258,6 +258,9 @@ def libraries(graph: Graph) -> dict[str, Callable[[], Any]]:
     out: dict[str, Callable[[], Any]] = {}
     if any(args[8] == 1 for args in convs):
         out["kiln_conv_gemm"] = cpu_conv.gemm_library
+    # Winograd's libraries only for a graph with a 3x3 stride-1 convolution (each is seconds of g++: a ViT's
+    # 16x16 stride-16 patch embedding first in a process waited 4.2 s on builds it could not use)
+    if any(cpu_conv.supports(tuple(args[1].shape), args[3], args[5], args[8]) for args in convs):
         out.update({f"kiln_winograd{m}": functools.partial(cpu_conv.library, m) for m in tiles()})
     if any(args[8] > 1 for args in convs):
         out["kiln_conv_dw"] = cpu_conv_dw.library
