@@ -276,10 +276,13 @@ class KernelBuilder:
         return self.value(x, list(rest_before) + [Lin.of(Dyn(wrapped, size))] + list(rest_after))
 
     # ------------------------------------------------------------------ kernel
-    def _reads_scratch_of_later(self, expr: KExpr, phases: list[Any], target: int) -> bool:
-        """Would ``expr`` in pass ``target`` read a row scratch that a later pass writes?"""
+    def _reads_scratch_of_later(self, expr: KExpr, stores: list[Store], phases: list[Any], target: int) -> bool:
+        """Would ``expr``, with the scratch ``stores`` it brings along, read in pass ``target`` a row scratch that
+        a later pass writes?  The stores count: a claimed scratch (``_claim_scratch``) may be made of one that an
+        earlier member's pass writes (LayerNorm's output in its argmin's pass, ``v1 - x`` of it stored for an amin
+        after: tests/fuzz/found/scratch_read_before_its_pass.py), and its definition carries no accumulator."""
         later = {s.buf for p in phases[target + 1:] if isinstance(p, ReduceLoop) for s in p.stores}
-        return bool(later & _loads(expr))
+        return bool(later & (_loads(expr) | {b for st in stores for b in _loads(st.value)}))
 
     def build(self) -> Kernel:
         phases: list[Any] = []
@@ -304,7 +307,7 @@ class KernelBuilder:
                 need = max((defined_at[v] for v in _kvars(expr) | _store_kvars(self.pending)), default=-1)
                 # join the first pass over the row that runs after everything this reduction reads
                 target = next((k for k in range(need + 1, len(phases)) if isinstance(phases[k], ReduceLoop)), None)
-                if target is not None and not self._reads_scratch_of_later(expr, phases, target):
+                if target is not None and not self._reads_scratch_of_later(expr, self.pending, phases, target):
                     phases[target].accs.append(Acc(name, m.op, expr, m.dtype))
                     phases[target].stores.extend(self.pending)
                 else:
