@@ -14,6 +14,7 @@ comes from memory as in a model (N = 1: one weight, warm in the caches).
 from __future__ import annotations
 
 import argparse
+import itertools
 import statistics
 import time
 
@@ -42,22 +43,20 @@ def main() -> None:
         ws = [torch.randn(n, k) for _ in range(max(1, args.cold))]
         packs = [cpu_gemm.pack_weight(w) for w in ws]
         post = ("gelu", [], "none") if args.gelu else ("none", [], "")
-        turn = [0]
 
-        def nxt() -> int:
-            turn[0] = (turn[0] + 1) % len(ws)
-            return turn[0]
+        def kiln(i: int) -> torch.Tensor:
+            return torch.ops.kiln.linear_packed(x, packs[i], b, n, gelu=args.gelu)
 
-        def mkl() -> torch.Tensor:
-            y = torch.addmm(b, x, ws[nxt()].t())
+        def mkl(i: int) -> torch.Tensor:
+            y = torch.addmm(b, x, ws[i].t())
             return torch.nn.functional.gelu(y) if args.gelu else y
-        calls = {"kiln": lambda: torch.ops.kiln.linear_packed(x, packs[nxt()], b, n, gelu=args.gelu),
-                 "mkl": mkl,
-                 "onednn": lambda: torch.ops.mkldnn._linear_pointwise(x, ws[nxt()], b, *post)}
-        turn[0] = -1
-        kiln_first = calls["kiln"]()
-        turn[0] = -1
-        torch.testing.assert_close(kiln_first, calls["mkl"](), rtol=1e-4, atol=1e-3)
+
+        def onednn(i: int) -> torch.Tensor:
+            return torch.ops.mkldnn._linear_pointwise(x, ws[i], b, *post)
+        torch.testing.assert_close(kiln(0), mkl(0), rtol=1e-4, atol=1e-3)
+        turns = itertools.cycle(range(len(ws)))  # each call the next weight copy
+        calls = {name: (lambda fn=fn: fn(next(turns))) for name, fn in (("kiln", kiln), ("mkl", mkl),
+                                                                          ("onednn", onednn))}
         flop = 2 * m * n * k / 1e9
         rates: dict[str, list[float]] = {name: [] for name in calls}
         fractions = []

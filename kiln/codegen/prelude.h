@@ -259,8 +259,8 @@ KILN_INLINE float k_ndtr(float x) {
 // 0.30 ns per element against 0.61 for x * k_ndtr(x) (L1-resident, one AVX-512 core), which matters where gelu
 // is the epilogue of a GEMM with small K (ConvNeXt's 3136 x 96 -> 384: 0.88 of 3.24 ms went to k_ndtr).
 // Accuracy is absolute in the negative tail, like ATen's own 0.5 x (1 + erf(x / sqrt 2)), whose 1 + erf
-// cancels: |error| < 1e-6 everywhere with FMA, 1.6e-6 without (ATen's: ~3e-7), and <= 2 ulp for x >= 0 (float evaluation of 1/2 + v
-// with v near 1/2 dominates the fit).  NaN propagates (x * NaN), gelu(-0) = -0, gelu(-inf) = NaN as in ATen.
+// cancels: |error| < 1e-6 everywhere with FMA, 1.6e-6 without (ATen's: ~3e-7), and <= 2 ulp for x >= 0
+// (float evaluation of 1/2 + v with v near 1/2 dominates the fit).  NaN propagates (x * NaN), gelu(-0) = -0, gelu(-inf) = NaN as in ATen.
 KILN_INLINE float k_gelu_erf(float x) {
   const float c = 5.65685425f;               // 4 sqrt 2
   const float s = x * x;

@@ -61,13 +61,13 @@ MIN_FLOPS = 1 << 22  # below this the call overhead decides, not the algorithm
 # depthwise call costs more than kiln's below MIN_FLOPS too: ConvNeXt's last stage (768 channels of 7x7, a 7x7
 # filter, 3.7 MFLOP) 229 against 179 us per compiled call with its epilogue, one thread, AVX-512 (session 25).
 MIN_FLOPS_DEPTHWISE = 1 << 18
+ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"
 
 
 def _big_enough(node: Node, w_shape: tuple[int, ...], groups: int, min_flops: int) -> bool:
     """Does the convolution ``node`` (weight ``w_shape``) do enough work for the algorithm to decide?"""
     floor = min(min_flops, MIN_FLOPS_DEPTHWISE) if groups > 1 else min_flops
     return 2 * node.numel * w_shape[1] * w_shape[2] * w_shape[3] >= floor
-ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices besides "winograd<m>"
 
 
 def tiles() -> tuple[int, ...]:

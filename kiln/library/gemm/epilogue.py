@@ -11,8 +11,8 @@ own (a few ulp apart).
 
 Before::                                                  After::
 
-    %2 = extern(%x, %w, %b, target=kiln.linear_packed)        %4 = extern(%x, %w, %b, ..., gelu=True,
-    %4 = gelu(%2)                                                     target=kiln.linear_packed)
+    %2 = extern(%x, %w, %b, target=kiln.linear_packed)        %3 = extern(%x, %w, %b, ..., gelu=True,
+    %3 = gelu(%2)                                                     target=kiln.linear_packed)
 """
 from __future__ import annotations
 
@@ -58,7 +58,7 @@ def fuse_gemm_gelu(graph: Graph, log: RewriteLog | None = None) -> Graph:
         x = gelu_input(node)
         if x is None or x in outputs or len(users[x]) != 1 or (kind := _fusable(linear_of(x))) is None:
             return None  # (one user: the gelu, nothing else)
-        new_x = gelu_input(Node(node.op, inputs, node.attrs, node.shape, node.dtype))  # x with rewritten inputs
+        new_x = inputs[0]  # x with rewritten inputs
         reshaped = new_x.op is Op.RESHAPE
         linear = new_x.inputs[0] if reshaped else new_x
         args = list(extern_args(linear)[0])
