@@ -6,7 +6,8 @@ answers one JSON line on stdout.  The compiled kernel lands in Triton's on-disk 
 target).  The worker never touches the GPU: a stub driver names the target, so no CUDA context is created.
 
 Job: ``{"id", "path", "kernel", "dtypes": ["bfloat16", ...], "grid": [x, y, z], "constants": {...},
-"num_warps"}``; answer: ``{"id", "ok", "seconds"}`` or ``{"id", "ok": false, "error"}``.
+"num_warps", "launcher"}`` (``launcher``: build Triton's C launcher too, default true); answer: ``{"id", "ok",
+"seconds"}`` or ``{"id", "ok": false, "error"}``.
 """
 from __future__ import annotations
 
@@ -42,8 +43,10 @@ def compile_job(job: dict) -> None:
     fn = getattr(_module(job["path"]), job["kernel"])
     dtypes = [getattr(torch, d) for d in job["dtypes"]]
     compiled = fn.warmup(*dtypes, grid=tuple(job["grid"]), num_warps=job["num_warps"], **job["constants"])
+    from kiln.runtime import gpu_launch
     from kiln.runtime.triton_module import build_launcher
-    build_launcher(compiled)
+    if job.get("launcher", True) or not gpu_launch.describable(compiled):  # (see [Note: no Triton launcher])
+        build_launcher(compiled)
 
 
 def main() -> None:

@@ -156,22 +156,52 @@ def available() -> bool:
     return torch.cuda.is_available() and _extension() is not None
 
 
-def record(compiled: Any, grid: tuple[int, int, int], slots: list[int]) -> KilnLaunch | None:
-    """The launch record of Triton ``compiled`` kernel (loaded: ``function`` set) over ``grid``, its pointer
-    parameters read from table entries ``slots`` (in the kernel's parameter order, constexprs left out); None
-    where the record cannot describe the launch."""
+def describable(compiled: Any) -> bool:
+    """Can a launch record describe launches of Triton ``compiled`` kernel (see ``record``)?"""
     md = compiled.metadata
-    function = getattr(compiled, "function", None)
-    if function is None or getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False) \
+    if getattr(md, "num_ctas", 1) != 1 or getattr(md, "launch_cooperative_grid", False) \
             or getattr(md, "launch_pdl", False) or getattr(md, "global_scratch_size", 0) \
             or getattr(md, "profile_scratch_size", 0):
-        return None
+        return False
     kinds = [t for t in compiled.src.signature.values() if t != "constexpr"]
-    if len(kinds) != len(slots) or not all(isinstance(t, str) and t.startswith("*") for t in kinds):
-        return None  # a scalar argument (or a tensor descriptor): Triton's launcher passes it
-    params = list(slots) + [-1, -1]  # Triton 3.x appends the global and profile scratch pointers, null here
-    if len(params) > MAX_ARGS:
+    # a scalar argument (or a tensor descriptor): Triton's launcher passes it
+    return all(isinstance(t, str) and t.startswith("*") for t in kinds) and len(kinds) + 2 <= MAX_ARGS
+
+
+def load_function(compiled: Any, device: torch.device) -> Any:
+    """Load Triton ``compiled`` kernel's binary into the current context, the way Triton's own first launch
+    does, but without building Triton's launcher: the CUfunction handle, or None where it cannot be loaded
+    here (too much shared memory, too many threads; any error).
+
+    [Note: no Triton launcher] Triton loads a kernel's binary and builds its C launcher together, at the first
+    launch: the launcher is a C file per argument signature through the host compiler (0.1-0.3 s each, a
+    graph's worth of them most of its cold kernel-compile time on the H200 machine).  A kernel kiln launches
+    itself needs only the loaded function; Triton's launcher is built when a misaligned buffer first needs it
+    (``_Launcher.runner``)."""
+    try:
+        from triton.runtime import driver
+        md = compiled.metadata
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if md.shared > driver.active.utils.get_device_properties(index)["max_shared_mem"]:
+            return None
+        _, function, _, _, max_threads = driver.active.utils.load_binary(compiled.name, compiled.kernel,
+                                                                         md.shared, index)
+        return function if md.num_warps * 32 <= max_threads else None
+    except Exception:  # noqa: BLE001 - Triton's own launch path then loads it (and reports what is wrong)
         return None
+
+
+def record(compiled: Any, grid: tuple[int, int, int], slots: list[int], function: Any = None) -> KilnLaunch | None:
+    """The launch record of Triton ``compiled`` kernel over ``grid``, its pointer parameters read from table
+    entries ``slots`` (in the kernel's parameter order, constexprs left out); ``function`` is its loaded
+    CUfunction (default: the one Triton loaded, ``compiled.function``).  None where the record cannot
+    describe the launch."""
+    md = compiled.metadata
+    function = function if function is not None else getattr(compiled, "function", None)
+    kinds = [t for t in compiled.src.signature.values() if t != "constexpr"]
+    if function is None or not describable(compiled) or len(kinds) != len(slots):
+        return None
+    params = list(slots) + [-1, -1]  # Triton 3.x appends the global and profile scratch pointers, null here
     out = KilnLaunch()
     out.function = function
     out.grid_x, out.grid_y, out.grid_z = grid

@@ -159,30 +159,36 @@ class TritonGraph(CompiledGraph):
 
         self._compile_in_workers(list(unique.values()), phases)
 
+        static = config.get().gpu_static_launch and gpu_launch.available()
+
         def compile_one(job: tuple[int, int]) -> Any:
             fn, args, s = self._launches[job[0]][job[1]]
             compiled = fn.warmup(*[n.dtype for n in args], grid=s.grid3, XBLOCK=s.xblock,
                                  RBLOCK=max(s.rblock, 1), num_warps=s.num_warps)
-            build_launcher(compiled)
+            if not (static and gpu_launch.describable(compiled)):  # see [Note: no Triton launcher]
+                build_launcher(compiled)
             return compiled
 
         with ThreadPoolExecutor(max_workers=min(8, max(len(unique), 1))) as pool:
             compiled = dict(zip(unique, pool.map(compile_one, unique.values())))
-        static = config.get().gpu_static_launch and gpu_launch.available()
         stream = gpu_launch.stream_getter(self.device)
+        functions: dict[int, Any] = {}  # kernels loaded by kiln, by id of the compiled kernel
         for i, j in jobs:
             fn, args, s = self._launches[i][j]
             ck = compiled[(id(fn), tuple(n.dtype for n in args), s)]
-            if hasattr(ck, "run") and hasattr(ck, "function"):
-                launcher = _Launcher(ck, s, fn)
-                if static:  # kiln's own launch of the same compiled kernel (see [Note: static launch])
-                    record = gpu_launch.record(ck, s.grid3, list(range(len(args))))
-                    if record is not None:
-                        jit = functools.partial(_launch_jit, fn, s)
-                        launcher.static = gpu_launch.Launch([record], [self.segments[i][j]],
-                                                            lambda tensors, jit=jit: jit(*tensors))
-                        launcher.stream = stream
-                self._launches[i][j] = (launcher, args, s)
+            if getattr(type(ck), "run", None) is None or not hasattr(ck, "metadata"):
+                continue  # not a compiled CUDA kernel: launched through the JIT entry
+            launcher = _Launcher(ck, s, fn)
+            if static:  # kiln's own launch of the same compiled kernel (see [Note: static launch])
+                if id(ck) not in functions:
+                    functions[id(ck)] = gpu_launch.load_function(ck, self.device)
+                record = gpu_launch.record(ck, s.grid3, list(range(len(args))), functions[id(ck)])
+                if record is not None:
+                    jit = functools.partial(_launch_jit, fn, s)
+                    launcher.static = gpu_launch.Launch([record], [self.segments[i][j]],
+                                                        lambda tensors, jit=jit: jit(*tensors))
+                    launcher.stream = stream
+            self._launches[i][j] = (launcher, args, s)
         self.static_launches = sum(1 for steps in self._launches for fn, _, _ in steps
                                    if isinstance(fn, _Launcher) and fn.static is not None)
 
@@ -191,12 +197,14 @@ class TritonGraph(CompiledGraph):
         ``kiln.runtime.compile_worker`` takes them: module file, kernel, argument dtypes, grid and constants."""
         if jobs is None:
             jobs = [(i, j) for i, steps in enumerate(self._launches) for j in range(len(steps))]
+        launches_itself = config.get().gpu_static_launch and gpu_launch.available()
         specs = []
         for k, (i, j) in enumerate(jobs):
             fn, args, s = self._launches[i][j]
             specs.append({"id": k, "path": self._module_path, "kernel": self.segments[i][j],
                           "dtypes": [str(n.dtype).removeprefix("torch.") for n in args], "grid": list(s.grid3),
-                          "constants": {"XBLOCK": s.xblock, "RBLOCK": max(s.rblock, 1)}, "num_warps": s.num_warps})
+                          "constants": {"XBLOCK": s.xblock, "RBLOCK": max(s.rblock, 1)}, "num_warps": s.num_warps,
+                          "launcher": not launches_itself})
         return specs
 
     def _compile_in_workers(self, jobs: list[tuple[int, int]], phases: dict[str, float]) -> None:
@@ -258,12 +266,18 @@ class _Launcher:
     aligned (a caller's sliced input) goes through the JIT entry instead, which specializes for it."""
 
     def __init__(self, compiled: Any, s: Any, jit: Any):
-        self.runner = compiled[s.grid3]
+        self.compiled = compiled
         self.constants = (s.xblock, max(s.rblock, 1))
         self.jit = jit
         self.s = s
         self.static: gpu_launch.Launch | None = None  # kiln's launch of the same kernel, where it can describe it
         self.stream: Callable[[], int] | None = None
+
+    @functools.cached_property
+    def runner(self) -> Callable:
+        """Triton's runner of the compiled kernel: built at first use (its C launcher goes through the host
+        compiler), so a kernel kiln launches itself never builds one."""
+        return self.compiled[self.s.grid3]
 
     def __call__(self, tensors: list[torch.Tensor]) -> None:
         if self.static is not None:  # (it checks the alignment itself)

@@ -113,13 +113,17 @@ def test_wrapper_can_be_turned_off(net):
 def test_kernels_launch_through_kilns_launcher_and_match_tritons(net):
     """Every kernel kiln compiled ahead launches through runtime/gpu_launch (the wrapper's LAUNCH lines for
     aligned buffers, the launcher object for the rest), and the results are Triton's launcher's to the bit; a
-    caller's misaligned input goes through Triton's JIT entry."""
+    caller's misaligned input goes through Triton's JIT entry.  Kiln loads those kernels itself: Triton's C
+    launcher of a kernel is never built ([Note: no Triton launcher])."""
+    from kiln.runtime.triton_module import _Launcher
     x = torch.randn(2, 4, 6, 6, device=DEVICE)
     with torch.inference_mode():
         got, report = compile_and_run(net, x)
         module = _module(report)
         assert module.static_launches == sum(len(s) for s in module.segments) > 0
         assert "LAUNCH_" in report.wrapper and "RUN_" not in report.wrapper
+        launchers = [fn for steps in module._launches for fn, _, _ in steps if isinstance(fn, _Launcher)]
+        assert launchers and all("runner" not in vars(fn) and fn.compiled._run is None for fn in launchers)
         triton_got, _ = compile_and_run(net, x, gpu_static_launch=False)
         for a, b in zip(got, triton_got):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
