@@ -216,6 +216,16 @@ def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[st
     from kiln.runtime.errors import InputMismatch
     before = [f for f in fixes if f.before_call]
 
+    def plain(args: Sequence[Any]) -> list[torch.Tensor]:  # (no fixes: the common case, ~1 us less per call)
+        try:
+            return module([args[i] for i in input_positions])
+        except InputMismatch as exc:
+            position = input_positions[exc.k]
+            raise exc.named(arg_names[position] if position < len(arg_names) else None) from None
+
+    if not fixes:
+        return plain
+
     def run(args: Sequence[Any]) -> list[torch.Tensor]:
         saved = {id(f): args[f.position].clone() for f in before}
         try:

@@ -146,3 +146,39 @@ def test_output_that_is_an_input_after_simplification_is_a_new_tensor():
     got = kiln.compile(update_after, fallback=False)(x, y_compiled, mask)
     torch.testing.assert_close(got, expected, rtol=0, atol=0)
     assert y_compiled.item() == 0.25
+
+
+def test_lean_call_matches_the_interpreter():
+    """[Note: lean call] A program of C++ segments alone runs without the interpreter: the same outputs (a
+    permuted and a reshaped view of output buffers here) as ``interpret``; a strided input or a wrong shape goes
+    through the interpreter (a contiguous copy; the error naming what was expected)."""
+    def f(x, y):
+        z = torch.exp(x) * 2 + y
+        return z.t(), (z - 1).reshape(4, 2, 16), z.sum(1)
+
+    position = mark()
+    compiled = kiln.compile(f, fallback=False)
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+    with torch.inference_mode():
+        compiled(x, y)
+        graph = reports_since(position)[-1].optimized
+        module = build_cpu(graph, CompileReport("lean"))
+        assert module._lean is not None
+        for args in ((x, y), (torch.randn(16, 8).t(), torch.randn(8, 16)), (torch.randn(8, 16), torch.randn(8, 16))):
+            got, reference = module(list(args)), module.interpret(list(args))
+            for g, r, e in zip(got, reference, f(*args)):
+                assert g.shape == e.shape
+                torch.testing.assert_close(g, e, rtol=1.3e-5, atol=1.5e-5)
+                torch.testing.assert_close(g, r, rtol=0, atol=0)
+        with pytest.raises(ValueError, match=r"expected torch.float32 of shape \[8, 16\]"):
+            module([torch.randn(8, 15), y])
+
+
+def test_lean_call_is_not_used_where_an_output_is_an_input():
+    def f(x):
+        return x.clone(), x + 1
+    position = mark()
+    with torch.inference_mode():
+        kiln.compile(f, fallback=False)(torch.randn(4))
+        module = build_cpu(reports_since(position)[-1].optimized, CompileReport("interpreted"))
+    assert module._lean is None
