@@ -56,6 +56,15 @@ def test_added_term_broadcasts_like_baddbmm(d_shape):
     torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5)
 
 
+def test_added_term_in_a_transposed_layout():
+    """A mask whose rows are not contiguous (the element loop, not the vector one)."""
+    a, b = _rand(2, 64, 40, seed=1), _rand(69, 2, 40, seed=2).permute(1, 2, 0)
+    d = _rand(69, 64, seed=3).t()
+    got = torch.ops.kiln.bmm(a, b, d)
+    ref = torch.baddbmm(d.double().expand(2, 64, 69), a.double(), b.double())
+    torch.testing.assert_close(got.double(), ref, rtol=1.3e-5, atol=1.5e-5)
+
+
 def test_the_avx2_build_matches(tmp_path):
     """kiln_bmm as an AVX2 machine compiles it (16-column panels, 6-row tiles): built here with AVX-512 off and
     called with the arguments the binder gives the native build, in each layout and with a broadcast bias."""

@@ -131,32 +131,37 @@ extern "C" void kiln_pack_b(const float* b, int64_t k, int64_t n, int64_t sbk, i
   }
 }
 
-// A[ic:ic+mc, pc:pc+kc] -> ceil(mc/MR) panels of kc x MR (k-major), zero-padded rows.  Eight k of eight rows at
-// a time are transposed in registers: the element loop's eight strided reads per k cost ~1.2 cycles an element,
-// 15% of a 3136 x 384 -> 96 product (whose packed A serves only three column panels), 2-5% of most others.
-static void pack_a(const float* a, int64_t lda, int64_t mc, int64_t kc, float* out) {
-  for (int64_t i0 = 0; i0 < mc; i0 += KILN_MR) {
-    int rows = (int)(mc - i0 < KILN_MR ? mc - i0 : KILN_MR);
-    float* dst = out + i0 * kc;
-    int64_t kk = 0;
-    for (; kk + 8 <= kc; kk += 8)
-      for (int g = 0; g < KILN_MR; g += 8) {  // rows g..g+7 of the panel (beyond ``rows``: zeros)
-        kv8f r[8];
-        for (int i = 0; i < 8; ++i) {
-          if (g + i < rows) std::memcpy(&r[i], a + (i0 + g + i) * lda + kk, sizeof(kv8f));
-          else r[i] = kv8f{};
-        }
-        transpose8(r);
-        for (int j = 0; j < 8; ++j) {  // k = kk + j: the panel's rows g.. (MR - g of them when fewer than 8)
-          if (g + 8 <= KILN_MR) std::memcpy(dst + (kk + j) * KILN_MR + g, &r[j], sizeof(kv8f));
-          else std::memcpy(dst + (kk + j) * KILN_MR + g, &r[j], sizeof(float) * (KILN_MR % 8));
-        }
+// Rows [0, rows) of ``src`` (row r at src + r * lds, k contiguous), k in [0, kc) -> a k-major panel W floats wide:
+// dst[k * W + r], rows [rows, W) zero.  Eight k of eight rows at a time are transposed in registers: the element
+// loop's eight strided reads per k cost ~1.2 cycles an element, 15% of a 3136 x 384 -> 96 product (whose packed A
+// serves only three column panels), 2-5% of most others.  GEMM A panels (W = MR), attention's K^T panels (W = NR)
+// and the narrow-column path's A^T (W = 4 vectors) all pack this way.
+template <int W>
+static void pack_kmajor(const float* src, int64_t lds, int rows, int64_t kc, float* dst) {
+  int64_t kk = 0;
+  for (; kk + 8 <= kc; kk += 8)
+    for (int g = 0; g < W; g += 8) {  // rows g..g+7 of the panel (beyond ``rows``: zeros)
+      kv8f r[8];
+      for (int i = 0; i < 8; ++i) {
+        if (g + i < rows) std::memcpy(&r[i], src + (g + i) * lds + kk, sizeof(kv8f));
+        else r[i] = kv8f{};
       }
-    for (; kk < kc; ++kk) {
-      for (int r = 0; r < rows; ++r) dst[kk * KILN_MR + r] = a[(i0 + r) * lda + kk];
-      for (int r = rows; r < KILN_MR; ++r) dst[kk * KILN_MR + r] = 0.0f;
+      transpose8(r);
+      for (int j = 0; j < 8; ++j) {  // k = kk + j: the panel's rows g.. (W - g of them when fewer than 8)
+        if (g + 8 <= W) std::memcpy(dst + (kk + j) * W + g, &r[j], sizeof(kv8f));
+        else std::memcpy(dst + (kk + j) * W + g, &r[j], sizeof(float) * (W % 8));
+      }
     }
+  for (; kk < kc; ++kk) {
+    for (int r = 0; r < rows; ++r) dst[kk * W + r] = src[r * lds + kk];
+    for (int r = rows; r < W; ++r) dst[kk * W + r] = 0.0f;
   }
+}
+
+// A[ic:ic+mc, pc:pc+kc] -> ceil(mc/MR) panels of kc x MR (k-major), zero-padded rows
+static void pack_a(const float* a, int64_t lda, int64_t mc, int64_t kc, float* out) {
+  for (int64_t i0 = 0; i0 < mc; i0 += KILN_MR)
+    pack_kmajor<KILN_MR>(a + i0 * lda, lda, (int)(mc - i0 < KILN_MR ? mc - i0 : KILN_MR), kc, out + i0 * kc);
 }
 
 // one ROWS x NR tile (ROWS <= MR; A panels are packed MR rows wide): acc = sum_k A[:, k] B[k, :]; C (=|+=) acc
@@ -313,11 +318,15 @@ static void bmm_columns(const float* at, int64_t sam, int64_t sak, const float* 
   alignas(64) float col[4 * LANES];
   for (int64_t i0 = 0; i0 < m; i0 += CB) {
     int rows = (int)(m - i0 < CB ? m - i0 : CB);
-    for (int64_t kk = 0; kk < k; ++kk) {
-      const float* src = at + i0 * sam + kk * sak;
-      float* dst = scratch + kk * CB;
-      for (int i = 0; i < rows; ++i) dst[i] = src[i * sam];
-      for (int i = rows; i < CB; ++i) dst[i] = 0.0f;
+    if (sak == 1) {  // rows of A contiguous along k (attention's Q): transposed 8 x 8 in registers
+      pack_kmajor<4 * LANES>(at + i0 * sam, sam, rows, k, scratch);
+    } else {
+      for (int64_t kk = 0; kk < k; ++kk) {
+        const float* src = at + i0 * sam + kk * sak;
+        float* dst = scratch + kk * CB;
+        for (int i = 0; i < rows; ++i) dst[i] = src[i * sam];
+        for (int i = rows; i < CB; ++i) dst[i] = 0.0f;
+      }
     }
     for (int j = 0; j < nr; ++j) {
       vec acc[4] = {VZERO(), VZERO(), VZERO(), VZERO()};
@@ -369,11 +378,7 @@ extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, 
       for (int64_t pc = 0; pc < k; pc += KCB) {
         int64_t kc = k - pc < KCB ? k - pc : KCB;
         if (sbk == 1 && sbn != 1) {  // B = K^T: each column is a contiguous row of K, read along k
-          for (int j = 0; j < KILN_NR; ++j) {
-            const float* src = bt + j * sbn + pc;
-            if (j < nr) for (int64_t kk = 0; kk < kc; ++kk) bp[kk * KILN_NR + j] = src[kk];
-            else for (int64_t kk = 0; kk < kc; ++kk) bp[kk * KILN_NR + j] = 0.0f;
-          }
+          pack_kmajor<KILN_NR>(bt + pc, sbn, nr, kc, bp);
         } else {
           for (int64_t kk = 0; kk < kc; ++kk) {
             const float* src = bt + (pc + kk) * sbk;
@@ -387,9 +392,17 @@ extern "C" void kiln_bmm(const float* a, int64_t sab, int64_t sam, int64_t sak, 
           micro_strided(at + ir * sam + pc * sak, sam, sak, bp, kc, ct + ir * scm, scm, mr, nr, pc == 0);
         }
       }
-      if (dt)
-        for (int64_t i = 0; i < m; ++i)
-          for (int j = 0; j < nr; ++j) ct[i * scm + j] += dt[i * sdm + j * sdn];
+      if (dt)  // (a mask or bias row is usually contiguous: then a vector loop)
+        for (int64_t i = 0; i < m; ++i) {
+          float* cr = ct + i * scm;
+          const float* dr = dt + i * sdm;
+          if (sdn == 1) {
+#pragma omp simd
+            for (int j = 0; j < nr; ++j) cr[j] += dr[j];
+          } else {
+            for (int j = 0; j < nr; ++j) cr[j] += dr[j * sdn];
+          }
+        }
     }
     std::free(bp);
     std::free(ap);
