@@ -213,10 +213,21 @@ class KernelWriter:
     def _lane_reduce(self, phase: ReduceLoop, row: ExprPrinter, inner: str, lo: str, hi: str, suffix: str) -> None:
         """Reduce r in [lo, hi) into ``VW`` lanes, then into ``<acc><suffix>``."""
         vw = self._lanes or min(lanes(compute_dtype(a.value.dtype)) for a in phase.accs)  # 0: one vector register
+        if lo == "0" and hi.isdigit() and int(hi) < vw:
+            vw = 1  # a row shorter than a vector (a sum over 8 heads): one scalar chain, no lanes to combine
         for a in phase.accs:
             self.lines.append(f"{inner}{acc_type(a.dtype)} {a.name}_l[{vw}];")
             self.lines.append(f"{inner}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] = {_init(a.kind, a.dtype)};")
         self.lines.append(f"{inner}int64_t r0 = {lo};")
+        if vw == 1:
+            self.lines.append(f"{inner}for (; r0 < {hi}; ++r0) {{")
+            self.lines.append(f"{inner}  const int64_t r = r0;")
+            self._acc_body(phase, row, inner + "  ", "[0]")
+            self.lines.append(f"{inner}}}")
+            for a in phase.accs:
+                decl = f"{acc_type(a.dtype)} " if suffix else ""
+                self.lines.append(f"{inner}{decl}{a.name}{suffix} = {a.name}_l[0];")
+            return
         self.lines.append(f"{inner}for (; r0 + {vw} <= {hi}; r0 += {vw}) {{")
         self.lines.append(f"{inner}  #pragma omp simd")
         self.lines.append(f"{inner}  for (int64_t l = 0; l < {vw}; ++l) {{")
@@ -224,6 +235,7 @@ class KernelWriter:
         self._acc_body(phase, row, inner + "    ", "[l]")
         self.lines.append(f"{inner}  }}")
         self.lines.append(f"{inner}}}")
+        lanes_in_registers = lo == "0" and hi.isdigit() and (int(hi) % vw == 0 or int(hi) % vw >= OVERLAP_MIN_REMAINDER)
         if lo == "0" and hi.isdigit() and int(hi) >= vw and int(hi) % vw >= OVERLAP_MIN_REMAINDER:
             # [Note: overlapped remainder] The last vector ends at the row's end and overlaps the previous one: its
             # lanes before r0 were already reduced and are masked out of the accumulation (their scratch writes
@@ -234,7 +246,7 @@ class KernelWriter:
             self.lines.append(f"{inner}  const int64_t r = {int(hi) - vw} + l;")
             self._acc_body(phase, row, inner + "  ", "[l]", guard="r >= r0")
             self.lines.append(f"{inner}}}")
-        else:
+        elif not (hi.isdigit() and int(hi) % vw == 0):
             self.lines.append(f"{inner}for (int64_t r = r0; r < {hi}; ++r) {{")
             self._acc_body(phase, row, inner + "  ", "[0]")
             self.lines.append(f"{inner}}}")
@@ -244,9 +256,16 @@ class KernelWriter:
             if vw & (vw - 1) == 0:
                 # [Note: lanes combined as a tree] lane l with lane l + w, w halving: log2(VW) dependent steps of
                 # vector operations instead of VW - 1 scalar ones in a chain (a float sum is not reassociated
-                # by the compiler; 15 dependent adds and 15 maxima cost a 69-wide softmax row ~90 cycles)
+                # by the compiler; 15 dependent adds and 15 maxima cost a 69-wide softmax row ~90 cycles).  Each
+                # step is one vector operation only when asked (omp simd): GCC otherwise wrote the NaN-propagating
+                # maxima as scalar compares and moves (69-wide softmax, 512 rows: 33 -> 30 us; without its
+                # exponentials 19 -> 12).  Lane l reads l + w only, so the steps are safe to vectorize.  Not
+                # where a scalar remainder has just stored into lane 0: a vector load of a lane stored as a scalar
+                # waits for the store (a 16-lane tree over rows of 8 took 7 times as long as a scalar chain).
                 w = vw // 2
                 while w:
+                    if w > 1 and lanes_in_registers:
+                        self.lines.append(f"{inner}#pragma omp simd")
                     self.lines.append(f"{inner}for (int l = 0; l < {w}; ++l) {a.name}_l[l] = "
                                       f"{_combine(a.kind, a.name + '_l[l]', a.name + f'_l[l + {w}]', a.dtype)};")
                     w //= 2
