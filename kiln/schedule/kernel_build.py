@@ -13,7 +13,7 @@ import torch
 from kiln.ir.graph import Node
 from kiln.ir.index import Dyn, Lin, Var, linearize, unflatten
 from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad, KOp, KVar, ReduceLoop,
-                            RowAssign, RowStore, Store, subexprs)
+                            RowAssign, RowStore, Store, map_expr_indices, subexprs)
 from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
 from kiln.schedule.fuse import Group
 from kiln.schedule.layout import NHWC_ORDER
@@ -22,6 +22,32 @@ from kiln.schedule.loop_collapse import collapse_loops
 
 SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)
 
+
+
+def within(value: KExpr, position: Lin, lo: int, size: int) -> KExpr:
+    """``value`` (a ``cat`` part, or what a ``pad`` surrounds) with its indices simplified for the positions its
+    branch selects: ``position`` in ``[lo, lo + size)``.
+
+    [Note: branch ranges] The part is read at ``position - lo``, which the loop variable's own range ``[0, n)``
+    lets go negative, so views of it keep their ``//`` and ``%`` (a negative index made non-negative by adding
+    multiples).  Within the branch the variable is ``lo + v'`` with ``v'`` in ``[0, size)``: substituted, the
+    simplifier proves the views' divisions away; then ``v' = v - lo`` again.  ViT's embeddings, ``cat([cls,
+    conv(x).flatten(2).transpose(1, 2)], 1)``, read the convolution at::
+
+        10752*((((o1 + 13) / 14) + 13) % 14) + 768*((o1 + 13) % 14) + ((((o1 + 195) / 196) + r + 767) % 768)
+
+    before, and at ``768*o1 + r - 768`` after.  Only the selected branch reads memory (a C++ conditional, a
+    masked Triton load), so the index may leave the buffer where the branch is not taken.  Applies where
+    ``position`` is one loop variable."""
+    if position.const or len(position.terms) != 1 or position.terms[0][1] != 1 \
+            or not isinstance(position.terms[0][0], Var):
+        return value
+    var = position.terms[0][0]
+    if lo == 0 and size >= var.size:
+        return value
+    local = Var(f"{var.name}@{lo}", size)
+    there, back = {var: Lin.of(local) + lo}, {local: Lin.of(var) - lo}
+    return map_expr_indices(value, lambda i: i.substitute(there).substitute(back), {})
 
 class NotFusable(Exception):
     def __init__(self, node: Node, why: str):
@@ -230,14 +256,18 @@ class KernelBuilder:
         x = n.inputs[0]
         cond: KExpr | None = None
         src = []
+        ranges = []
         for d, (before, _after) in enumerate(n.attr("pads")):
             src.append(idx[d] - before)
             if n.shape[d] != x.shape[d]:
                 c = self._in_range(idx[d], before, before + x.shape[d])
                 cond = c if cond is None else KOp(Op.LOGICAL_AND, (cond, c), torch.bool)
+                ranges.append((idx[d], before, x.shape[d]))
         inner = self.value(x, src)
         if cond is None:
             return inner
+        for position, lo, size in ranges:
+            inner = within(inner, position, lo, size)
         return KOp(Op.WHERE, (cond, inner, KConst(n.attr("value"), n.dtype)), n.dtype)
 
     def _cat(self, n: Node, idx: list[Lin]) -> KExpr:
@@ -251,7 +281,7 @@ class KernelBuilder:
         for part, off in reversed(list(zip(n.inputs, offsets))):
             src = list(idx)
             src[d] = idx[d] - off
-            v = self.value(part, src)
+            v = within(self.value(part, src), idx[d], off, part.shape[d])
             if result is None:
                 result = v
             else:

@@ -123,3 +123,23 @@ def test_layout_autotune_keeps_a_correct_plan():
         torch.testing.assert_close(got, model(x), rtol=1e-4, atol=1e-4)
     layout = reports_since(position)[-1].memory["layout"]
     assert layout.startswith(("contiguous", "channels-last"))
+
+
+def test_cat_and_pad_parts_are_indexed_within_their_branch():
+    """[Note: branch ranges] A cat part and a padded input read through views (a class token before a
+    flattened, transposed feature map, as ViT's embeddings; a pad around a transposed input) are indexed without
+    the divisions the views would need for positions outside the branch, and compute what eager does."""
+    def f(x, cls, pos, y):
+        tokens = torch.cat([cls.expand(x.shape[0], -1, -1), x.flatten(2).transpose(1, 2)], dim=1) + pos
+        padded = torch.nn.functional.pad(y.transpose(0, 1), (2, 1), value=-1.0)
+        return torch.nn.functional.layer_norm(tokens, (8,)), padded.sum(0)
+
+    args = (torch.randn(2, 8, 3, 4), torch.randn(1, 1, 8), torch.randn(1, 13, 8), torch.randn(5, 6))
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(f, fallback=False)(*args)
+    for g, e in zip(got, f(*args)):
+        torch.testing.assert_close(g, e, rtol=1.3e-5, atol=1.5e-5)
+    [report] = reports_since(position)
+    text = "\n".join(k.format() for k in report.kernels)
+    assert "%" not in text and "/" not in text, text
