@@ -21,6 +21,7 @@ from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.interp import constant_value
 from kiln.ir.ops import VIEW, Op
+from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 aten = torch.ops.aten
@@ -41,6 +42,16 @@ def _channel_constant(n: Node, out: Node, channel_dim: int) -> torch.Tensor | No
     if any(s != 1 for d, s in enumerate(aligned) if d != channel_dim):
         return None
     return value.reshape(-1).expand(out.shape[channel_dim]).to(out.dtype).contiguous()
+
+
+def _scalar(n: Node) -> float | None:
+    """The value of a scalar broadcast (``expand(full(v))``, or a one-element constant), else None."""
+    src = n.inputs[0] if n.op is Op.EXPAND else n
+    if src.op is Op.FULL and src.numel == 1:
+        return float(src.attr("value"))
+    if _is_const(src) and src.numel == 1:
+        return float(_const_value(src).reshape(()).item())
+    return None
 
 
 def _is_const(n: Node | None) -> bool:
@@ -117,13 +128,56 @@ def copy_weights(weight: torch.Tensor, log: RewriteLog | None) -> bool:
 
 
 def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
+    graph = dce(graph)  # users counted among live nodes: a reshape that simplify merged away is not a reader
     users = graph.users()
     for o in graph.outputs:
         users[o].append(o)  # a graph output is a use: folding into it would compute the extern twice
 
+    def single_use_views(old: Node, new: Node) -> tuple[Node, Node, list[Node]] | None:
+        """(old extern, new extern, the new reshapes/permutes over it, innermost first) where ``old`` is such a
+        chain of an extern, each link read by the next alone."""
+        chain = []
+        while old.op in (Op.RESHAPE, Op.PERMUTE) and new.op is old.op:
+            if len(users.get(old, ())) != 1:
+                return None
+            chain.append(new)
+            old, new = old.inputs[0], new.inputs[0]
+        return (old, new, chain[::-1]) if chain and new.op is Op.EXTERN else None
+
+    def scale_through_views(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
+        """``view(extern) * s`` for a scalar constant ``s`` (attention's query scaling after the projection's
+        reshape and permute): ``view(extern')``, the scale folded into the weights as for a per-channel one."""
+        for k in (0, 1):
+            s = _scalar(inputs[1 - k])
+            found = single_use_views(n.inputs[k], inputs[k]) if s is not None else None
+            if found is None:
+                continue
+            old_e, e, chain = found
+            parts = _foldable(e)
+            if parts is None or len(users.get(old_e, ())) != 1:
+                return None
+            channel_dim, args, kwargs = parts
+            weight = args[1] if e.attr("target").overloadpacket is aten.convolution else args[-1]
+            if not copy_weights(_const_value(weight), log):
+                return None
+            if log:
+                log.hit(f"scalar scale folded into {e.attr('target').overloadpacket.__name__} through views")
+            scale = torch.full((e.shape[channel_dim],), s, dtype=e.dtype)
+            out = _rebuild(b, e, args, kwargs, scale, None)
+            for v in chain:
+                out = b.add(v.op, (out,), shape=v.shape if v.op is Op.RESHAPE else None,
+                            **{a: x for a, x in v.attrs.items() if a != "shape"})
+            users[n] = users.get(n, [])
+            return out
+        return None
+
     def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         if n.op not in (Op.MUL, Op.ADD) or not n.dtype.is_floating_point:
             return None
+        if n.op is Op.MUL:
+            folded = scale_through_views(n, inputs, b)
+            if folded is not None:
+                return folded
         e, other = inputs
         old_e = n.inputs[0]
         if e.op is not Op.EXTERN:

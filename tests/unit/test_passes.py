@@ -496,6 +496,48 @@ def test_fold_affine_leaves_extern_that_is_an_output_alone():
     assert sum(n.op is Op.EXTERN for n in out.nodes) == 1
 
 
+def _scaled_heads_graph(second_reader=False):
+    """A linear, split into heads (reshape, permute) and scaled by a scalar: attention's query."""
+    b = GraphBuilder()
+    x = inp(b, (6, 8))
+    mm = build_extern(b, aten.addmm.default, [const(b, randn(8)), x, const(b, randn(8, 8))], {}, (6, 8), F32)
+    split = b.add(Op.RESHAPE, (mm,), shape=(6, 2, 4))
+    heads = b.add(Op.PERMUTE, (split,), dims=(1, 0, 2))
+    y = b.add(Op.MUL, (heads, b.add(Op.EXPAND, (full(b, 0.3),), shape=(2, 6, 4))))
+    return b.finish([y, b.add(Op.EXP, (split,))] if second_reader else [y])
+
+
+def test_fold_affine_scalar_scale_through_views():
+    g = _scaled_heads_graph()
+    log = RewriteLog()
+    run_pass(lambda g: dce(fold_affine(g, log)), g, """\
+graph(%in0: f32[6, 8]):
+  %0 = constant(value=const<(8,)>) : f32[8]
+  %1 = constant(value=const<(8, 8)>) : f32[8, 8]
+  %2 = extern(%0, %in0, %1, target=aten.addmm.default, out_index=None) : f32[6, 8]
+  %3 = reshape(%2, shape=(6, 2, 4)) : f32[6, 2, 4]
+  %4 = permute(%3, dims=(1, 0, 2)) : f32[2, 6, 4]
+  %5 = full(value=0.3) : f32[]
+  %6 = expand(%5, shape=(2, 6, 4)) : f32[2, 6, 4]
+  %7 = mul(%4, %6) : f32[2, 6, 4]
+  return (%7)""", """\
+graph(%in0: f32[6, 8]):
+  %0 = constant(value=const<(8,)>) : f32[8]
+  %1 = constant(value=const<(8, 8)>) : f32[8, 8]
+  %2 = extern(%0, %in0, %1, target=aten.addmm.default, out_index=None) : f32[6, 8]
+  %3 = reshape(%2, shape=(6, 2, 4)) : f32[6, 2, 4]
+  %4 = permute(%3, dims=(1, 0, 2)) : f32[2, 6, 4]
+  return (%4)""")
+    assert log.counts == {"scalar scale folded into addmm through views": 1}
+
+
+def test_fold_affine_leaves_a_scale_whose_views_have_other_readers_alone():
+    g = _scaled_heads_graph(second_reader=True)
+    out = dce(fold_affine(g))
+    assert sum(n.op is Op.MUL for n in out.nodes) == 1
+    assert_same_results(g, out)
+
+
 def test_fold_affine_accepts_reshaped_channel_constants():
     b = GraphBuilder()
     x = inp(b, (2, 3, 6, 6))
