@@ -171,17 +171,18 @@ static void pack_a(const float* a, int64_t lda, int64_t mc, int64_t kc, float* o
 // PACKED false: A is read in place, element (i, k) at ap[i * ars + k * aks] (each is one broadcast either way;
 // attention's K and V^T need no packing).  CLAMP_A: each A element enters as min(a_hi, max(0, a)), NaN kept (a
 // convolution's input ReLU, applied as the broadcast is made: its input is read in place, not packed).
-template <bool PREFETCH, int ROWS, bool PACKED, bool CLAMP_A = false>
+template <bool PREFETCH, int ROWS, bool PACKED, bool CLAMP_A = false, int PW = KILN_NR>
 static inline void micro_t(const float* __restrict ap, int64_t ars, int64_t aks, const float* __restrict bp, int64_t kc,
                            float* c, int64_t ldc, int nr, bool first, const float* bias, const float* next_b,
                            float a_hi = 0.0f) {
+  constexpr int NVW = PW / LANES;  // vectors per tile row: PW (the B panel's width) columns
   const vec hi = VSET1(a_hi);
-  vec acc[ROWS][NV];
+  vec acc[ROWS][NVW];
   for (int i = 0; i < ROWS; ++i)
-    for (int v = 0; v < NV; ++v) acc[i][v] = VZERO();
+    for (int v = 0; v < NVW; ++v) acc[i][v] = VZERO();
   if (KILN_C_PREFETCH)  // the tile's rows of C, read (a later K block) or written at the end: fetched now, so
     for (int i = 0; i < ROWS; ++i)  // the loads and stores after the k loop do not wait on L3 or memory
-      for (int l = 0; l < KILN_NR; l += 16) {
+      for (int l = 0; l < PW; l += 16) {
         __builtin_prefetch(c + i * ldc + l, 1, 3);
         __builtin_prefetch(c + i * ldc + l + 15, 1, 3);  // (C rows need not start on a cache line)
       }
@@ -191,19 +192,19 @@ static inline void micro_t(const float* __restrict ap, int64_t ars, int64_t aks,
   for (int64_t kk = 0; kk < kc; ++kk) {
     // one line of the B micro-panel the caller runs next, per k step, while this one computes
     if (PREFETCH)  // (a template argument: a run-time test here cost the loop 15%)
-      for (int l = 0; l < KILN_NR; l += 16) _mm_prefetch((const char*)(next_b + kk * KILN_NR + l), _MM_HINT_T0);
-    vec bv[NV];
-    for (int v = 0; v < NV; ++v) bv[v] = VLOAD(bp + kk * KILN_NR + v * LANES);
+      for (int l = 0; l < PW; l += 16) _mm_prefetch((const char*)(next_b + kk * PW + l), _MM_HINT_T0);
+    vec bv[NVW];
+    for (int v = 0; v < NVW; ++v) bv[v] = VLOAD(bp + kk * PW + v * LANES);
 #pragma GCC unroll 16
     for (int i = 0; i < ROWS; ++i) {
       vec av = VSET1(PACKED ? ap[kk * KILN_MR + i] : ap[i * ars + kk * aks]);
       if (CLAMP_A) av = VCLAMP0(av, hi);
-      for (int v = 0; v < NV; ++v) acc[i][v] = VFMA(av, bv[v], acc[i][v]);
+      for (int v = 0; v < NVW; ++v) acc[i][v] = VFMA(av, bv[v], acc[i][v]);
     }
   }
-  if (nr == KILN_NR) {
+  if (nr == PW) {
     for (int i = 0; i < ROWS; ++i)
-      for (int v = 0; v < NV; ++v) {
+      for (int v = 0; v < NVW; ++v) {
         float* p = c + i * ldc + v * LANES;
         vec x = acc[i][v];
         if (!first) x = VADD(x, VLOAD(p));
@@ -212,31 +213,31 @@ static inline void micro_t(const float* __restrict ap, int64_t ars, int64_t aks,
       }
     return;
   }
-  alignas(64) float tile[ROWS * KILN_NR];
+  alignas(64) float tile[ROWS * PW];
   for (int i = 0; i < ROWS; ++i)
-    for (int v = 0; v < NV; ++v) VSTORE(tile + i * KILN_NR + v * LANES, acc[i][v]);
+    for (int v = 0; v < NVW; ++v) VSTORE(tile + i * PW + v * LANES, acc[i][v]);
   for (int i = 0; i < ROWS; ++i)
     for (int j = 0; j < nr; ++j) {
-      float x = tile[i * KILN_NR + j];
+      float x = tile[i * PW + j];
       c[i * ldc + j] = first ? x + (bias ? bias[j] : 0.0f) : c[i * ldc + j] + x;
     }
 }
 
-// micro_t<P, mr, PACKED, CLAMP_A> for a run-time row count 1 <= mr <= MR
-template <bool PREFETCH, int ROWS, bool PACKED, bool CLAMP_A = false>
+// micro_t<P, mr, PACKED, CLAMP_A, PW> for a run-time row count 1 <= mr <= MR
+template <bool PREFETCH, int ROWS, bool PACKED, bool CLAMP_A = false, int PW = KILN_NR>
 struct micro_rows {
   static inline void run(int mr, const float* __restrict ap, int64_t ars, int64_t aks, const float* __restrict bp,
                          int64_t kc, float* c, int64_t ldc, int nr, bool first, const float* bias,
                          const float* next_b, float a_hi = 0.0f) {
     if (mr == ROWS)
-      micro_t<PREFETCH, ROWS, PACKED, CLAMP_A>(ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b, a_hi);
+      micro_t<PREFETCH, ROWS, PACKED, CLAMP_A, PW>(ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b, a_hi);
     else
-      micro_rows<PREFETCH, ROWS - 1, PACKED, CLAMP_A>::run(mr, ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b,
+      micro_rows<PREFETCH, ROWS - 1, PACKED, CLAMP_A, PW>::run(mr, ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b,
                                                            a_hi);
   }
 };
-template <bool PREFETCH, bool PACKED, bool CLAMP_A>
-struct micro_rows<PREFETCH, 0, PACKED, CLAMP_A> {
+template <bool PREFETCH, bool PACKED, bool CLAMP_A, int PW>
+struct micro_rows<PREFETCH, 0, PACKED, CLAMP_A, PW> {
   static inline void run(int, const float*, int64_t, int64_t, const float*, int64_t, float*, int64_t, int, bool,
                          const float*, const float*, float = 0.0f) {}
 };
@@ -247,10 +248,11 @@ static inline void micro(const float* __restrict ap, const float* __restrict bp,
   else micro_rows<false, KILN_MR, true>::run(mr, ap, 0, 0, bp, kc, c, ldc, nr, first, bias, nullptr);
 }
 
-// micro() with A read in place: element (i, k) at a[i * ars + k * aks]
+// micro() with A read in place: element (i, k) at a[i * ars + k * aks]; B panels PW wide (default NR)
+template <int PW = KILN_NR>
 static inline void micro_strided(const float* __restrict a, int64_t ars, int64_t aks, const float* __restrict bp,
                                  int64_t kc, float* c, int64_t ldc, int mr, int nr, bool first) {
-  micro_rows<false, KILN_MR, false>::run(mr, a, ars, aks, bp, kc, c, ldc, nr, first, nullptr, nullptr);
+  micro_rows<false, KILN_MR, false, false, PW>::run(mr, a, ars, aks, bp, kc, c, ldc, nr, first, nullptr, nullptr);
 }
 
 // gelu(x) = x * Phi(x) on an mr x nr tile, in place: the function the kernel kiln generates for a graph's gelu
