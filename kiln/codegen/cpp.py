@@ -235,8 +235,10 @@ class KernelWriter:
         self._acc_body(phase, row, inner + "    ", "[l]")
         self.lines.append(f"{inner}  }}")
         self.lines.append(f"{inner}}}")
-        lanes_in_registers = lo == "0" and hi.isdigit() and (int(hi) % vw == 0 or int(hi) % vw >= OVERLAP_MIN_REMAINDER)
-        if lo == "0" and hi.isdigit() and int(hi) >= vw and int(hi) % vw >= OVERLAP_MIN_REMAINDER:
+        whole = hi.isdigit() and int(hi) % vw == 0  # no remainder after the vector loop
+        overlapped = lo == "0" and hi.isdigit() and int(hi) >= vw and int(hi) % vw >= OVERLAP_MIN_REMAINDER
+        lanes_in_registers = lo == "0" and (whole or overlapped)  # no scalar store into a lane before the tree
+        if overlapped:
             # [Note: overlapped remainder] The last vector ends at the row's end and overlaps the previous one: its
             # lanes before r0 were already reduced and are masked out of the accumulation (their scratch writes
             # store the same values again).  Scalar iterations cost a whole vector's transcendental each (rows of
@@ -246,7 +248,7 @@ class KernelWriter:
             self.lines.append(f"{inner}  const int64_t r = {int(hi) - vw} + l;")
             self._acc_body(phase, row, inner + "  ", "[l]", guard="r >= r0")
             self.lines.append(f"{inner}}}")
-        elif not (hi.isdigit() and int(hi) % vw == 0):
+        elif not whole:
             self.lines.append(f"{inner}for (int64_t r = r0; r < {hi}; ++r) {{")
             self._acc_body(phase, row, inner + "  ", "[0]")
             self.lines.append(f"{inner}}}")

@@ -83,6 +83,11 @@ def _foldable(e: Node) -> tuple[int, list, dict] | None:
     return None
 
 
+def _weight(e: Node, args: list) -> Node:
+    """The weight among a foldable extern's arguments (``_foldable``)."""
+    return args[1] if e.attr("target").overloadpacket is aten.convolution else args[-1]
+
+
 def _rebuild(b: GraphBuilder, e: Node, args: list, kwargs: dict, scale: torch.Tensor | None,
              shift: torch.Tensor | None) -> Node:
     packet = e.attr("target").overloadpacket
@@ -157,8 +162,7 @@ def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
             if parts is None or len(users.get(old_e, ())) != 1:
                 return None
             channel_dim, args, kwargs = parts
-            weight = args[1] if e.attr("target").overloadpacket is aten.convolution else args[-1]
-            if not copy_weights(_const_value(weight), log):
+            if not copy_weights(_const_value(_weight(e, args)), log):
                 return None
             if log:
                 log.hit(f"scalar scale folded into {e.attr('target').overloadpacket.__name__} through views")
@@ -189,8 +193,7 @@ def fold_affine(graph: Graph, log: RewriteLog | None = None) -> Graph:
         value = _channel_constant(other, e, channel_dim)
         if value is None:
             return None
-        weight = args[1] if e.attr("target").overloadpacket is aten.convolution else args[-1]
-        if not copy_weights(_const_value(weight), log):
+        if not copy_weights(_const_value(_weight(e, args)), log):
             return None  # a scaled weight (or a new bias) would be held beside the model's own; the next kernel
             #             applies scale and shift at no cost
         if log:

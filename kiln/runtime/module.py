@@ -192,14 +192,14 @@ class CompiledGraph:
         if (self.device.type != "cpu" or not self.arena_mode or not self.program
                 or any(kind != "segment" for kind, _ in self.program)):
             return None
-        slot_of_output = {n: (k, slot) for k, (n, slot) in enumerate(self.output_slots)}
+        buffer_index = {n: k for k, (n, _) in enumerate(self.output_slots)}
         returns = []  # per graph output: (output buffer index, its view functions, innermost first)
         for o in self.graph.outputs:
-            base, chain = view_chain(o, lambda n: n in slot_of_output or n.op not in VIEW)
-            if base not in slot_of_output or any(v.op is Op.SLICE or v in self.plan.strides_of
-                                                 for v in [base, *chain]):
+            base, chain = view_chain(o, lambda n: n in buffer_index or n.op not in VIEW)
+            if base not in buffer_index or any(v.op is Op.SLICE or v in self.plan.strides_of
+                                               for v in [base, *chain]):
                 return None
-            returns.append((slot_of_output[base][0], [view_function(v) for v in chain]))
+            returns.append((buffer_index[base], [view_function(v) for v in chain]))
         checks = [(k, slot, n.dtype, torch.Size(n.shape)) for k, slot, n in self.input_slots]
         outputs = [(k, slot, n) for k, (n, slot) in enumerate(self.output_slots)]
         segments = [self._segment_fns[i] for _, i in self.program]

@@ -23,7 +23,6 @@ from kiln.schedule.loop_collapse import collapse_loops
 SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)
 
 
-
 def within(value: KExpr, position: Lin, lo: int, size: int) -> KExpr:
     """``value`` (a ``cat`` part, or what a ``pad`` surrounds) with its indices simplified for the positions its
     branch selects: ``position`` in ``[lo, lo + size)``.
@@ -48,6 +47,7 @@ def within(value: KExpr, position: Lin, lo: int, size: int) -> KExpr:
     local = Var(f"{var.name}@{lo}", size)
     there, back = {var: Lin.of(local) + lo}, {local: Lin.of(var) - lo}
     return map_expr_indices(value, lambda i: i.substitute(there).substitute(back), {})
+
 
 class NotFusable(Exception):
     def __init__(self, node: Node, why: str):

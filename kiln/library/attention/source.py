@@ -102,7 +102,7 @@ extern "C" void kiln_attention(const float* q, const float* k, const float* v, c
                 kiln_rt::transpose16(mrow + c0 * mst + j0, mst, tile);  // tile[a * 16 + c] = mask[c0 + c, j0 + a]
                 for (int a = 0; a < 16; ++a) {
                   float* row = st + (j0 + a) * NRB + c0;
-  #pragma omp simd
+#pragma omp simd
                   for (int c = 0; c < 16; ++c) row[c] = row[c] * scale + tile[a * 16 + c];
                 }
               }
@@ -114,27 +114,27 @@ extern "C" void kiln_attention(const float* q, const float* k, const float* v, c
           scaled = true;
         }
         alignas(64) float mx[NRB], sum[NRB];
-  #pragma omp simd
+#pragma omp simd
         for (int c = 0; c < NRB; ++c) mx[c] = -INFINITY;
         const float by = scaled ? 1.0f : scale;
         for (int64_t j = 0; j < cols; ++j) {
           float* row = st + j * NRB;
           const int64_t first = causal ? j - i0 : 0;  // causal: queries i0 + c < j see no key j (only c < first)
-  #pragma omp simd
+#pragma omp simd
           for (int c = 0; c < NRB; ++c) {
             const float x = c < first ? -INFINITY : row[c] * by;
             row[c] = x;
             mx[c] = x > mx[c] ? x : mx[c];
           }
         }
-  #pragma omp simd
+#pragma omp simd
         for (int c = 0; c < NRB; ++c) {
           mx[c] = mx[c] == -INFINITY ? 0.0f : mx[c];  // all -inf: exp gives zeros
           sum[c] = 0.0f;
         }
         for (int64_t j = 0; j < cols; ++j) {
           float* row = st + j * NRB;
-  #pragma omp simd
+#pragma omp simd
           for (int c = 0; c < NRB; ++c) {
             const float e = exp_nonpositive(row[c] - mx[c]);
             row[c] = e;
@@ -163,7 +163,7 @@ extern "C" void kiln_attention(const float* q, const float* k, const float* v, c
               for (int c = 0; c < 16 && c0 + c < nq; ++c) {
                 float* out = orow + (c0 + c) * ost + d0;
                 const float f = inv[c0 + c];
-  #pragma omp simd
+#pragma omp simd
                 for (int a = 0; a < 16; ++a) out[a] = tile[c * 16 + a] * f;
               }
             }

@@ -232,8 +232,8 @@ struct micro_rows {
     if (mr == ROWS)
       micro_t<PREFETCH, ROWS, PACKED, CLAMP_A, PW>(ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b, a_hi);
     else
-      micro_rows<PREFETCH, ROWS - 1, PACKED, CLAMP_A, PW>::run(mr, ap, ars, aks, bp, kc, c, ldc, nr, first, bias, next_b,
-                                                           a_hi);
+      micro_rows<PREFETCH, ROWS - 1, PACKED, CLAMP_A, PW>::run(mr, ap, ars, aks, bp, kc, c, ldc, nr, first, bias,
+                                                               next_b, a_hi);
   }
 };
 template <bool PREFETCH, bool PACKED, bool CLAMP_A, int PW>
