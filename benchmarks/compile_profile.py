@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import collections
+import contextlib
 import functools
 import io
 import os
@@ -35,6 +36,8 @@ def main() -> None:
     p.add_argument("--save", default=None, help="write the raw profile here (pstats format)")
     p.add_argument("--breakdown", action="store_true", help="no profiler: first-call times and Triton's stages")
     p.add_argument("--warm", default=None, help="with --breakdown: compile this zoo model first")
+    p.add_argument("--cprofile", action="store_true",
+                   help="with --breakdown: each measured first call under cProfile too (its top functions printed)")
     args = p.parse_args()
     for env in ("KILN_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         if args.breakdown or env == "KILN_CACHE_DIR":
@@ -110,29 +113,38 @@ def breakdown(args: argparse.Namespace) -> None:
     totals: dict[str, list[float]] = collections.defaultdict(list)
     _instrument_triton(totals)
 
-    def first_call(backend: str, name: str) -> float:
+    def first_call(backend: str, name: str, profiled: bool = False) -> float:
         model, inputs = _build(args, name)
         torch._dynamo.reset()
+        profiler = cProfile.Profile() if profiled else None
         start = time.perf_counter()
-        with torch.inference_mode():
+        with torch.inference_mode(), (profiler or contextlib.nullcontext()):
             if backend == "kiln":
                 kiln.compile(model, mode=args.mode)(*inputs)
             else:
                 torch.compile(model, mode=None if args.mode == "default" else args.mode)(*inputs)
             if args.device == "cuda":
                 torch.cuda.synchronize()
-        return time.perf_counter() - start
+        took = time.perf_counter() - start
+        if profiler is not None:
+            out = io.StringIO()
+            stats = pstats.Stats(profiler, stream=out)
+            stats.sort_stats("cumulative").print_stats(r"kiln/|_functorch|output_graph|symbolic_convert|triton|"
+                                                       r"_inductor/(compile_fx|graph|codecache|async)", args.top)
+            stats.sort_stats("tottime").print_stats(25)
+            print(f"--- {name} {backend} under cProfile ({took:.2f} s) ---\n{out.getvalue()}")
+        return took
 
     if args.warm:
         for backend in ("inductor", "kiln"):
             print(f"warm-up {args.warm} {backend}: first call {first_call(backend, args.warm):.2f} s")
     totals.clear()
-    print(f"{args.model} inductor: first call {first_call('inductor', args.model):.2f} s")
+    print(f"{args.model} inductor: first call {first_call('inductor', args.model, args.cprofile):.2f} s")
     for label, times in sorted(totals.items()):
         print(f"  {label}: {len(times)} calls, {sum(times):.2f} s summed")
     totals.clear()
     position = mark()
-    print(f"{args.model} kiln: first call {first_call('kiln', args.model):.2f} s")
+    print(f"{args.model} kiln: first call {first_call('kiln', args.model, args.cprofile):.2f} s")
     for report in reports_since(position):
         print("  phases:", ", ".join(f"{k} {v:.3f}" for k, v in report.phases.items()))
     for label, times in sorted(totals.items()):

@@ -42,7 +42,7 @@ for what in "$@"; do
     timeout $(left) python3 -m benchmarks.zoo --device cuda --dtype ${ZOO_DTYPE:-bf16} $models --modes ${ZOO_MODES:-default,reduce-overhead} --repeats ${ZOO_REPEATS:-3} --calls 10 ${ZOO_EXTRA:-} --json $OUT/zoo${ZOO_TAG:-}.json > $OUT/zoo${ZOO_TAG:-}.log 2>&1; echo "zoo${ZOO_TAG:-} rc=$?"; grep "^| " $OUT/zoo${ZOO_TAG:-}.log | grep -v geomean; grep -A40 "^kiln:" $OUT/zoo${ZOO_TAG:-}.log | head -40;;
   compile)  # first-call breakdown (cold caches, COMPILE_WARM compiled first): Inductor vs kiln, Triton's stages
     for m in ${COMPILE_MODELS:-encoder_fast}; do
-      timeout $(left) python3 -m benchmarks.compile_profile --model $m --device cuda --dtype ${COMPILE_DTYPE:-bf16} --breakdown --warm ${COMPILE_WARM:-mha_self} > $OUT/compile_$m.log 2>&1; echo "compile $m rc=$?"; grep -v -i warn $OUT/compile_$m.log | tail -${COMPILE_LINES:-30}
+      timeout $(left) python3 -m benchmarks.compile_profile --model $m --device cuda --dtype ${COMPILE_DTYPE:-bf16} --breakdown --warm ${COMPILE_WARM:-mha_self} ${COMPILE_EXTRA:-} > $OUT/compile_$m.log 2>&1; echo "compile $m rc=$?"; grep -v -i warn $OUT/compile_$m.log | tail -${COMPILE_LINES:-30}
     done;;
   ab)  # AB_MODELS, AB_B (kiln options of B, e.g. "disabled_passes=merge_linears"), AB_MODE, AB_DTYPE
     timeout $(left) python3 -m benchmarks.ab_options --device cuda --dtype ${AB_DTYPE:-bf16} --mode ${AB_MODE:-default} --models ${AB_MODELS:-gpt2} --b "${AB_B}" --rounds 9 --calls 20 > $OUT/ab.log 2>&1; echo "ab rc=$?"; grep -v -i warn $OUT/ab.log | tail -8;;
