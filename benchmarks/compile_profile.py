@@ -106,12 +106,26 @@ def _instrument_triton(totals: dict[str, list[float]]) -> None:
     _timed(nvidia, "compile_module_from_src", totals, "host compiler (launchers, utils)")
 
 
+def _instrument_gc(totals: dict[str, list[float]]) -> None:
+    """Each garbage collection's pause adds to ``totals`` (its generation in the label)."""
+    import gc
+    started: list[float] = []
+
+    def callback(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            started[:] = [time.perf_counter()]
+        elif started:
+            totals[f"gc pauses (generation {info['generation']})"].append(time.perf_counter() - started[0])
+    gc.callbacks.append(callback)
+
+
 def breakdown(args: argparse.Namespace) -> None:
     import torch
     import kiln
     from kiln.report import mark, reports_since
     totals: dict[str, list[float]] = collections.defaultdict(list)
     _instrument_triton(totals)
+    _instrument_gc(totals)
 
     def first_call(backend: str, name: str, profiled: bool = False) -> float:
         model, inputs = _build(args, name)

@@ -51,7 +51,7 @@ _INFIX = {
     Op.BITWISE_OR: "|", Op.BITWISE_XOR: "^",
 }
 _UNARY_FN = {
-    Op.EXP: "tl.exp", Op.LOG: "tl.log", Op.SQRT: "tl.sqrt", Op.RSQRT: "tl.rsqrt", Op.SIN: "tl.sin",
+    Op.EXP: "tl.exp", Op.LOG: "tl.log", Op.SQRT: "tl.sqrt", Op.RSQRT: "km.rsqrt", Op.SIN: "tl.sin",
     Op.COS: "tl.cos", Op.ABS: "tl.abs", Op.FLOOR: "tl.floor", Op.CEIL: "tl.ceil", Op.SIGMOID: "tl.sigmoid",
     Op.ERF: "km.erf", Op.ERFC: "km.erfc", Op.NDTR: "km.ndtr", Op.TANH: "km.tanh", Op.EXPM1: "km.expm1",
     Op.LOG1P: "km.log1p",

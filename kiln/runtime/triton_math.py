@@ -1,9 +1,10 @@
 """Math for generated Triton kernels: ``km.<name>(x)`` in kernel source.
 
-On a GPU these are CUDA's libdevice functions.  Triton's interpreter (``TRITON_INTERPRET=1``, how CI runs the
-GPU code generator on CPU tensors) cannot call libdevice, so there the same names are defined from the
-``tl``/``tl.math`` primitives it does support.  Those versions are for testing the generator, not for speed;
-their accuracy is within the per-op tolerances of the tests (fp32: 1.3e-5 relative).
+erf, erfc, ndtr (and on a GPU rsqrt, tanh) are kiln's own, from tl primitives (see [Note: no libdevice]); the
+rarer functions are CUDA's libdevice.  Triton's interpreter (``TRITON_INTERPRET=1``, how CI runs the GPU code
+generator on CPU tensors) cannot call libdevice, so there those names are defined from the ``tl``/``tl.math``
+primitives it does support.  Those versions are for testing the generator, not for speed; their accuracy is
+within the per-op tolerances of the tests (fp32: 1.3e-5 relative).
 """
 from __future__ import annotations
 
@@ -67,16 +68,11 @@ if not INTERPRET:
         return libdevice.fmod(x, y)
 
     @triton.jit
-    def erf(x):
-        return libdevice.erf(x)
-
-    @triton.jit
-    def erfc(x):
-        return libdevice.erfc(x)
-
-    @triton.jit
-    def ndtr(x):
-        return 0.5 * libdevice.erfc(x * -0.7071067811865476)
+    def rsqrt(x):
+        # the instruction libdevice's rsqrtf is, without linking libdevice (see [Note: no libdevice]); no flush of
+        # subnormal inputs (libdevice's under Triton's default reflect setting flushes them)
+        return tl.inline_asm_elementwise("rsqrt.approx.f32 $0, $1;", "=f,f", [x.to(tl.float32)], dtype=tl.float32,
+                                         is_pure=True, pack=1)
 
 else:
     @triton.jit
@@ -129,16 +125,104 @@ else:
         return x - y * trunc(x / y)
 
     @triton.jit
-    def erf(x):
-        return tl.math.erf(x)
+    def rsqrt(x):
+        return 1.0 / tl.sqrt(x)
 
-    @triton.jit
-    def erfc(x):
-        return 1.0 - tl.math.erf(x)
 
-    @triton.jit
-    def ndtr(x):
-        return 0.5 - 0.5 * tl.math.erf(x * -0.7071067811865476)
+# [Note: no libdevice]
+# Triton links CUDA's libdevice into a kernel that calls any of its functions, and the link (and LLVM's O3 over
+# the linked module) costs each such kernel ~50 ms of compile time (H100, torch 2.11 / Triton 3.6: 3 of
+# encoder_fast's 7 kernels, LayerNorm's rsqrt and GELU's erf; the kernels compile in threads that share the
+# GIL).  The functions every transformer needs are therefore written here with tl primitives - the same code on a
+# GPU and in the interpreter, so CI tests what the GPU runs.
+#
+# erf and erfc: fitted by kiln (least squares in relative error, reweighted towards minimax, float64; coefficients
+# rounded to fp32), not taken from a library:
+#   |x| < 1:  erf(x) = x * P(x^2), P of degree 6 (fit error 1.2e-9);
+#   t >= 1:   erfc(t) = exp(-t^2) / t * Q(1/t - 0.55), Q of degree 12 on 1/t in [1/10.1, 1] (fit error 1.6e-9;
+#             centred so that fp32's Horner steps do not cancel: sum |q_i| is 3x the value); erf's own tail
+#             (1 <= t < 4) a degree-7 Q(1/t - 0.6) on [1/4, 1] (fit error 3.5e-7, see _erfc_near).
+# exp(-t^2) as exp(-h^2) * exp(-(t - h)(t + h)) with h = t to 8 fractional bits (h^2 exact in fp32 below 16), so
+# the square's rounding does not grow with t.  Measured in fp32 against float64 over [-12, 12] (2M points): erf
+# 1.8e-7 relative (torch's 6.5e-8), erfc 8.8e-7 (where erfc(x) < 1 takes 1 - erf(x) near x = 1; torch 8.9e-8).
+@triton.jit
+def _erf_small(x):
+    s = x * x
+    p = 7.854026625864208e-05
+    p = p * s - 0.0008010247838683426
+    p = p * s + 0.005188334733247757
+    p = p * s - 0.026853816583752632
+    p = p * s + 0.1128358542919159
+    p = p * s - 0.3761262595653534
+    p = p * s + 1.1283791065216064
+    return x * p
+
+
+@triton.jit
+def _erfc_tail(t):
+    """erfc(t) for t >= 1 (any t is clamped to [1, 10]: callers select this branch only there; erfc(10) is
+    below fp32's smallest normal)."""
+    t = tl.minimum(tl.maximum(t, 1.0), 10.0)
+    u = 1.0 / t
+    v = u - 0.55
+    q = -0.1447855830192566
+    q = q * v + 0.1196078211069107
+    q = q * v + 0.03955711051821709
+    q = q * v - 0.09624317288398743
+    q = q * v + 0.08578860014677048
+    q = q * v - 0.06034562364220619
+    q = q * v + 0.011730583384633064
+    q = q * v + 0.0498410202562809
+    q = q * v - 0.09701266139745712
+    q = q * v + 0.09835845977067947
+    q = q * v - 0.020363925024867058
+    q = q * v - 0.17003512382507324
+    q = q * v + 0.5023534297943115
+    h = tl.floor(t * 256.0) * 0.00390625
+    return tl.exp(-h * h) * tl.exp(-((t - h) * (t + h))) * (q * u)
+
+
+@triton.jit
+def _erfc_near(t):
+    """erfc(t) for 1 <= t <= 4 (clamped there) to 3.5e-7 relative: erf's tail, where erf(t) = 1 - erfc(t) needs
+    erfc only to erfc(1) * 3.5e-7 = 5.5e-8, half an fp32 ulp of 1 (a shorter polynomial and exp(-t^2) as it
+    rounds: compiled in every exact GELU)."""
+    t = tl.minimum(tl.maximum(t, 1.0), 4.0)
+    u = 1.0 / t
+    v = u - 0.6
+    q = -0.040107715874910355
+    q = q * v + 0.011243474669754505
+    q = q * v + 0.0501399040222168
+    q = q * v - 0.08569424599409103
+    q = q * v + 0.0802861750125885
+    q = q * v - 0.00696518225595355
+    q = q * v - 0.1713819056749344
+    q = q * v + 0.49381229281425476
+    return tl.exp(-t * t) * (q * u)
+
+
+@triton.jit
+def erf(x):
+    x = x.to(tl.float32)
+    a = tl.abs(x)
+    big = tl.where(a < 4.0, 1.0 - _erfc_near(a), 1.0)
+    r = tl.where(a < 1.0, _erf_small(x), tl.where(x < 0, -big, big))
+    return tl.where(x != x, x, r)  # NaN stays NaN
+
+
+@triton.jit
+def erfc(x):
+    x = x.to(tl.float32)
+    a = tl.abs(x)
+    tail = tl.where(a < 10.0, _erfc_tail(a), 0.0)
+    r = tl.where(a < 1.0, 1.0 - _erf_small(x), tl.where(x < 0, 2.0 - tail, tail))
+    return tl.where(x != x, x, r)
+
+
+@triton.jit
+def ndtr(x):
+    """The standard normal CDF, 0.5 * erfc(-x / sqrt(2)) (exact GELU's x * ndtr(x))."""
+    return 0.5 * erfc(x * -0.7071067811865476)
 
 
 # combine functions of tl.reduce (plain tl: the same on GPU and in the interpreter)

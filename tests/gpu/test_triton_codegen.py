@@ -201,11 +201,24 @@ def test_transposed_operand_runs_in_2d_tiles(shape):
 
 
 def test_exact_gelu_uses_erf_form_on_triton():
-    """The Triton target lowers exact GELU as ATen's CUDA kernel does, x/2 * (1 + erf(x/sqrt 2)) (libdevice's erf
-    is cheaper than its erfc); far into the negative tail both round to eager's values."""
+    """The Triton target lowers exact GELU as ATen's CUDA kernel does, x/2 * (1 + erf(x/sqrt 2)) (erf is cheaper
+    than erfc); far into the negative tail both round to eager's values."""
     x = torch.cat([torch.randn(300) * 3, torch.linspace(-12, 12, 97)])
     report = run(lambda t: F.gelu(t), x)
     assert "km.erf(" in report.source and "km.erfc(" not in report.source, report.source
+
+
+def test_erf_erfc_ndtr_rsqrt_over_their_whole_range():
+    """kiln's own erf/erfc/ndtr/rsqrt (runtime/triton_math.py, [Note: no libdevice]: the same code on the GPU and
+    in the interpreter): every branch and its edges - erf's two pieces meeting at |x| = 1, erfc's tail to 10 and
+    its underflow, the 1/x polynomial's ends - and inf, NaN, signed zero, against eager."""
+    x = torch.cat([torch.linspace(-12, 12, 4001), torch.tensor([0.0, -0.0, 1.0, -1.0, 0.99999994, 1.0000001, 4.0,
+                                                                 -4.0, 10.0, 9.999999, float("inf"), float("-inf"),
+                                                                 float("nan")])])
+    p = torch.cat([torch.rand(2000) * 1e3 + 1e-30, torch.tensor([1e-37, 1e-20, 1.0, 3e38, 0.0, float("inf")])])
+    run(lambda t: (torch.erf(t), torch.erfc(t), torch.special.ndtr(t)), x)
+    report = run(lambda t: torch.rsqrt(t), p)
+    assert "km.rsqrt(" in report.source, report.source
 
 
 def test_row_scratch_written_in_the_final_loop():
