@@ -102,9 +102,11 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     if mode == "max-autotune":
         with config.scope(**(options or {})):
             progress.begin(f"graph {_graph_name(gm, name)!r}")  # at once: capture and passes take seconds
+    from kiln.frontend.gc_quiet import frozen_heap
     try:
-        return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
-                                     decompositions=decomposition_table(), keep_inference_input_mutations=True)
+        with frozen_heap():  # see [Note: frozen heap during compile]
+            return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
+                                         decompositions=decomposition_table(), keep_inference_input_mutations=True)
     except Exception as exc:  # never break the user's model: AOTAutograd's capture failed before kiln compiled
         if reached_compiler or not cfg.fallback:
             raise
