@@ -11,7 +11,8 @@
 #   26 the builds file alone outlasts GPU_S=330 (33 fp32 tests reached in 330 s, the 8 bf16 ones take 125 s): give
 #   it GPU_S=500 and BUDGET_S=560, or its bf16 tests alone (GPU_PYTEST="-k bf16") in a call of their own)
 #   COMPILE_MODELS="encoder_fast decoder_fast" bash benchmarks/device_cpu_sweep.sh compile    (first-call breakdowns,
-#   benchmarks/compile_profile.py --breakdown, one $OUT/compile_MODEL.log each)
+#   benchmarks/compile_profile.py --breakdown, one $OUT/compile_MODEL.log each; GC pauses counted;
+#   COMPILE_EXTRA="--cprofile --top 45" COMPILE_LINES=400: each measured first call under cProfile too)
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
 #   ZOO_EXTRA="--tf32" passes runner options, ZOO_TAG names the output files - several zoo runs in one call;
