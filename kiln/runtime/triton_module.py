@@ -12,9 +12,10 @@ import functools
 import hashlib
 import importlib.util
 import os
+import queue
+import threading
 import time
 import weakref
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -157,8 +158,6 @@ class TritonGraph(CompiledGraph):
             fn, args, s = self._launches[i][j]
             unique.setdefault((id(fn), tuple(n.dtype for n in args), s), (i, j))
 
-        self._compile_in_workers(list(unique.values()), phases)
-
         static = config.get().gpu_static_launch and gpu_launch.available()
 
         def compile_one(job: tuple[int, int]) -> Any:
@@ -169,8 +168,7 @@ class TritonGraph(CompiledGraph):
                 build_launcher(compiled)
             return compiled
 
-        with ThreadPoolExecutor(max_workers=min(8, max(len(unique), 1))) as pool:
-            compiled = dict(zip(unique, pool.map(compile_one, unique.values())))
+        compiled = self._compile_shared(unique, compile_one, phases)
         stream = gpu_launch.stream_getter(self.device)
         functions: dict[int, Any] = {}  # kernels loaded by kiln, by id of the compiled kernel
         for i, j in jobs:
@@ -207,17 +205,58 @@ class TritonGraph(CompiledGraph):
                           "launcher": not launches_itself})
         return specs
 
-    def _compile_in_workers(self, jobs: list[tuple[int, int]], phases: dict[str, float]) -> None:
-        """Compile these launches in the worker processes first (see compile_pool); what they leave undone
-        the thread pool below compiles here."""
+    def _compile_shared(self, unique: dict[tuple, tuple[int, int]], compile_one: Callable[[tuple[int, int]], Any],
+                        phases: dict[str, float]) -> dict[tuple, Any]:
+        """Compile each unique launch once: the parent's threads and the started compile workers (compile_pool)
+        take from one queue, so no kernel waits for a worker to start.  A kernel a worker built is then loaded
+        by the parent from Triton's cache (``compile_one`` again, a cache hit); one it failed on, the parent
+        compiles itself, so its error is the parent's as without workers.  Errors are raised after every
+        thread has stopped."""
         from kiln.runtime import compile_pool
-        pool = compile_pool.get()
-        if pool is None or len(jobs) < 2:
-            return
+        keys = list(unique)
+        todo: queue.Queue = queue.Queue()
+        for key in keys:
+            todo.put(key)
+        compiled: dict[tuple, Any] = {}
+        errors: list[BaseException] = []
+
+        def finish(key: tuple) -> None:
+            try:
+                compiled[key] = compile_one(unique[key])
+            except BaseException as exc:  # noqa: BLE001 - raised by the caller's thread below
+                errors.append(exc)
+
+        def in_process() -> None:
+            while True:
+                try:
+                    key = todo.get_nowait()
+                except queue.Empty:
+                    return
+                finish(key)
+
+        pool = compile_pool.get() if len(keys) > 1 else None
+        feeders: list[threading.Thread] = []
         start = time.perf_counter()
-        answers = pool.compile(self.compile_jobs(jobs))
-        phases["compile_workers"] = time.perf_counter() - start
-        phases["kernels_by_workers"] = sum(1 for a in answers.values() if a.get("ok"))
+        if pool is not None:
+            jobs = dict(zip(keys, self.compile_jobs(list(unique.values()))))
+            feeders = pool.serve(todo, jobs.__getitem__, lambda key, answer: finish(key))
+            by_workers = pool.compiled
+        # with workers started, one parent thread (its compiles hold the GIL the feeders' loads need); else as
+        # many as ptxas can use
+        threads = [threading.Thread(target=in_process, daemon=True)
+                   for _ in range(1 if pool is not None and pool.ready() else min(8, max(len(keys), 1)))]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if pool is not None:
+            pool.join(feeders, deadline_s=300.0)
+            in_process()  # (what a worker that died left in the queue)
+            phases["compile_workers"] = time.perf_counter() - start
+            phases["kernels_by_workers"] = pool.compiled - by_workers
+        if errors:
+            raise errors[0]
+        return compiled
 
     def _before_run(self) -> None:
         pass
