@@ -12,7 +12,9 @@
 #   it GPU_S=500 and BUDGET_S=560, or its bf16 tests alone (GPU_PYTEST="-k bf16") in a call of their own)
 #   COMPILE_MODELS="encoder_fast decoder_fast" bash benchmarks/device_cpu_sweep.sh compile    (first-call breakdowns,
 #   benchmarks/compile_profile.py --breakdown, one $OUT/compile_MODEL.log each; GC pauses counted;
-#   COMPILE_EXTRA="--cprofile --top 45" COMPILE_LINES=400: each measured first call under cProfile too)
+#   COMPILE_EXTRA="--cprofile --top 45" COMPILE_LINES=400: each measured first call under cProfile too;
+#   COMPILE_WORKERS=8: kiln's Triton compile workers on, started by the warm-up model - the A/B for making them
+#   the default, see kiln/config.py compile_workers; COMPILE_TAG names the logs of a second run in the call)
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
 #   ZOO_EXTRA="--tf32" passes runner options, ZOO_TAG names the output files - several zoo runs in one call;
@@ -43,7 +45,7 @@ for what in "$@"; do
     timeout $(left) python3 -m benchmarks.zoo --device cuda --dtype ${ZOO_DTYPE:-bf16} $models --modes ${ZOO_MODES:-default,reduce-overhead} --repeats ${ZOO_REPEATS:-3} --calls 10 ${ZOO_EXTRA:-} --json $OUT/zoo${ZOO_TAG:-}.json > $OUT/zoo${ZOO_TAG:-}.log 2>&1; echo "zoo${ZOO_TAG:-} rc=$?"; grep "^| " $OUT/zoo${ZOO_TAG:-}.log | grep -v geomean; grep -A40 "^kiln:" $OUT/zoo${ZOO_TAG:-}.log | head -40;;
   compile)  # first-call breakdown (cold caches, COMPILE_WARM compiled first): Inductor vs kiln, Triton's stages
     for m in ${COMPILE_MODELS:-encoder_fast}; do
-      timeout $(left) python3 -m benchmarks.compile_profile --model $m --device cuda --dtype ${COMPILE_DTYPE:-bf16} --breakdown --warm ${COMPILE_WARM:-mha_self} ${COMPILE_EXTRA:-} > $OUT/compile_$m.log 2>&1; echo "compile $m rc=$?"; grep -v -i warn $OUT/compile_$m.log | tail -${COMPILE_LINES:-30}
+      KILN_COMPILE_WORKERS=${COMPILE_WORKERS:-0} timeout $(left) python3 -m benchmarks.compile_profile --model $m --device cuda --dtype ${COMPILE_DTYPE:-bf16} --breakdown --warm ${COMPILE_WARM:-mha_self} ${COMPILE_EXTRA:-} > $OUT/compile_$m${COMPILE_TAG:-}.log 2>&1; echo "compile $m${COMPILE_TAG:-} rc=$?"; grep -v -i warn $OUT/compile_$m${COMPILE_TAG:-}.log | tail -${COMPILE_LINES:-30}
     done;;
   ab)  # AB_MODELS, AB_B (kiln options of B, e.g. "disabled_passes=merge_linears"), AB_MODE, AB_DTYPE
     timeout $(left) python3 -m benchmarks.ab_options --device cuda --dtype ${AB_DTYPE:-bf16} --mode ${AB_MODE:-default} --models ${AB_MODELS:-gpt2} --b "${AB_B}" --rounds 9 --calls 20 > $OUT/ab.log 2>&1; echo "ab rc=$?"; grep -v -i warn $OUT/ab.log | tail -8;;

@@ -184,6 +184,27 @@ def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype)
     return CPP_OPS.text(op, args, compute_dtype(dtype), compute_dtype(arg_dtype))
 
 
+# [Note: gather index from a comparison]
+# GCC 12 (12.2, Debian) vectorizing for AVX-512 (-march=native on an AVX-512 machine, any AVX-512 target; right
+# for AVX2) computes an indexed load whose index is a comparison's result - ``buf[(int64_t)(a >= b)]``, a
+# gather over a fused ``ge`` and ``cast`` (fuzz seed 44460: gather(v, v) of v = (layer_norm(x) >= x)) - from the
+# bits of the comparison's mask register read as bytes: wrong indices, different from call to call
+# (tests/fuzz/found/gather_index_from_comparison.cpp, standalone).  Neither writing the cast as a select nor
+# through int32 nor asking for hardware gathers avoids it.  Such an index goes through ``k_opaque_index`` (an
+# empty asm: GCC does not vectorize that loop); indices loaded from memory or computed from non-boolean values
+# (embeddings, index_select, arange arithmetic) vectorize as before.
+def _from_comparison(e: KExpr) -> bool:
+    """Is ``e`` (an integer index) computed from a boolean turned into a number (a cast of a comparison, a
+    logical op or a loaded bool)?  A ``where``'s condition chooses between values and does not count: the
+    negative-index wrap ``i < 0 ? i + n : i`` of every gather keeps it vectorized."""
+    if not isinstance(e, KOp):
+        return False
+    values = e.args[1:] if e.op is Op.WHERE else e.args
+    if e.dtype is not torch.bool and any(a.dtype is torch.bool for a in values):
+        return True
+    return any(_from_comparison(a) for a in values)
+
+
 class ExprPrinter(Temporaries):
     """Prints expressions of one loop body, emitting shared subexpressions as temporaries (named by
     ``printing.Temporaries``, keyed by the expression)."""
@@ -202,7 +223,8 @@ class ExprPrinter(Temporaries):
         return render(e, lambda d: self._dyn(d, inline))
 
     def _dyn(self, d: Dyn, inline: bool) -> str:
-        return self.expr(d.expr, inline)
+        text = self.expr(d.expr, inline)
+        return f"k_opaque_index({text})" if _from_comparison(d.expr) else text
 
     def expr(self, e: KExpr, inline: bool = False) -> str:
         if e in self.names:

@@ -57,7 +57,7 @@ from pathlib import Path
 __all__ = ["PRELUDE", "PRELUDE_VERSION", "PRELUDE_FUNCTIONS", "transpose_stages"]
 
 #: Bump whenever the text of PRELUDE (prelude.h, the transposes below) changes (it is part of kernel cache keys).
-PRELUDE_VERSION = "13"
+PRELUDE_VERSION = "14"
 
 #: Names of the public float math functions defined in namespace ``kiln_rt``.
 PRELUDE_FUNCTIONS = (

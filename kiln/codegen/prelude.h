@@ -383,6 +383,14 @@ KILN_INLINE float k_pow(float x, float y) {
 // ------------------------------------------------------------------ misc
 KILN_INLINE float k_rsqrt(float x) { return 1.0f / std::sqrt(x); }
 
+// An index the compiler may not see through (see [Note: gather index from a comparison], kiln/codegen/
+// cpp_expr.py): the empty asm keeps the value in a register and the loop around it scalar.
+template <class T>
+KILN_INLINE T k_opaque_index(T v) {
+  __asm__("" : "+r"(v));
+  return v;
+}
+
 template <class T>
 KILN_INLINE T k_relu(T x) { return x < T(0) ? T(0) : x; }   // relu(NaN) = NaN
 

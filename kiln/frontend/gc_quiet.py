@@ -4,10 +4,13 @@
 A process that has imported torch, transformers and Triton holds millions of tracked objects, and CPython's
 generation-2 collection scans all of them: one such pause took 0.42 s of encoder_fast's 1.35 s first call on
 the H100 (kiln's compile allocates enough to trigger it; Inductor's decoder_fast paid 0.25 s for one in the same
-run).  Nothing that existed before the compile can become garbage because of the compile, so kiln moves it out
-of the collector's sight for the compile's duration (``gc.freeze``) and back afterwards (``gc.unfreeze``): the
-collections the compile triggers scan only the compile's own objects, and no object is kept alive longer than
-the compile (unfrozen objects are collected as before at the next full collection).
+run).  What existed before a compile (the model, torch's and Dynamo's state) almost all outlives it, so kiln
+moves it out of the collector's sight for the compile's duration (``gc.freeze``) and back afterwards
+(``gc.unfreeze``): the collections the compile triggers scan only the compile's own objects.  An old object that
+becomes cyclic garbage during the compile waits for the next full collection after it - no longer than the
+compile.  The full collection the compile's allocations would have triggered is not cancelled, only moved
+out of the compile to wherever the program next allocates enough (a call that allocates little - a compiled
+call - triggers none).
 
 A process that froze objects itself (``gc.freeze`` before forking workers, as servers do) keeps its own
 arrangement: kiln neither freezes nor unfreezes when the frozen count is not zero on entry.

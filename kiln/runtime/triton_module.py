@@ -239,8 +239,8 @@ class TritonGraph(CompiledGraph):
         start = time.perf_counter()
         if pool is not None:
             jobs = dict(zip(keys, self.compile_jobs(list(unique.values()))))
-            feeders = pool.serve(todo, jobs.__getitem__, lambda key, answer: finish(key))
             by_workers = pool.compiled
+            feeders = pool.serve(todo, jobs.__getitem__, lambda key, answer: finish(key))
         # with workers started, one parent thread (its compiles hold the GIL the feeders' loads need); else as
         # many as ptxas can use
         threads = [threading.Thread(target=in_process, daemon=True)

@@ -92,3 +92,30 @@ def test_pointwise_loop_vectorizes(tmp_path):
     inner = [i + 2 for i, line in enumerate(lines[:-1]) if line.strip() == "#pragma omp simd"
              and lines[i + 1].lstrip().startswith("for (int64_t i0_i = 0;")]
     assert inner and all(_is_vectorized(ln, vectorized) for ln in inner), log
+
+
+def _opaque_uses(source: str) -> int:
+    return source.count("k_opaque_index(") - source.count("k_opaque_index(T v)")  # (the prelude's definition)
+
+
+def test_gather_index_from_a_comparison_is_opaque_to_the_vectorizer():
+    """[Note: gather index from a comparison]: GCC 12 vectorizing for AVX-512 read such an index from the
+    comparison's mask bits as bytes (wrong, different per call); the index goes through k_opaque_index."""
+    def f(x, y, w):
+        idx = (x >= y).long()
+        return torch.gather(w, 0, idx) * 2.0, torch.gather(w, 0, torch.where(x < y, idx + 2, idx))
+
+    compiled = kiln.compile(f, fallback=False)
+    position = mark()
+    with torch.inference_mode():
+        for _ in range(3):  # (fresh values each call: the miscompiled loop also varied from call to call)
+            x, y, w = torch.randn(750), torch.randn(750), torch.randn(750)
+            torch.testing.assert_close(compiled(x, y, w), f(x, y, w), rtol=0, atol=0)
+    assert _opaque_uses(reports_since(position)[0].source) == 2
+
+
+def test_gather_index_loaded_from_memory_stays_vectorizable():
+    """An index read from memory (an embedding's ids) with the usual negative-index wrap is not made opaque."""
+    r = _compile(lambda ids, table: torch.nn.functional.embedding(ids, table) * 3.0,
+                 torch.randint(-5, 40, (64,)).remainder(40), torch.randn(40, 16))
+    assert _opaque_uses(r.source) == 0
