@@ -30,8 +30,8 @@ import torch
 
 from kiln import config, library
 from kiln.codegen.cpp import native_calls
-from kiln.ir.extern import Baked
-from kiln.ir.graph import Graph, Node, mutates
+from kiln.ir.extern import Baked, extern_args
+from kiln.ir.graph import Graph, Node, mutates, view_root
 from kiln.ir.interp import view_chain, view_layout
 from kiln.ir.kernel import Kernel
 from kiln.ir.ops import VIEW, Op, contiguous_strides
@@ -74,6 +74,23 @@ def base_of(n: Node, buffer_of: dict[Node, str]) -> Node:
     return n
 
 
+def written_inputs(n: Node) -> set[Node]:
+    """The graph inputs an in-place EXTERN writes: the arguments its schema marks written (``Tensor(a!)``), seen
+    through views.  Not its other operands: ``x.copy_(y)`` writes ``x`` only, and a non-contiguous ``y`` (an
+    expanded one: a copy cannot be written back into it) must not be treated as updated."""
+    schema = n.attr("target")._schema
+    args, kwargs = extern_args(n)
+    written: set[Node] = set()
+    for k, a in enumerate(schema.arguments):
+        if a.alias_info is None or not a.alias_info.is_write:
+            continue
+        value = args[k] if k < len(args) else kwargs.get(a.name)
+        for v in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(v, Node) and view_root(v).op is Op.INPUT:
+                written.add(view_root(v))
+    return written
+
+
 def build_program(graph: Graph, plan: Plan, arena: bool) -> Program:
     escaping = _escaping(graph)
     slot_of = {name: k for k, name in enumerate(plan.buffer_of.values())}
@@ -93,7 +110,7 @@ def build_program(graph: Graph, plan: Plan, arena: bool) -> Program:
         mem["summary"] += (f"; on this device taken from the caching allocator in plan order, {reused} written in "
                            f"place, peak {mem['peak_bytes'] / 2**20:.2f} MiB per call (kiln buffers and library "
                            f"results)")
-    program.mutated_inputs = {i for m in graph.nodes if mutates(m) for i in m.inputs if i.op is Op.INPUT}
+    program.mutated_inputs = {i for m in graph.nodes if mutates(m) for i in written_inputs(m)}
     program.input_slots = [(k, slot_of[plan.buffer_of[n]], n) for k, n in enumerate(graph.inputs)
                            if n in plan.buffer_of]
     # buffers the caller gets, filled per call: kiln's outputs, and native calls' results the caller gets or
