@@ -15,6 +15,7 @@ import torch.fx
 from kiln.frontend import aten_movement  # noqa: F401  (registers the movement lowerings)
 from kiln.frontend import aten_pool  # noqa: F401  (registers the pooling lowerings)
 from kiln.frontend.aten import LOWERINGS
+from kiln.frontend.effects import is_effect_token, lower_with_effects
 from kiln.frontend.lowering_base import KERNEL_DTYPES, Lowerer, Unsupported
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import ELEMENTWISE, HALF, REDUCTION, Op
@@ -115,7 +116,9 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
                                 f"{fx_node.format_node()}")
         if fx_node.op == "placeholder":
             val = fx_node.meta.get("val")
-            if position in frozen:
+            if is_effect_token(fx_node):  # (AOTAutograd passes None for it at run time: a constant here)
+                env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(torch.empty(0)))
+            elif position in frozen:
                 env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(frozen[position].detach()))
             elif isinstance(val, torch.Tensor):
                 env[fx_node] = b.add(Op.INPUT, (), shape=tuple(val.shape), dtype=val.dtype, index=position,
@@ -148,6 +151,11 @@ def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any
     target = fx_node.target
     if target is operator.getitem:
         return args[0][args[1]]
+    if target is torch.ops.higher_order.with_effects:
+        lowered = lower_with_effects(L, args, kwargs)  # (see kiln/frontend/effects.py)
+        if lowered is None:
+            raise LoweringError(f"cannot lower call to with_effects of {args[1]}")
+        return lowered
     packet = getattr(target, "overloadpacket", None)
     lowering = LOWERINGS.get(packet)
     if lowering is not None and _kernel_dtypes_only(fx_node, args, kwargs, L.kernel_dtypes):

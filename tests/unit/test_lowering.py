@@ -278,3 +278,23 @@ def test_to_copy_onto_its_own_device_is_a_cast_and_a_move_between_devices_is_not
     with pytest.raises(Unsupported, match="device transfer"):
         lowerings._to_copy(_Lowerer(), back, "x", device=torch.device("cpu"))
     run(lambda x: x.to(device=x.device, dtype=torch.float64) * 2, torch.randn(5, 3))
+
+
+def test_linalg_ops_with_effect_tokens_compile_and_raise_as_eager():
+    """torch 2.13 captures linalg.inv/solve with an effect token (higher_order.with_effects around
+    aten._linalg_check_errors, kiln/frontend/effects.py): the graph compiles whole, matches eager, and a singular
+    input raises eager's error (the check is kept, after the factorization it reads)."""
+    import kiln
+    from kiln.report import mark, reports_since
+
+    def f(a, b):
+        return torch.linalg.inv(a) @ b + torch.linalg.solve(a, b)
+    torch._dynamo.reset()
+    compiled = kiln.compile(f, fallback=False)
+    position = mark()
+    with torch.inference_mode():
+        a, b = torch.randn(5, 5) + 5 * torch.eye(5), torch.randn(5, 3)
+        torch.testing.assert_close(compiled(a, b), f(a, b), rtol=1e-4, atol=1e-5)
+        assert all(r.fallback is None for r in reports_since(position))
+        with pytest.raises(torch.linalg.LinAlgError, match="singular"):
+            compiled(torch.zeros(5, 5), b)
