@@ -54,5 +54,5 @@ def lower_with_effects(L: Lowerer, args: tuple[Any, ...], kwargs: dict[str, Any]
     info, api_name = op_args
     L.externs.append("aten._linalg_check_errors.default")
     target = linalg_check_errors._opoverload
-    return (build_extern(L.b, target, [token, info, api_name, bool(kwargs.get("is_matrix", True))], {},
+    return (build_extern(L.b, target, [token, info, api_name, kwargs["is_matrix"]], {},
                          token.shape, token.dtype),)

@@ -30,7 +30,7 @@ import torch
 
 from kiln import config, library
 from kiln.codegen.cpp import native_calls
-from kiln.ir.extern import Baked, extern_args
+from kiln.ir.extern import Baked
 from kiln.ir.graph import Graph, Node, mutates, view_root
 from kiln.ir.interp import view_chain, view_layout
 from kiln.ir.kernel import Kernel
@@ -78,13 +78,12 @@ def written_inputs(n: Node) -> set[Node]:
     """The graph inputs an in-place EXTERN writes: the arguments its schema marks written (``Tensor(a!)``), seen
     through views.  Not its other operands: ``x.copy_(y)`` writes ``x`` only, and a non-contiguous ``y`` (an
     expanded one: a copy cannot be written back into it) must not be treated as updated."""
-    schema = n.attr("target")._schema
-    args, kwargs = extern_args(n)
+    named = native.named_args(n)
     written: set[Node] = set()
-    for k, a in enumerate(schema.arguments):
+    for a in n.attr("target")._schema.arguments:
         if a.alias_info is None or not a.alias_info.is_write:
             continue
-        value = args[k] if k < len(args) else kwargs.get(a.name)
+        value = named.get(a.name)
         for v in value if isinstance(value, (list, tuple)) else [value]:
             if isinstance(v, Node) and view_root(v).op is Op.INPUT:
                 written.add(view_root(v))
