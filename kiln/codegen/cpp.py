@@ -23,10 +23,13 @@ from kiln.codegen.cpp_loops import open_nest, split_reduction_trace
 from kiln.codegen.cpp_split import split_plan, write_split
 from kiln.codegen.cpp_tile import write_tiled
 from kiln.ir.tiling import plan_tiles
-from kiln.codegen.cpp_expr import HELPERS, ExprPrinter, ctype, literal, op_text, rounded, to_memory, value_type
+from kiln.codegen.cpp_expr import (HELPERS, ExprPrinter, combine_text as _combine, ctype, identity_literal as _init,
+                                   rounded, to_memory, value_type)
+from kiln.codegen.cpp_columns import column_lanes, write_columns
+from kiln.ir.loop_collapse import collapse_rows
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.loops import LoopNest
-from kiln.ir.ops import HALF, Op, compute_dtype, numel, reduction_identity
+from kiln.ir.ops import HALF, Op, compute_dtype, numel
 
 MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 OVERLAP_MIN_REMAINDER = 4  # a row remainder this long runs as one overlapped vector ([Note: overlapped remainder])
@@ -47,19 +50,6 @@ def _round_half_accs(phase: ReduceLoop, lines: list[str], indent: str) -> None:
     for a in phase.accs:
         if a.dtype in HALF:
             lines.append(f"{indent}{a.name} = {rounded(a.name, a.dtype)};")
-
-
-def _init(kind: Op, dtype: torch.dtype) -> str:
-    return literal(reduction_identity(kind, dtype), dtype)
-
-
-# a reduction combines partial results with the elementwise op of the same meaning
-_COMBINE_OP = {Op.SUM: Op.ADD, Op.PROD: Op.MUL, Op.AMAX: Op.MAXIMUM, Op.AMIN: Op.MINIMUM}
-
-
-def _combine(kind: Op, acc: str, v: str, dtype: torch.dtype) -> str:
-    dtype = compute_dtype(dtype)  # accumulate half precision in float, unrounded (as ATen does)
-    return op_text(_COMBINE_OP[kind], [acc, v], dtype, dtype)
 
 
 class KernelWriter:
@@ -136,6 +126,13 @@ class KernelWriter:
         self._close(len(nest.loops))
 
     def _reduction_kernel(self) -> None:
+        accs = [a for p in self.k.phases if isinstance(p, ReduceLoop) for a in p.accs]
+        width = min((lanes(compute_dtype(a.value.dtype)) for a in accs), default=0)
+        rows_merged = collapse_rows(self.k)
+        vw = column_lanes(rows_merged, width)
+        if vw:
+            write_columns(rows_merged, vw, self.lines, self.s.parallel_min_work)
+            return
         rows, self._lanes = split_reduction_trace(self.s.reduction_trace(len(self.k.outer)))
         nest = rows.apply(LoopNest.plain(self.k.outer, prefix="o"))
         indent = open_nest(nest, self.lines, numel(self.k.outer) * max(self.k.rsize, 1))

@@ -14,7 +14,7 @@ import torch
 
 from kiln.ir.index import Dyn, Lin, render
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
-from kiln.ir.ops import HALF, Op, compute_dtype
+from kiln.ir.ops import HALF, Op, compute_dtype, reduction_identity
 from kiln.codegen.printing import OpTable, Rule, Temporaries
 
 CPP_TYPES = {
@@ -193,6 +193,22 @@ def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype)
 # through int32 nor asking for hardware gathers avoids it.  Such an index goes through ``k_opaque_index`` (an
 # empty asm: GCC does not vectorize that loop); indices loaded from memory or computed from non-boolean values
 # (embeddings, index_select, arange arithmetic) vectorize as before.
+def identity_literal(kind: Op, dtype: torch.dtype) -> str:
+    """The C++ literal a ``kind`` reduction's accumulator starts from."""
+    return literal(reduction_identity(kind, dtype), dtype)
+
+
+# a reduction combines partial results with the elementwise op of the same meaning
+_COMBINE_OP = {Op.SUM: Op.ADD, Op.PROD: Op.MUL, Op.AMAX: Op.MAXIMUM, Op.AMIN: Op.MINIMUM}
+
+
+def combine_text(kind: Op, acc: str, v: str, dtype: torch.dtype) -> str:
+    """``acc`` combined with ``v`` by a ``kind`` reduction (half precision accumulates in float, unrounded, as
+    ATen does)."""
+    dtype = compute_dtype(dtype)
+    return op_text(_COMBINE_OP[kind], [acc, v], dtype, dtype)
+
+
 def _from_comparison(e: KExpr) -> bool:
     """Is ``e`` (an integer index) computed from a boolean turned into a number (a cast of a comparison, a
     logical op or a loaded bool)?  A ``where``'s condition chooses between values and does not count: the

@@ -17,7 +17,7 @@ from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad,
 from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
 from kiln.schedule.fuse import Group
 from kiln.schedule.layout import NHWC_ORDER
-from kiln.schedule.loop_collapse import collapse_loops
+from kiln.ir.loop_collapse import collapse_loops
 
 
 SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)
@@ -184,7 +184,8 @@ class KernelBuilder:
 
     def _value(self, n: Node, idx: list[Lin]) -> KExpr:
         if n in self.rowvars:
-            if linearize(idx, contiguous_strides(n.shape)) != self.o_flat:
+            # (loops of one iteration compare equal at 0: a view may drop a size-1 dimension's variable)
+            if _without_unit_vars(linearize(idx, contiguous_strides(n.shape))) != _without_unit_vars(self.o_flat):
                 raise NotFusable(self.current, f"{n} is read outside its own row")
             return self.rowvars[n]
         if self._caches(n) and (list(idx) == list(self.full_index) or self._at_row_position(n, idx)):

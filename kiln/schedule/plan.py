@@ -2,7 +2,7 @@
 
     graph --partition (fuse.py)--> groups and extern steps
           --layouts (layout.py)--> the buffers' strides, the convolutions run channels-last
-          --kernel IR (kernel_build.py, loop_collapse.py)--> one Kernel per group
+          --kernel IR (kernel_build.py, ir/loop_collapse.py)--> one Kernel per group
           --schedules (tune/cpu.py on the CPU; codegen/triton.schedule_for and the matmul templates on a GPU)
           --> Plan --> runtime/module.CompiledGraph (CPU) or runtime/triton_module.TritonGraph (GPU)
 

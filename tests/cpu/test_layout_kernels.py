@@ -1,4 +1,4 @@
-"""Kernels between layouts: loop collapsing (schedule/loop_collapse.py) and transposed tiles
+"""Kernels between layouts: loop collapsing (ir/loop_collapse.py) and transposed tiles
 (codegen/cpp_tile.py), each checked against eager on shapes with partial tiles."""
 import pytest
 import torch

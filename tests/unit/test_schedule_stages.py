@@ -1,6 +1,6 @@
 """The schedule stages, each as IR text before and after (in the style of test_passes.run_pass): the graph IR in,
 the Plan's steps and the kernel IR out (partition: schedule/fuse.py; kernel IR: schedule/kernel_build.py; loop
-collapsing: schedule/loop_collapse.py) - and the Program built from them, compiled, computes what the reference
+collapsing: ir/loop_collapse.py) - and the Program built from them, compiled, computes what the reference
 interpreter computes on random inputs."""
 import torch
 

@@ -50,7 +50,20 @@ def collapse_loops(kernel: Kernel) -> Kernel:
     """Merge adjacent mergeable loops of a pointwise kernel and drop loops of extent 1 (see module doc)."""
     if kernel.is_reduction or len(kernel.outer) < 2:
         return kernel
-    old = [Var(f"i{d}", s) for d, s in enumerate(kernel.outer)]
+    return _collapse(kernel, "i")
+
+
+def collapse_rows(kernel: Kernel) -> Kernel:
+    """The same for a reduction kernel's row loops ``o0, o1, ..`` (the reduced axis ``r`` is left alone): the
+    column-reduction writer (``codegen/cpp_columns.py``) wants one long run of rows side by side, and an NCHW
+    tensor's channel statistics have rows ``[N, H, W]`` whose ``H`` and ``W`` are one run of ``H * W``."""
+    if not kernel.is_reduction or len(kernel.outer) < 2:
+        return kernel
+    return _collapse(kernel, "o")
+
+
+def _collapse(kernel: Kernel, prefix: str) -> Kernel:
+    old = [Var(f"{prefix}{d}", s) for d, s in enumerate(kernel.outer)]
     groups: list[list[Var]] = []
     for v in old:
         if v.size == 1:
@@ -69,7 +82,7 @@ def collapse_loops(kernel: Kernel) -> Kernel:
         size = 1
         for v in g:
             size *= v.size
-        u = Var(f"i{j}", size)
+        u = Var(f"{prefix}{j}", size)
         new.append(u)
         mapping[g[-1]] = Lin.of(u)  # the outer members' terms are multiples of the innermost's (checked)
     out = map_indices(kernel, lambda index: index.substitute(mapping))

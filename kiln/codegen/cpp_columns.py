@@ -1,0 +1,176 @@
+"""Column reductions: rows side by side in memory, reduced elements far apart, so the vector runs across rows.
+
+[Note: column reduction] A reduction over a dimension that is not the innermost one - the mean over the heads
+of attention weights ``[B, H, L, S] -> [B, L, S]``, a norm over the channels of an NCHW tensor, a sum over the
+tokens of ``[T, C]`` - has rows (output elements) that are consecutive in memory and, within a row, elements a
+whole stride apart.  The row-by-row writer accumulates each row on its own: the loads along ``r`` are strided
+(gathers or scalar), and a row of 8 heads is one scalar chain.  Here the innermost row axis ``oK`` is split
+into blocks of ``VW`` rows (up to four vectors: independent accumulation chains) that run as vector lanes, and
+``r`` is the loop around them::
+
+    kernel_3_sum_div  outer=[1, 64, 69] rsize=8          for o0, o1 (threads), for c0 in 0, 64 (< 69):
+      reduce acc0 = sum(buf16[69*o1 + o2 + 4416*r])         c = c0 + 64 <= 69 ? c0 : 69 - 64
+      row    row1 = div(acc0, 8.0)                          for r < 8:  simd for l < 64 (o2 = c + l):
+      rowout buf19[69*o1 + o2] = row1                           acc0_c[l] += buf16[69*o1 + o2 + 4416*r]
+                                                            simd for l < 64: buf19[69*o1 + o2] = acc0_c[l] / 8
+
+Adjacent row loops that every access walks as one run are merged first (``ir/loop_collapse.collapse_rows``:
+an NCHW tensor's channel statistics have rows ``[N, H * W]``, not ``[N, H, W]`` with 7-wide runs).
+A last block shorter than ``VW`` overlaps the one before it (starts at ``N - VW``): its rows are computed and
+stored twice with the same values, which costs less than a scalar remainder.  Per-row values (accumulators,
+``RowAssign`` results) live in arrays of ``VW`` lanes; each lane loop reads those it needs as scalars.  Each
+row is summed in order along ``r`` (the row-wise writer's lanes reassociate it instead): a difference in
+rounding only.
+
+Used when every load of the accumulated values walks the rows contiguously (coefficient 1 on ``oK``, or 0: a
+broadcast) and at least one walks ``r`` with a stride other than 1, with nothing but accumulations, per-row
+values, per-row stores and elementwise passes over the row that store along the rows (a LayerNorm over NCHW
+channels) in the kernel: no row scratch, no arg-reductions.
+"""
+from __future__ import annotations
+
+from kiln.codegen.cpp_expr import ExprPrinter, combine_text, identity_literal, rounded, to_memory, value_type
+from kiln.ir.index import Lin, Var
+from kiln.ir.kernel import FullLoop, Kernel, KExpr, KLoad, ReduceLoop, RowAssign, RowStore, index_exprs, subexprs
+from kiln.ir.ops import HALF, Op, compute_dtype, numel
+
+_COLUMN_KINDS = (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN)
+
+
+def _row_var(kernel: Kernel) -> Var:
+    return Var(f"o{len(kernel.outer) - 1}", kernel.outer[-1])
+
+
+def _loads(e: KExpr) -> list[KLoad]:
+    return [x for x in subexprs(e) if isinstance(x, KLoad)]
+
+
+def _has_gather(index: Lin) -> bool:
+    return bool(index_exprs(index))
+
+
+BLOCK_VECTORS = 4  # vectors of rows per block: independent accumulation chains (1024 x 768 -> 768 sums:
+#                   one vector 93 us, two 81, four 74 on one AVX-512 core; eager 55 of them)
+
+
+def column_lanes(kernel: Kernel, vector_width: int) -> int:
+    """The rows per block (up to ``BLOCK_VECTORS`` vectors of ``vector_width``) if ``kernel`` is a column
+    reduction ([Note: column reduction]) with at least a vector's worth of rows side by side, else 0 (the
+    row-by-row writer)."""
+    if not kernel.is_reduction or kernel.rsize < 2 or not kernel.outer or kernel.outer[-1] < vector_width:
+        return 0
+    if kernel.scratch or vector_width < 2:
+        return 0
+    row, red = _row_var(kernel), Var("r", kernel.rsize)
+    strided = False
+    for phase in kernel.phases:
+        if isinstance(phase, ReduceLoop):
+            if phase.stores or any(a.kind not in _COLUMN_KINDS for a in phase.accs):
+                return 0
+            for a in phase.accs:
+                for load in _loads(a.value):
+                    if _has_gather(load.index) or load.index.coefficient(row) not in (0, 1):
+                        return 0
+                    if load.index.coefficient(red) == 1:
+                        return 0  # contiguous along the row: the row-wise writer's vectors are better
+                    strided |= load.index.coefficient(row) == 1 and load.index.coefficient(red) != 0
+        elif isinstance(phase, RowStore):
+            if phase.store.index.coefficient(row) != 1 or _has_gather(phase.store.index):
+                return 0
+        elif isinstance(phase, FullLoop):
+            for st in phase.stores:
+                if st.index.coefficient(row) != 1 or _has_gather(st.index):
+                    return 0
+                if any(_has_gather(ld.index) or ld.index.coefficient(row) not in (0, 1) for ld in _loads(st.value)):
+                    return 0
+        elif not isinstance(phase, RowAssign):
+            return 0
+    return vector_width * min(BLOCK_VECTORS, kernel.outer[-1] // vector_width) if strided else 0
+
+
+def write_columns(kernel: Kernel, vw: int, lines: list[str], parallel_min_work: int) -> None:
+    """The C++ loops of a column reduction (``column_lanes(kernel) == vw``), appended to ``lines``."""
+    n = kernel.outer[-1]
+    row = _row_var(kernel).name
+    par = len(kernel.outer)  # the rows but the last, and the blocks of the last
+    collapse = f" collapse({par})" if par > 1 else ""
+    lines.append(f"  #pragma omp parallel for{collapse} schedule(static) "
+                 f"if({numel(kernel.outer) * kernel.rsize} > {parallel_min_work})")
+    indent = "  "
+    for d, size in enumerate(kernel.outer[:-1]):
+        lines.append(f"{indent}for (int64_t o{d} = 0; o{d} < {size}; ++o{d}) {{")
+        indent += "  "
+    lines.append(f"{indent}for (int64_t c0 = 0; c0 < {n}; c0 += {vw}) {{")
+    indent += "  "
+    # [Note: no overlap where the kernel may write in place] A pass over the row that stores elementwise may
+    # store over its own input (runtime/inplace.py): a block overlapping the previous one would then re-read
+    # rows already overwritten.  Such a kernel's last block masks its lanes past the end instead.
+    guarded = n % vw != 0 and any(isinstance(p, FullLoop) for p in kernel.phases)
+    if guarded:
+        lines.append(f"{indent}const int64_t c = c0, live = {n} - c0 < {vw} ? {n} - c0 : {vw};  // lanes in rows")
+    else:
+        lines.append(f"{indent}const int64_t c = c0 + {vw} <= {n} ? c0 : {n - vw};  // the last block overlaps")
+    defined: list[tuple[str, str]] = []  # (per-row value, its C++ type), in order
+
+    def lanes(at: str, body, over_r: bool) -> None:
+        """A loop over the block's lanes (row ``c + l``; inside one over ``r`` if ``over_r``), the per-row values
+        so far read as scalars, then ``body(printer, indentation)``."""
+        if over_r:
+            lines.append(f"{at}for (int64_t r = 0; r < {kernel.rsize}; ++r) {{")
+        inner = at + "  " if over_r else at
+        lines.append(f"{inner}#pragma omp simd")
+        lines.append(f"{inner}for (int64_t l = 0; l < {vw}; ++l) {{")
+        ind = inner + "  "
+        if guarded:
+            lines.append(f"{ind}if (l < live) {{")
+            ind += "  "
+        lines.append(f"{ind}const int64_t {row} = c + l;")
+        for name, t in defined:
+            lines.append(f"{ind}const {t} {name} = {name}_c[l];")
+        body(ExprPrinter(lines, ind), ind)
+        if guarded:
+            lines.append(f"{inner}  }}")
+        lines.append(f"{inner}}}")
+        if over_r:
+            lines.append(f"{at}}}")
+
+    def stores(items):
+        def body(p: ExprPrinter, ind: str) -> None:
+            for st in items:
+                lines.append(f"{ind}{st.buf}[{p.index(st.index)}] = {to_memory(p.expr(st.value), st.value.dtype)};")
+        return body
+
+    for phase in kernel.phases:
+        if isinstance(phase, ReduceLoop):
+            for a in phase.accs:
+                t = value_type(compute_dtype(a.dtype))
+                lines.append(f"{indent}{t} {a.name}_c[{vw}];")
+                lines.append(f"{indent}for (int l = 0; l < {vw}; ++l) {a.name}_c[l] = "
+                             f"{identity_literal(a.kind, a.dtype)};")
+
+            def accumulate(p: ExprPrinter, ind: str, accs=phase.accs) -> None:
+                for a in accs:
+                    v = p.expr(a.value)
+                    if compute_dtype(a.dtype) != compute_dtype(a.value.dtype):
+                        v = f"static_cast<{value_type(compute_dtype(a.dtype))}>({v})"
+                    lines.append(f"{ind}{a.name}_c[l] = {combine_text(a.kind, f'{a.name}_c[l]', v, a.dtype)};")
+            lanes(indent, accumulate, over_r=True)
+            for a in phase.accs:
+                if a.dtype in HALF:  # the accumulator rounded once, as ATen's result is
+                    lines.append(f"{indent}for (int l = 0; l < {vw}; ++l) "
+                                 f"{a.name}_c[l] = {rounded(a.name + '_c[l]', a.dtype)};")
+                defined.append((a.name, value_type(compute_dtype(a.dtype))))
+        elif isinstance(phase, RowAssign):
+            t = value_type(phase.value.dtype)
+            lines.append(f"{indent}{t} {phase.name}_c[{vw}];")
+            lanes(indent, lambda p, ind, ph=phase: lines.append(f"{ind}{ph.name}_c[l] = {p.expr(ph.value)};"),
+                  over_r=False)
+            defined.append((phase.name, t))
+        elif isinstance(phase, FullLoop):
+            lanes(indent, stores(phase.stores), over_r=True)
+        else:
+            assert isinstance(phase, RowStore)
+            lanes(indent, stores([phase.store]), over_r=False)
+    for depth in range(len(kernel.outer), 0, -1):
+        lines.append("  " * depth + "}")
+
