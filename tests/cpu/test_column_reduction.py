@@ -7,21 +7,9 @@ row-wise."""
 import pytest
 import torch
 
-import kiln
-from kiln.report import CompileReport, mark, reports_since
+from kiln.report import CompileReport
 from kiln.schedule.plan import build_cpu
-
-
-def _check(fn, *inputs, rtol=1.3e-5, atol=1.5e-5):
-    position = mark()
-    with torch.inference_mode():
-        expected = fn(*inputs)
-        got = kiln.compile(fn, fallback=False)(*inputs)
-    expected = expected if isinstance(expected, tuple) else (expected,)
-    got = got if isinstance(got, tuple) else (got,)
-    for g, e in zip(got, expected):
-        torch.testing.assert_close(g, e, rtol=rtol, atol=atol, equal_nan=True)
-    return reports_since(position)[-1]
+from tests.cpu.test_reduction_remainder import _check  # (compiled against eager, NaN-aware; returns the report)
 
 
 def _columns(report) -> bool:

@@ -1,0 +1,435 @@
+"""Size expressions: tensor sizes over the size symbols of a graph traced with dynamic shapes (docs/dynamic_shapes.md).
+
+A ``SizeExpr`` is an immutable polynomial with integer coefficients in *atoms*: size symbols (``Symbol``, with
+the range Dynamo proved for them), and floor divisions and remainders of expressions by a positive integer or
+expression (``SymFloorDiv``, ``SymMod``).  Arithmetic keeps it canonical - terms merged, zero terms dropped,
+monomials ordered - so two expressions for the same polynomial compare equal and hash alike; a result without a
+symbol is a plain ``int`` (``size(...)`` normalizes), so static graphs never see a ``SizeExpr``::
+
+    T = Symbol("s27", 2)            B = Symbol("s77", 2)
+    n = 32 * B * T                  -> SizeExpr 32*s27*s77
+    n // 8                          -> 4*s27*s77          (exact: every coefficient divisible)
+    (B * T + 3) // T                -> (s27*s77 + 3) // s27  (not exact: an atom)
+    (n + 5) - n                     -> 5                  (an int)
+
+Comparisons ask what holds for every size in the symbols' ranges (``provably_lt`` / ``_le`` / ``_eq``), from the
+interval of the difference; "not provable" is False, so callers keep the general case.  Sizes are never negative
+(Dynamo's ranges start at 0 or 2), which makes each monomial's interval the product of its atoms' intervals.
+
+Dynamo's own expressions (sympy) are converted once, by ``from_sympy``; kernel IR arithmetic runs on these objects,
+which are small tuples (sympy would cost ~100x per operation).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any, Callable, Union
+
+INF = math.inf
+
+
+class _Arithmetic:
+    """Atoms take part in size arithmetic as the expressions they stand for (``2 * T + 1``)."""
+
+    def _e(self) -> "SizeExpr":
+        return SizeExpr.of(self)  # type: ignore[arg-type]
+
+    def __add__(self, o: Any) -> "Size":
+        return self._e() + o
+
+    __radd__ = __add__
+
+    def __sub__(self, o: Any) -> "Size":
+        return self._e() - o
+
+    def __rsub__(self, o: Any) -> "Size":
+        return SizeExpr.of(o) - self._e()
+
+    def __mul__(self, o: Any) -> "Size":
+        return self._e() * o
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, o: Any) -> "Size":
+        return floordiv(self, o)
+
+    def __rfloordiv__(self, o: int) -> "Size":
+        return floordiv(o, self)
+
+    def __mod__(self, o: Any) -> "Size":
+        return mod(self, o)
+
+    def __neg__(self) -> "Size":
+        return -self._e()
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class Symbol(_Arithmetic):
+    """A size symbol and its range ``[lo, hi]`` (``hi`` None: unbounded).  Equal by name."""
+    name: str
+    lo: int = 0
+    hi: int | None = None
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Symbol) and other.name == self.name
+
+    def __hash__(self) -> int:
+        return hash(("sym", self.name))
+
+    def bounds(self) -> tuple[float, float]:
+        return float(self.lo), INF if self.hi is None else float(self.hi)
+
+    def __repr__(self) -> str:
+        return self.name
+
+
+@dataclasses.dataclass(frozen=True)
+class SymFloorDiv(_Arithmetic):
+    """``arg // k`` (floor) for a non-negative ``arg`` and a positive ``k``."""
+    arg: "SizeExpr"
+    k: "Size"
+
+    def bounds(self) -> tuple[float, float]:
+        lo, hi = _bounds(self.arg)
+        klo, khi = _bounds(self.k)
+        low = 0.0 if khi == INF or lo == INF else float(math.floor(lo / khi))
+        high = hi if klo < 1 or hi == INF else float(math.floor(hi / klo))
+        return low, high
+
+    def __repr__(self) -> str:
+        return f"({self.arg} // {self.k})"
+
+
+@dataclasses.dataclass(frozen=True)
+class SymMod(_Arithmetic):
+    """``arg % k`` for a non-negative ``arg`` and a positive ``k``."""
+    arg: "SizeExpr"
+    k: "Size"
+
+    def bounds(self) -> tuple[float, float]:
+        hi = _bounds(self.arg)[1]
+        khi = _bounds(self.k)[1]
+        return 0.0, min(hi, khi - 1)
+
+    def __repr__(self) -> str:
+        return f"({self.arg} % {self.k})"
+
+
+Atom = Union[Symbol, SymFloorDiv, SymMod]
+Monomial = tuple[tuple[Atom, int], ...]  # (atom, power >= 1), ordered by repr
+Size = Union[int, "SizeExpr"]
+
+
+def _order(atom: Atom) -> str:
+    return repr(atom)
+
+
+@dataclasses.dataclass(frozen=True)
+class SizeExpr:
+    """``const + sum(coef * monomial)``; build with arithmetic on ``Symbol``-based expressions or ``size()``."""
+    const: int = 0
+    terms: tuple[tuple[Monomial, int], ...] = ()
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def of(x: "Size | Atom") -> "SizeExpr":
+        if isinstance(x, SizeExpr):
+            return x
+        if isinstance(x, int):
+            return SizeExpr(x)
+        return SizeExpr(0, ((((x, 1),), 1),))
+
+    def __add__(self, other: "Size | Atom") -> Size:
+        o = SizeExpr.of(other)
+        acc = dict(self.terms)
+        for m, c in o.terms:
+            acc[m] = acc.get(m, 0) + c
+        return _make(self.const + o.const, acc)
+
+    __radd__ = __add__
+
+    def __neg__(self) -> Size:
+        return _make(-self.const, {m: -c for m, c in self.terms})
+
+    def __sub__(self, other: "Size | Atom") -> Size:
+        return self + (-SizeExpr.of(other))
+
+    def __rsub__(self, other: "Size | Atom") -> Size:
+        return SizeExpr.of(other) + (-self)
+
+    def __mul__(self, other: "Size | Atom") -> Size:
+        o = SizeExpr.of(other)
+        acc: dict[Monomial, int] = {}
+        const = self.const * o.const
+        for m, c in self.terms:
+            if o.const:
+                acc[m] = acc.get(m, 0) + c * o.const
+        for m, c in o.terms:
+            if self.const:
+                acc[m] = acc.get(m, 0) + c * self.const
+            for m2, c2 in self.terms:
+                p = _monomial_product(m, m2)
+                acc[p] = acc.get(p, 0) + c * c2
+        return _make(const, acc)
+
+    __rmul__ = __mul__
+
+    def __floordiv__(self, k: "Size | Atom") -> Size:
+        return floordiv(self, k)
+
+    def __rfloordiv__(self, other: int) -> Size:
+        return floordiv(other, self)
+
+    def __mod__(self, k: "Size | Atom") -> Size:
+        return mod(self, k)
+
+    # ------------------------------------------------------------------ queries
+    def atoms(self) -> set[Atom]:
+        return {a for m, _ in self.terms for a, _ in m}
+
+    def symbols(self) -> set[Symbol]:
+        found: set[Symbol] = set()
+        for a in self.atoms():
+            if isinstance(a, Symbol):
+                found.add(a)
+            else:
+                found |= symbols_of(a.arg) | symbols_of(a.k)
+        return found
+
+    def __repr__(self) -> str:
+        return render(self, "py")
+
+
+def _monomial_product(a: Monomial, b: Monomial) -> Monomial:
+    powers: dict[Atom, int] = dict(a)
+    for atom, p in b:
+        powers[atom] = powers.get(atom, 0) + p
+    return tuple(sorted(powers.items(), key=lambda t: _order(t[0])))
+
+
+def _make(const: int, acc: dict[Monomial, int]) -> Size:
+    terms = tuple(sorted(((m, c) for m, c in acc.items() if c), key=lambda t: repr(t[0])))
+    return SizeExpr(const, terms) if terms else const
+
+
+def size(x: "Size | Atom") -> Size:
+    """``x`` in canonical form: an ``int`` when it holds no symbol."""
+    if isinstance(x, int):
+        return x
+    e = SizeExpr.of(x)
+    return e if e.terms else e.const
+
+
+def is_symbolic(x: Any) -> bool:
+    return isinstance(x, (SizeExpr, Symbol, SymFloorDiv, SymMod))
+
+
+def symbols_of(x: "Size | Atom") -> set[Symbol]:
+    return SizeExpr.of(x).symbols() if is_symbolic(x) else set()
+
+
+# ------------------------------------------------------------------ division
+def _divisible(x: Size, k: int) -> bool:
+    """Is every value of ``x`` a multiple of ``k`` (by its coefficients: sufficient, not necessary)?"""
+    e = SizeExpr.of(x)
+    return e.const % k == 0 and all(c % k == 0 for _, c in e.terms)
+
+
+def _exact_quotient(x: SizeExpr, k: SizeExpr) -> Size | None:
+    """``x / k`` when ``k`` is one monomial (times a coefficient) dividing every term of ``x`` exactly."""
+    if k.const or len(k.terms) != 1 or x.const:
+        return None
+    (km, kc), = k.terms
+    acc: dict[Monomial, int] = {}
+    for m, c in x.terms:
+        powers = dict(m)
+        for atom, p in km:
+            if powers.get(atom, 0) < p:
+                return None
+            powers[atom] -= p
+        if c % kc:
+            return None
+        q = tuple(sorted(((a, p) for a, p in powers.items() if p), key=lambda t: _order(t[0])))
+        acc[q] = acc.get(q, 0) + c // kc
+    const = acc.pop((), 0)
+    return _make(const, acc)
+
+
+def floordiv(x: "Size | Atom", k: "Size | Atom") -> Size:
+    """``x // k`` for a non-negative ``x`` and a positive ``k``: exact where the coefficients allow, zero where ``x``
+    is provably below ``k``, else an atom."""
+    x, k = size(x), size(k)
+    if isinstance(k, int):
+        if k <= 0:
+            raise ValueError(f"size division by {k}")
+        if k == 1:
+            return x
+        if isinstance(x, int):
+            return x // k
+        if _divisible(x, k):
+            return _make(x.const // k, {m: c // k for m, c in x.terms})
+    else:
+        if x == k:
+            return 1
+        q = _exact_quotient(SizeExpr.of(x), k)
+        if q is not None:
+            return q
+    if provably_lt(x, k):
+        return 0
+    return size(SymFloorDiv(SizeExpr.of(x), k))
+
+
+def mod(x: "Size | Atom", k: "Size | Atom") -> Size:
+    """``x % k`` for a non-negative ``x`` and a positive ``k``."""
+    x, k = size(x), size(k)
+    if isinstance(k, int) and k <= 0:
+        raise ValueError(f"size remainder by {k}")
+    if isinstance(x, int) and isinstance(k, int):
+        return x % k
+    if k == 1 or (isinstance(k, int) and _divisible(x, k)) or x == k:
+        return 0
+    if not isinstance(k, int) and _exact_quotient(SizeExpr.of(x), SizeExpr.of(k)) is not None:
+        return 0
+    if provably_lt(x, k):
+        return x
+    return size(SymMod(SizeExpr.of(x), k))
+
+
+# ------------------------------------------------------------------ ranges and comparisons
+def _bounds(x: "Size | Atom") -> tuple[float, float]:
+    """Interval of ``x`` over the symbols' ranges (sizes are non-negative)."""
+    if isinstance(x, int):
+        return float(x), float(x)
+    if not isinstance(x, SizeExpr):
+        return x.bounds()
+    lo = hi = float(x.const)
+    for m, c in x.terms:
+        mlo, mhi = 1.0, 1.0
+        for atom, p in m:
+            alo, ahi = atom.bounds()
+            mlo *= alo ** p
+            mhi = INF if ahi == INF else mhi * ahi ** p
+            if mhi != mhi:  # (0 * inf)
+                mhi = INF
+        if c > 0:
+            lo, hi = lo + c * mlo, hi + c * mhi
+        else:
+            lo, hi = lo + c * mhi, hi + c * mlo
+    return lo, hi
+
+
+def bounds(x: "Size | Atom") -> tuple[float, float]:
+    """The smallest and largest value ``x`` takes over its symbols' ranges (``math.inf`` if unbounded)."""
+    return _bounds(x)
+
+
+def provably_lt(a: "Size | Atom", b: "Size | Atom") -> bool:
+    """``a < b`` for every size in the symbols' ranges (False: not provable here)."""
+    return _bounds(size(b) - size(a) if is_symbolic(a) or is_symbolic(b) else b - a)[0] >= 1
+
+
+def provably_le(a: "Size | Atom", b: "Size | Atom") -> bool:
+    return _bounds(size(b) - size(a) if is_symbolic(a) or is_symbolic(b) else b - a)[0] >= 0
+
+
+def provably_eq(a: "Size | Atom", b: "Size | Atom") -> bool:
+    """The same polynomial (equal for every size)."""
+    return size(a) == size(b)
+
+
+# ------------------------------------------------------------------ evaluation and text
+def evaluate(x: "Size | Atom", env: dict[str, int]) -> int:
+    """The value of ``x`` with each symbol ``name`` bound to ``env[name]``."""
+    if isinstance(x, int):
+        return x
+    if isinstance(x, Symbol):
+        return env[x.name]
+    if isinstance(x, SymFloorDiv):
+        return evaluate(x.arg, env) // evaluate(x.k, env)
+    if isinstance(x, SymMod):
+        return evaluate(x.arg, env) % evaluate(x.k, env)
+    total = x.const
+    for m, c in x.terms:
+        v = c
+        for atom, p in m:
+            v *= evaluate(atom, env) ** p
+        total += v
+    return total
+
+
+def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | None = None) -> str:
+    """``x`` as C++ (``int64_t`` arithmetic; operands are non-negative, so ``/`` is the floor) or Python text;
+    ``name`` spells a symbol (default: its own name)."""
+    spell = name or (lambda s: s.name)
+    div = "/" if lang == "cpp" else "//"
+    if isinstance(x, int):
+        return str(x) if lang != "cpp" or abs(x) < 2**31 else f"INT64_C({x})"
+    if isinstance(x, Symbol):
+        return spell(x)
+    if isinstance(x, SymFloorDiv):
+        return f"({render(x.arg, lang, name)} {div} {render(x.k, lang, name)})"
+    if isinstance(x, SymMod):
+        return f"({render(x.arg, lang, name)} % {render(x.k, lang, name)})"
+    parts = []
+    for m, c in x.terms:
+        factors = [render(a, lang, name) for a, p in m for _ in range(p)]
+        text = "*".join(factors)
+        parts.append(text if c == 1 else (f"-{text}" if c == -1 else f"{c}*{text}"))
+    if x.const:
+        parts.append(str(x.const))
+    text = " + ".join(parts).replace("+ -", "- ")
+    return f"({text})" if len(parts) > 1 else text
+
+
+# ------------------------------------------------------------------ from Dynamo's sympy expressions
+class UnsupportedSize(ValueError):
+    """A size expression kiln has no form for (a ``Max``, a non-integer power, ...)."""
+
+
+def symbols_of_shape_env(shape_env: Any) -> dict[str, Symbol]:
+    """kiln's ``Symbol`` for each size symbol of a Dynamo ``ShapeEnv``, with the range Dynamo proved for it."""
+    import sympy
+    found = {}
+    for s, r in shape_env.var_to_range.items():
+        lo = int(r.lower) if isinstance(r.lower, sympy.Integer) else 0
+        hi = int(r.upper) if isinstance(r.upper, sympy.Integer) else None  # (torch's int_oo is no Integer)
+        found[s.name] = Symbol(s.name, max(lo, 0), hi)
+    return found
+
+
+def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
+    """Dynamo's size expression (sympy, with torch's ``FloorDiv``/``ModularIndexing``/``CleanDiv``) as a ``Size``;
+    ``symbols`` maps each symbol's name to kiln's ``Symbol`` (with its range)."""
+    import sympy
+    if isinstance(expr, int):
+        return expr
+    if isinstance(expr, sympy.Integer) or (isinstance(expr, sympy.Number) and expr == int(expr)):
+        return int(expr)
+    if isinstance(expr, sympy.Symbol):
+        if expr.name not in symbols:
+            raise UnsupportedSize(f"unknown size symbol {expr.name}")
+        return SizeExpr.of(symbols[expr.name])
+    args = [from_sympy(a, symbols) for a in expr.args]
+    kind = type(expr).__name__
+    if isinstance(expr, sympy.Add):
+        total: Size = 0
+        for a in args:
+            total = size(SizeExpr.of(total) + a)
+        return total
+    if isinstance(expr, sympy.Mul):
+        product: Size = 1
+        for a in args:
+            product = size(SizeExpr.of(product) * a)
+        return product
+    if isinstance(expr, sympy.Pow) and isinstance(args[1], int) and args[1] >= 0:
+        result: Size = 1
+        for _ in range(args[1]):
+            result = size(SizeExpr.of(result) * args[0])
+        return result
+    if kind in ("FloorDiv", "CleanDiv", "IntTrueDiv") and len(args) == 2:
+        return floordiv(args[0], args[1])
+    if kind == "ModularIndexing" and len(args) == 3:
+        return mod(floordiv(args[0], args[1]), args[2])
+    if kind in ("Mod", "PythonMod") and len(args) == 2:
+        return mod(args[0], args[1])
+    raise UnsupportedSize(f"size expression {expr} ({kind})")

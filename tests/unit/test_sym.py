@@ -1,0 +1,140 @@
+"""Size expressions (ir/sym.py): canonical forms, exact and inexact division, ranges, evaluation, text, and the
+conversion of Dynamo's own expressions - the first layer of dynamic shapes (docs/dynamic_shapes.md)."""
+import random
+
+import pytest
+import torch
+
+from kiln.ir.sym import (SizeExpr, Symbol, SymFloorDiv, UnsupportedSize, bounds, evaluate, floordiv, from_sympy,
+                         mod, provably_eq, provably_le, provably_lt, render, size, symbols_of,
+                         symbols_of_shape_env)
+
+T, B = Symbol("s27", 2), Symbol("s77", 2)
+
+
+def test_canonical_form_and_plain_ints():
+    n = 32 * B * T
+    assert n == T * 32 * B and hash(n) == hash(T * B * 32)
+    assert (n + 5) - n == 5 and isinstance((n + 5) - n, int)
+    assert size(SizeExpr.of(7)) == 7 and T * 0 == 0
+    assert render(n - 3 * T, "py") == "(32*s27*s77 - 3*s27)"
+    assert symbols_of(n + B) == {T, B}
+    assert Symbol("s27", 5) == T  # equal by name
+
+
+def test_division_exact_where_coefficients_allow_else_an_atom():
+    assert floordiv(32 * B * T, 8) == 4 * B * T
+    assert floordiv(6 * B * T, 3 * T) == 2 * B
+    assert floordiv(B * T, B * T) == 1
+    q = floordiv(B * T + 3, T)
+    assert isinstance(SizeExpr.of(q).terms[0][0][0][0], SymFloorDiv)
+    assert mod(4 * T, 2) == 0 and mod(T * B, T) == 0 and mod(T + 1, 1) == 0
+    assert floordiv(1, T) == 0 and mod(1, T) == 1  # (1 < T for T >= 2)
+    with pytest.raises(ValueError):
+        floordiv(T, 0)
+
+
+def test_ranges_decide_comparisons():
+    assert bounds(T - 1) == (1.0, float("inf"))
+    assert provably_lt(T - 1, T) and provably_le(2, T) and not provably_lt(T, B)
+    assert not provably_lt(T, 2 * T - 2)  # T = 2 makes them equal
+    assert provably_le(T, 2 * T - 2) and provably_eq(T * B, B * T)
+    bounded = Symbol("s1", 1, 64)
+    assert provably_lt(bounded, 65) and not provably_lt(bounded, 64)
+    assert bounds(floordiv(B * T + 3, T)) == (0.0, float("inf"))  # (intervals: B is not found)
+
+
+def _random_expr(rng, depth):
+    """(expression, function of the symbols' values computing the same thing with Python ints)."""
+    if depth == 0 or rng.random() < 0.3:
+        if rng.random() < 0.5:
+            c = rng.randint(0, 9)
+            return c, lambda env, c=c: c
+        s = rng.choice([T, B])
+        return SizeExpr.of(s), lambda env, s=s: env[s.name]
+    a, fa = _random_expr(rng, depth - 1)
+    b, fb = _random_expr(rng, depth - 1)
+    op = rng.choice("+*-/%")
+    if op == "+":
+        return size(SizeExpr.of(a) + b), lambda env: fa(env) + fb(env)
+    if op == "*":
+        return size(SizeExpr.of(a) * b), lambda env: fa(env) * fb(env)
+    if op == "-":  # keep sizes non-negative: a + b - b
+        return size(SizeExpr.of(a) + b - b), lambda env: fa(env)
+    d, fd = (size(SizeExpr.of(b) + 1), lambda env: fb(env) + 1)  # a positive divisor
+    if op == "/":
+        return floordiv(a, d), lambda env: fa(env) // fd(env)
+    return mod(a, d), lambda env: fa(env) % fd(env)
+
+
+def test_arithmetic_agrees_with_integers_under_every_binding():
+    rng = random.Random(0)
+    for _ in range(400):
+        expr, reference = _random_expr(rng, 4)
+        for _ in range(5):
+            env = {"s27": rng.randint(2, 40), "s77": rng.randint(2, 40)}
+            want = reference(env)
+            assert evaluate(expr, env) == want, (expr, env)
+            assert eval(render(expr, "py"), {}, dict(env)) == want, render(expr, "py")
+            lo, hi = bounds(expr)
+            assert lo <= want <= hi, (expr, env, lo, hi)
+
+
+def test_cpp_text():
+    assert render(floordiv(B * T + 3, T)) == "((s27*s77 + 3) / s27)"
+    assert render(2**40 + 0 * T) == "INT64_C(1099511627776)"
+    assert render(B, name=lambda s: f"kiln_sizes[{s.name[1:]}]") == "kiln_sizes[77]"
+
+
+def test_dynamo_expressions_convert_and_evaluate():
+    """Every placeholder size and view size of a graph traced with dynamic=True, converted and evaluated against
+    the sizes of the call that traced it."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    seen = []
+
+    def backend(gm, example_inputs):
+        def inner(g, fake_inputs):
+            def run(*args):
+                seen.append((g, args))  # the call's real inputs: tensors and the symbols' values
+                return g.forward(*args)
+            return run
+        return aot_module_simplified(gm, example_inputs, fw_compiler=inner)
+
+    def f(x, y):
+        z = torch.cat([x.reshape(-1, 8), y], 0)
+        return z[: x.shape[0] * 2].sum(0), z.reshape(2, -1) * x.shape[1]
+
+    x, y = torch.randn(3, 5, 16), torch.randn(7, 8)
+    with torch.inference_mode():
+        torch.compile(f, backend=backend, dynamic=True)(x, y)
+    (g, inputs), = seen
+    shape_env = next(v.shape[0].node.shape_env for v in (n.meta.get("val") for n in g.graph.nodes)
+                     if isinstance(v, torch.Tensor) and v.dim() and isinstance(v.shape[0], torch.SymInt))
+    symbols = symbols_of_shape_env(shape_env)
+    assert all(s.lo == 2 and s.hi is None for name, s in symbols.items() if name in ("s27", "s77"))
+    env = {}
+    placeholders = [n for n in g.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, inputs):
+        if isinstance(value, int):
+            env[str(node.meta["val"].node.expr)] = value
+    actual = {}
+
+    class Record(torch.fx.Interpreter):
+        def run_node(self, n):
+            out = super().run_node(n)
+            actual[n] = out
+            return out
+    Record(g).run(*inputs)
+    checked = 0
+    for node in g.graph.nodes:
+        val = node.meta.get("val")
+        if not isinstance(val, torch.Tensor):
+            continue
+        for dim, s in enumerate(val.shape):
+            expr = s.node.expr if isinstance(s, torch.SymInt) else s
+            assert evaluate(from_sympy(expr, symbols), env) == actual[node].shape[dim], (node, dim, expr)
+            checked += 1
+    assert checked > 10 and len(env) >= 2
+    import sympy
+    with pytest.raises(UnsupportedSize):
+        from_sympy(sympy.Max(sympy.Symbol("s27"), 3), symbols | {"s27": T})
