@@ -13,7 +13,8 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim, result_dtype
+from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim, result_dtype, sym_size
+from kiln.ir.sym import Size
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op, broadcast_shapes, numel
 
@@ -54,8 +55,8 @@ def out_dtype(fx_node: Any) -> torch.dtype:
     return meta_val(fx_node).dtype
 
 
-def out_shape(fx_node: Any) -> tuple[int, ...]:
-    return tuple(int(s) for s in meta_val(fx_node).shape)
+def out_shape(fx_node: Any) -> tuple[Size, ...]:
+    return tuple(sym_size(s) for s in meta_val(fx_node).shape)
 
 
 # ------------------------------------------------------------------------------------------- elementwise

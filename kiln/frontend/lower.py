@@ -92,37 +92,66 @@ def _has_symbols(v: Any) -> bool:
     return False
 
 
+def _shape_env(gm: torch.fx.GraphModule) -> Any:
+    """The ShapeEnv of a graph traced with dynamic shapes (None if no value has a symbolic size)."""
+    for fx_node in gm.graph.nodes:
+        val = fx_node.meta.get("val")
+        sizes = list(val.shape) if isinstance(val, torch.Tensor) else [val]
+        for s in sizes:
+            if isinstance(s, torch.SymInt):
+                return s.node.shape_env
+    return None
+
+
 def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
-             kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES, triton: bool = False) -> tuple[Graph, list[str]]:
+             kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES, triton: bool = False,
+             symbolic: bool = False) -> tuple[Graph, list[str]]:
     """Lower ``gm``; ``frozen`` maps placeholder positions to the tensors they are frozen to.  Ops on dtypes
     outside ``kernel_dtypes`` (what the code generator handles) stay EXTERN; ``triton``: for the Triton target
     (the few lowerings whose best form differs by target ask ``Lowerer.triton``).
 
-    Returns the graph (whose INPUTs are the non-frozen placeholders, in order) and the list of ATen ops
+    ``symbolic``: a graph traced with dynamic shapes is lowered with size expressions (docs/dynamic_shapes.md:
+    the graph IR and its reference interpreter take them; the code generators do not yet, so the compiler still
+    refuses such graphs and runs them eagerly).  Its int placeholders (the size symbols' values) become no
+    INPUT; a lowering that cannot take a symbolic size leaves its op an EXTERN; a lowering that made Dynamo add a
+    guard (specialized a size) fails the whole graph.
+
+    Returns the graph (whose INPUTs are the non-frozen tensor placeholders, in order) and the list of ATen ops
     that stayed EXTERN.
     """
     b = GraphBuilder()
     L = Lowerer(b)
     L.kernel_dtypes = kernel_dtypes
     L.triton = triton
+    shape_env = _shape_env(gm) if symbolic else None
+    guards = 0
+    if shape_env is not None:
+        L.symbolic = True
+        guards = len(shape_env.guards)
     env: dict[torch.fx.Node, Any] = {}
     outputs: list[Node] = []
     position = 0
     for fx_node in gm.graph.nodes:
-        if _has_symbols(fx_node.meta.get("val")):
+        val = fx_node.meta.get("val")
+        if shape_env is None and _has_symbols(val):
             raise LoweringError(f"kiln compiles static shapes only, and this graph has symbolic sizes (traced with "
                                 f"dynamic shapes: torch.compile(dynamic=True), or a call at a new size or new int "
                                 f"argument under dynamic=None; kiln.compile uses dynamic=False): "
                                 f"{fx_node.format_node()}")
+        if shape_env is not None and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            if not isinstance(val, torch.SymInt):
+                raise LoweringError(f"symbolic {type(val).__name__} value: {fx_node.format_node()}")
+            env[fx_node] = L.size(val)  # a size symbol's value, or arithmetic on sizes
+            position += fx_node.op == "placeholder"
+            continue
         if fx_node.op == "placeholder":
-            val = fx_node.meta.get("val")
             if is_effect_token(fx_node):  # (AOTAutograd passes None for it at run time: a constant here)
                 env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(torch.empty(0)))
             elif position in frozen:
                 env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(frozen[position].detach()))
             elif isinstance(val, torch.Tensor):
-                env[fx_node] = b.add(Op.INPUT, (), shape=tuple(val.shape), dtype=val.dtype, index=position,
-                                     name=fx_node.name)
+                env[fx_node] = b.add(Op.INPUT, (), shape=tuple(L.size(s) for s in val.shape), dtype=val.dtype,
+                                     index=position, name=fx_node.name)
             else:
                 raise LoweringError(f"non-tensor input {fx_node.name}")
             position += 1
@@ -142,6 +171,8 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
                 outputs.append(value)
         else:
             raise LoweringError(f"unsupported FX node kind {fx_node.op}")
+    if shape_env is not None and len(shape_env.guards) != guards:
+        raise LoweringError(f"lowering specialized a symbolic size (Dynamo guard {shape_env.guards[-1].expr})")
     return b.finish(outputs), L.externs
 
 
@@ -160,12 +191,15 @@ def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any
     lowering = LOWERINGS.get(packet)
     if lowering is not None and _kernel_dtypes_only(fx_node, args, kwargs, L.kernel_dtypes):
         mark = len(L.b.nodes)
+        # a lowering written for static sizes meets a size expression where it needs an int (a comparison, a
+        # range): with symbolic sizes that is a TypeError, and the op stays the ATen call
+        declined = (Unsupported, TypeError) if L.symbolic else Unsupported
         try:
             result = lowering(L, fx_node, *args, **kwargs)
             if _rounds_inside(L.b.nodes[mark:]):
                 result = _in_fp32(L, mark, result)
             return result
-        except Unsupported:
+        except declined:
             del L.b.nodes[mark:]  # drop half-built nodes; they are unreferenced
     if not isinstance(target, torch._ops.OpOverload):
         raise LoweringError(f"cannot lower call to {target}")

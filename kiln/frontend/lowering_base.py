@@ -7,6 +7,7 @@ graph ``Node``s for tensors, Python values otherwise.
 from __future__ import annotations
 
 import math
+import weakref
 from typing import Any, Sequence
 
 import torch
@@ -15,6 +16,7 @@ import torch.fx
 from kiln.ir.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.ops import Op, broadcast_shapes, numel, reduced_shape
+from kiln.ir.sym import Size, Symbol, from_sympy, symbols_of_shape_env
 
 # dtypes the generated kernels load and store; anything else runs as an EXTERN ATen call.  Half precision is
 # computed in fp32 by both code generators (codegen/cpp_expr.py, codegen/triton_expr.py).
@@ -29,6 +31,22 @@ class Unsupported(Exception):
 
 def meta_val(fx_node: torch.fx.Node) -> Any:
     return fx_node.meta.get("val")
+
+
+_SYMBOLS: "weakref.WeakKeyDictionary[Any, dict[str, Symbol]]" = weakref.WeakKeyDictionary()
+
+
+def sym_size(v: Any) -> Size:
+    """A size from the traced graph as kiln's: an int, or a ``torch.SymInt`` as a size expression over kiln's
+    ``Symbol``s (their ranges from the SymInt's ShapeEnv) - never ``int()`` of it, which would make Dynamo guard
+    on (specialize) the size."""
+    if isinstance(v, torch.SymInt):
+        shape_env = v.node.shape_env
+        symbols = _SYMBOLS.get(shape_env)
+        if symbols is None or any(s.name not in symbols for s in v.node.expr.free_symbols):
+            symbols = _SYMBOLS[shape_env] = symbols_of_shape_env(shape_env)
+        return from_sympy(v.node.expr, symbols)
+    return int(v)
 
 
 def norm_dim(d: int, ndim: int) -> int:
@@ -46,6 +64,11 @@ class Lowerer:
         self.externs: list[str] = []
         self.kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES  # the code generator's (lower_fx sets it)
         self.triton = False  # lowering for the Triton target (lower_fx sets it)
+        self.symbolic = False  # lowering a graph traced with dynamic shapes (lower_fx sets it)
+
+    @staticmethod
+    def size(v: Any) -> Size:
+        return sym_size(v)
 
     # ---------------------------------------------------------------- leaves
     def scalar(self, value: Any, dtype: torch.dtype) -> Node:
@@ -145,12 +168,13 @@ class Lowerer:
         target = owning_variant(fx_node.target)
         self.externs.append(str(target))
         if isinstance(val, torch.Tensor):
-            return build_extern(self.b, target, args, kwargs, val.shape, val.dtype)
+            return build_extern(self.b, target, args, kwargs, [self.size(s) for s in val.shape], val.dtype)
         if isinstance(val, (list, tuple)):
             outs = []
             for k, v in enumerate(val):
                 if isinstance(v, torch.Tensor):
-                    outs.append(build_extern(self.b, target, args, kwargs, v.shape, v.dtype, k))
+                    outs.append(build_extern(self.b, target, args, kwargs, [self.size(s) for s in v.shape], v.dtype,
+                                             k))
                 else:
                     outs.append(v)
             return tuple(outs)

@@ -10,6 +10,8 @@ from typing import Any, Sequence
 
 import torch
 
+from kiln.ir.sym import concrete
+
 
 @dataclasses.dataclass(frozen=True)
 class InputRef:
@@ -61,22 +63,25 @@ def fast_callable(target: Any, out: bool = False) -> Any:
     return target.overloadpacket.out if out else target
 
 
-def substitute(template: Any, values: Sequence[Any]) -> Any:
+def substitute(template: Any, values: Sequence[Any], sizes: dict[str, int] | None = None) -> Any:
+    """``template`` with its input references replaced by ``values`` (and its size expressions evaluated under
+    ``sizes``, the call's binding of the size symbols, where given)."""
     if isinstance(template, InputRef):
         return values[template.index]
     if isinstance(template, Baked):
         return template.value
     if isinstance(template, (list, tuple)):
-        items = [substitute(t, values) for t in template]
+        items = [substitute(t, values, sizes) for t in template]
         return type(template)(items) if isinstance(template, tuple) else items
     if isinstance(template, dict):
-        return {k: substitute(v, values) for k, v in template.items()}
-    return template
+        return {k: substitute(v, values, sizes) for k, v in template.items()}
+    return concrete(template, sizes)
 
 
-def call_extern(node: Any, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Run an EXTERN node's op on concrete tensors; returns output ``out_index`` when the op returns several."""
-    args, kwargs = substitute(node.attr("template"), inputs)
+def call_extern(node: Any, inputs: Sequence[torch.Tensor], sizes: dict[str, int] | None = None) -> torch.Tensor:
+    """Run an EXTERN node's op on concrete tensors; returns output ``out_index`` when the op returns several.
+    ``sizes``: the values of the size symbols in its arguments (a graph traced with dynamic shapes)."""
+    args, kwargs = substitute(node.attr("template"), inputs, sizes)
     out = node.attr("target")(*args, **kwargs)
     index = node.attr("out_index")
     if index is not None:

@@ -23,7 +23,8 @@ from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 
-from kiln.ir.ops import (BOOL_RESULT, ELEMENTWISE, REDUCTION, VIEW, Op, broadcast_shapes, numel,
+from kiln.ir.sym import Size
+from kiln.ir.ops import (BOOL_RESULT, ELEMENTWISE, REDUCTION, VIEW, Op, broadcast_shapes, dim, numel,
                          reduced_shape)
 
 
@@ -52,7 +53,7 @@ class Node:
     op: Op
     inputs: tuple["Node", ...]
     attrs: dict[str, Any]
-    shape: tuple[int, ...]
+    shape: tuple[Size, ...]  # ints; a size expression (ir/sym.py) where the graph was traced with dynamic shapes
     dtype: torch.dtype
     uid: int = dataclasses.field(default_factory=lambda: next(_ids))
 
@@ -60,7 +61,7 @@ class Node:
         return self.attrs.get(name, default)
 
     @property
-    def numel(self) -> int:
+    def numel(self) -> Size:
         return numel(self.shape)
 
     def key(self) -> tuple:
@@ -188,9 +189,9 @@ class GraphBuilder:
             dtype: torch.dtype | None = None, **attrs: Any) -> Node:
         inputs = tuple(inputs)
         if op in (Op.RESHAPE, Op.EXPAND) and shape is not None:
-            attrs["shape"] = tuple(int(s) for s in shape)  # the target shape is the op's attribute
+            attrs["shape"] = tuple(dim(s) for s in shape)  # the target shape is the op's attribute
         inf_shape, inf_dtype = infer(op, inputs, attrs, shape, dtype)
-        node = Node(op, inputs, attrs, tuple(int(s) for s in inf_shape), inf_dtype)
+        node = Node(op, inputs, attrs, tuple(dim(s) for s in inf_shape), inf_dtype)
         self.nodes.append(node)
         if op is Op.INPUT:
             self.inputs.append(node)

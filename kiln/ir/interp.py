@@ -11,6 +11,7 @@ import torch
 
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import VIEW, Op
+from kiln.ir.sym import SizeExpr, Symbol, concrete, evaluate, is_symbolic
 
 
 def _python_floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -44,7 +45,7 @@ _ELEMENTWISE: dict[Op, Callable[..., torch.Tensor]] = {
 }
 
 
-def _reduce(n: Node, x: torch.Tensor) -> torch.Tensor:
+def _reduce(n: Node, x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
     axes, keepdim = n.attr("axes"), n.attr("keepdim")
     if n.op in (Op.ARGMAX, Op.ARGMIN):
         fn = torch.argmax if n.op is Op.ARGMAX else torch.argmin
@@ -60,12 +61,12 @@ def _reduce(n: Node, x: torch.Tensor) -> torch.Tensor:
     out = x
     for a in sorted(axes, reverse=True):
         out = torch.prod(out, dim=a, keepdim=True, dtype=n.dtype)
-    return out if keepdim else out.reshape(n.shape)
+    return out if keepdim else out.reshape(shape)
 
 
-def _slice(n: Node, x: torch.Tensor) -> torch.Tensor:
-    d, start, step = n.attr("dim"), n.attr("start"), n.attr("step")
-    return torch.ops.aten.slice.Tensor(x, d, start, start + step * n.shape[d], step)
+def _slice(n: Node, x: torch.Tensor, shape: Sequence[int], sizes: dict[str, int] | None) -> torch.Tensor:
+    d, start, step = n.attr("dim"), concrete(n.attr("start"), sizes), n.attr("step")
+    return torch.ops.aten.slice.Tensor(x, d, start, start + step * shape[d], step)
 
 
 def _pad(n: Node, x: torch.Tensor) -> torch.Tensor:
@@ -90,10 +91,12 @@ def _same_device(args: Sequence[Any]) -> Sequence[Any]:
     return [a.to(target) if isinstance(a, torch.Tensor) else a for a in args]
 
 
-def eval_node(n: Node, args: Sequence[Any]) -> torch.Tensor:
-    """Evaluate one node on concrete input tensors (``args`` in ``n.inputs`` order)."""
+def eval_node(n: Node, args: Sequence[Any], sizes: dict[str, int] | None = None) -> torch.Tensor:
+    """Evaluate one node on concrete input tensors (``args`` in ``n.inputs`` order); ``sizes`` binds the size
+    symbols of a graph traced with dynamic shapes (``bind_sizes``)."""
     op = n.op
     args = _same_device(args)
+    shape = concrete(n.shape, sizes)
     if op in _ELEMENTWISE:
         out = _ELEMENTWISE[op](*args)
         if op is Op.DIV and not n.dtype.is_floating_point and not n.dtype.is_complex:
@@ -104,19 +107,19 @@ def eval_node(n: Node, args: Sequence[Any]) -> torch.Tensor:
     if op is Op.CONSTANT:
         return n.attr("value").tensor
     if op is Op.FULL:
-        return torch.full(n.shape, n.attr("value"), dtype=n.dtype)
+        return torch.full(shape, n.attr("value"), dtype=n.dtype)
     if op is Op.IOTA:
-        return n.attr("start") + n.attr("step") * torch.arange(n.shape[0], dtype=torch.int64).to(n.dtype)
+        return n.attr("start") + n.attr("step") * torch.arange(shape[0], dtype=torch.int64).to(n.dtype)
     if op in (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ARGMAX, Op.ARGMIN):
-        return _reduce(n, args[0])
+        return _reduce(n, args[0], shape)
     if op is Op.RESHAPE:
-        return args[0].reshape(n.shape)
+        return args[0].reshape(shape)
     if op is Op.PERMUTE:
         return args[0].permute(n.attr("dims"))
     if op is Op.EXPAND:
-        return args[0].expand(n.shape)
+        return args[0].expand(shape)
     if op is Op.SLICE:
-        return _slice(n, args[0])
+        return _slice(n, args[0], shape, sizes)
     if op is Op.PAD:
         return _pad(n, args[0])
     if op is Op.CAT:
@@ -124,25 +127,54 @@ def eval_node(n: Node, args: Sequence[Any]) -> torch.Tensor:
     if op is Op.TAKE:
         x, idx = args
         d = n.attr("dim")
-        return x.index_select(d, idx.reshape(-1)).reshape(n.shape)
+        return x.index_select(d, idx.reshape(-1)).reshape(shape)
     if op is Op.GATHER:
         return torch.gather(args[0], n.attr("dim"), args[1])
     if op is Op.EXTERN:
-        return run_extern(n, args)
+        from kiln.ir.extern import call_extern
+        return call_extern(n, args, sizes)
     raise NotImplementedError(f"interp: no rule for {op.value}")
+
+
+def bind_sizes(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[str, int] | None:
+    """The values of a symbolic graph's size symbols in a call with ``inputs`` (None for a static graph): each
+    symbol read from an input dimension that is that symbol alone, then every input dimension checked against
+    its expression.  Raises ValueError naming the input, dimension and expression that disagree."""
+    if not any(is_symbolic(s) for node in graph.inputs for s in node.shape):
+        return None
+    env: dict[str, int] = {}
+    for node, value in zip(graph.inputs, inputs):
+        for s, actual in zip(node.shape, value.shape):
+            if isinstance(s, SizeExpr) and s.const == 0 and len(s.terms) == 1:
+                (monomial, coef), = s.terms
+                if coef == 1 and len(monomial) == 1 and monomial[0][1] == 1 and isinstance(monomial[0][0], Symbol):
+                    env.setdefault(monomial[0][0].name, int(actual))
+    for k, (node, value) in enumerate(zip(graph.inputs, inputs)):
+        if len(node.shape) != value.dim():
+            raise ValueError(f"input {k}: expected {len(node.shape)} dimensions, got shape {list(value.shape)}")
+        for d, (s, actual) in enumerate(zip(node.shape, value.shape)):
+            try:
+                want = evaluate(s, env)
+            except KeyError as missing:
+                raise ValueError(f"input {k}: size symbol {missing} is no input's dimension") from None
+            if want != actual:
+                raise ValueError(f"input {k}: dimension {d} is {s} = {want} for this call's sizes {env}, got "
+                                 f"{actual}")
+    return env
 
 
 def interpret(graph: Graph, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
     """Run ``graph`` on ``inputs`` with eager torch; returns the outputs in order."""
     if len(inputs) != len(graph.inputs):
         raise ValueError(f"interpret: graph takes {len(graph.inputs)} inputs, got {len(inputs)}")
+    sizes = bind_sizes(graph, inputs)
     env: dict[Node, torch.Tensor] = {}
     for node, value in zip(graph.inputs, inputs):
         env[node] = value
     for n in graph.nodes:
         if n.op is Op.INPUT:
             continue
-        env[n] = eval_node(n, [env[i] for i in n.inputs])
+        env[n] = eval_node(n, [env[i] for i in n.inputs], sizes)
     return [env[o] for o in graph.outputs]
 
 

@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import enum
 import math
+from typing import Any
 
 import torch
+
+from kiln.ir.sym import Size, SizeExpr, is_symbolic, size
 
 
 class Op(enum.Enum):
@@ -122,15 +125,26 @@ SOURCE = frozenset({Op.INPUT, Op.CONSTANT, Op.FULL, Op.IOTA})
 INLINABLE = ELEMENTWISE | MOVEMENT | INDIRECT | frozenset({Op.FULL, Op.IOTA})
 
 
-def reduced_shape(shape: tuple[int, ...], axes: tuple[int, ...], keepdim: bool) -> tuple[int, ...]:
+def dim(s: Any) -> Size:
+    """One dimension of a shape: an ``int`` (from any integer-like: numpy, torch), or a size expression kept as is
+    (a graph traced with dynamic shapes, ir/sym.py)."""
+    if is_symbolic(s):
+        return size(s)
+    if isinstance(s, torch.SymInt):  # int() would make Dynamo guard on (specialize) the size
+        raise TypeError(f"a torch.SymInt ({s}) reached a kiln shape: convert it with Lowerer.size")
+    return int(s)
+
+
+def reduced_shape(shape: tuple[Size, ...], axes: tuple[int, ...], keepdim: bool) -> tuple[Size, ...]:
     """Shape after reducing ``axes`` of ``shape``."""
     if keepdim:
         return tuple(1 if d in axes else s for d, s in enumerate(shape))
     return tuple(s for d, s in enumerate(shape) if d not in axes)
 
 
-def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
-    """Numpy broadcasting; raises ValueError naming the shapes."""
+def broadcast_shapes(*shapes: tuple[Size, ...]) -> tuple[Size, ...]:
+    """Numpy broadcasting; raises ValueError naming the shapes.  A symbolic size broadcasts with 1 and with
+    itself (the same expression) only: Dynamo has already replaced sizes it proved equal."""
     ndim = max((len(s) for s in shapes), default=0)
     out = []
     for d in range(ndim):
@@ -142,19 +156,21 @@ def broadcast_shapes(*shapes: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(out)
 
 
-def numel(shape: tuple[int, ...]) -> int:
-    n = 1
+def numel(shape: tuple[Size, ...]) -> Size:
+    n: Size = 1
     for s in shape:
-        n *= s
+        n = n * s
     return n
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape: tuple[Size, ...]) -> tuple[Size, ...]:
+    """Row-major strides (a dimension of size 0 counts as 1; a symbolic one is at least 2, Dynamo specializing 0
+    and 1)."""
     strides = []
-    acc = 1
+    acc: Size = 1
     for s in reversed(shape):
         strides.append(acc)
-        acc *= max(s, 1)
+        acc = acc * (s if isinstance(s, SizeExpr) else max(s, 1))
     return tuple(reversed(strides))
 
 

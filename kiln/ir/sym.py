@@ -357,6 +357,18 @@ def evaluate(x: "Size | Atom", env: dict[str, int]) -> int:
     return total
 
 
+def concrete(x: Any, env: dict[str, int] | None) -> Any:
+    """``x`` with its symbols bound (``evaluate``) when it is a size expression and ``env`` is given; lists and
+    tuples item by item; anything else as it is."""
+    if env is None:
+        return x
+    if is_symbolic(x):
+        return evaluate(x, env)
+    if isinstance(x, (list, tuple)):
+        return type(x)(concrete(v, env) for v in x)
+    return x
+
+
 def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | None = None) -> str:
     """``x`` as C++ (``int64_t`` arithmetic; operands are non-negative, so ``/`` is the floor) or Python text;
     ``name`` spells a symbol (default: its own name)."""
@@ -408,7 +420,8 @@ def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
     if isinstance(expr, sympy.Symbol):
         if expr.name not in symbols:
             raise UnsupportedSize(f"unknown size symbol {expr.name}")
-        return SizeExpr.of(symbols[expr.name])
+        s = symbols[expr.name]
+        return s.lo if s.hi == s.lo else SizeExpr.of(s)  # (a range of one value: Dynamo proved it static)
     args = [from_sympy(a, symbols) for a in expr.args]
     kind = type(expr).__name__
     if isinstance(expr, sympy.Add):
