@@ -13,7 +13,7 @@ from typing import Any, Callable
 
 import torch
 
-from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim, result_dtype, sym_size
+from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_shape, meta_val, norm_dim, result_dtype
 from kiln.ir.sym import Size
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op, broadcast_shapes, numel
@@ -36,11 +36,11 @@ def register(*packets: Any) -> Callable:
             val = meta_val(n)
             vals = list(val) if isinstance(val, (list, tuple)) else [val]
             if vals and all(isinstance(v, torch.Tensor) and v.numel() == 0 for v in vals):
-                empties = [L.full(0, tuple(v.shape), v.dtype) for v in vals]
+                empties = [L.full(0, meta_shape(v), v.dtype) for v in vals]
                 return empties[0] if isinstance(val, torch.Tensor) else tuple(empties)
             out = fn(L, n, *args, **kwargs)
             if isinstance(val, (list, tuple)) and isinstance(out, (list, tuple)) and len(out) == len(val):
-                out = tuple(L.full(0, tuple(v.shape), v.dtype) if isinstance(v, torch.Tensor) and v.numel() == 0
+                out = tuple(L.full(0, meta_shape(v), v.dtype) if isinstance(v, torch.Tensor) and v.numel() == 0
                             and isinstance(o, Node) else o for o, v in zip(out, val))
             return out
         lower.__name__ = fn.__name__
@@ -56,7 +56,7 @@ def out_dtype(fx_node: Any) -> torch.dtype:
 
 
 def out_shape(fx_node: Any) -> tuple[Size, ...]:
-    return tuple(sym_size(s) for s in meta_val(fx_node).shape)
+    return meta_shape(meta_val(fx_node))
 
 
 # ------------------------------------------------------------------------------------------- elementwise
@@ -622,7 +622,7 @@ def _layer_norm(L: Lowerer, n: Any, x: Node, normalized_shape: Any, weight: Any,
         out = L.binary(Op.MUL, out, weight, dtype)
     if bias is not None:
         out = L.binary(Op.ADD, out, bias, dtype)
-    stat_shape = tuple(meta_val(n)[1].shape)
+    stat_shape = meta_shape(meta_val(n)[1])
     return out, L.reshape(mean, stat_shape), L.reshape(rstd, stat_shape)
 
 
@@ -641,7 +641,7 @@ def _group_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, N: int, C: 
         out = L.binary(Op.MUL, out, L.reshape(weight, (C, 1)), dtype)
     if bias is not None:
         out = L.binary(Op.ADD, out, L.reshape(bias, (C, 1)), dtype)
-    stat = tuple(meta_val(n)[1].shape)
+    stat = meta_shape(meta_val(n)[1])
     return L.reshape(out, x.shape), L.reshape(mean, stat), L.reshape(rstd, stat)
 
 
@@ -689,7 +689,7 @@ def _batch_norm_inference(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, m
         shift = L.binary(Op.ADD, shift, bias, dtype)
     nd = len(x.shape)
     out = L.binary(Op.ADD, L.binary(Op.MUL, x, _channel(L, scale, nd), dtype), _channel(L, shift, nd), dtype)
-    empty = [L.full(0.0, tuple(v.shape), v.dtype) for v in meta_val(n)[1:]]
+    empty = [L.full(0.0, meta_shape(v), v.dtype) for v in meta_val(n)[1:]]
     return (out, *empty)
 
 
@@ -748,7 +748,7 @@ def _batch_norm_functional(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, 
         if vals[1].numel() or vals[2].numel():
             raise Unsupported("batch_norm statistics in eval mode")
         out = _batch_norm_inference(L, n, x, weight, bias, running_mean, running_var, momentum, eps)[0]
-        return (out, L.full(0, tuple(vals[1].shape), vals[1].dtype), L.full(0, tuple(vals[2].shape), vals[2].dtype),
+        return (out, L.full(0, meta_shape(vals[1]), vals[1].dtype), L.full(0, meta_shape(vals[2]), vals[2].dtype),
                 L.cast(running_mean, vals[3].dtype), L.cast(running_var, vals[4].dtype))
     return _batch_norm_training(L, n, x, weight, bias, eps, (running_mean, running_var, momentum))
 

@@ -9,6 +9,7 @@ from kiln.frontend.aten import out_dtype, out_shape, register
 from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op, broadcast_shapes, contiguous_strides, numel
+from kiln.ir.sym import Size, SizeExpr, floordiv, is_symbolic, provably_le
 
 aten = torch.ops.aten
 
@@ -42,11 +43,34 @@ def _expand(L: Lowerer, n: Any, x: Node, size: Sequence[int], *, implicit: bool 
     return L.expand(x, out_shape(n))
 
 
-def slice_node(L: Lowerer, x: Node, dim: int, start: int, end: int, step: int) -> Node:
+def _symbolic_slice(L: Lowerer, x: Node, d: int, size: Size, start: Size, end: Size, step: int,
+                    traced: Size | None) -> Node:
+    """``slice_node`` where a size or a bound is a size expression.  Python clamps the bounds to the dimension;
+    the slice is taken as written where the symbols' ranges show no clamping happens (``x[: T]`` of a ``2 * T``
+    dimension), or where the length Dynamo traced (``traced``, under the guards it installed) is the unclamped
+    one; else the op stays ATen's."""
+    if isinstance(end, int) and end >= 2**62:  # (the "to the end" of an open slice)
+        end = size
+    start = size + start if isinstance(start, int) and start < 0 else start
+    end = size + end if isinstance(end, int) and end < 0 else end
+    length = floordiv(SizeExpr.of(end) - start + (step - 1), step)
+    in_range = provably_le(0, start) and provably_le(start, end) and provably_le(end, size)
+    if not in_range and not (traced is not None and traced == length and provably_le(0, start)):
+        raise Unsupported(f"slice [{start}:{end}] of a dimension of {size}: bounds not decided by the ranges")
+    if start == 0 and step == 1 and length == size:
+        return x
+    shape = tuple(length if k == d else s for k, s in enumerate(x.shape))
+    return L.b.add(Op.SLICE, (x,), shape=shape, dim=d, start=start, step=step)
+
+
+def slice_node(L: Lowerer, x: Node, dim: int, start: int, end: int, step: int, traced: Any = None) -> Node:
+    """``x[start:end:step]`` along ``dim`` (``traced``: the result's length as traced, where known)."""
     d = norm_dim(dim, len(x.shape))
     size = x.shape[d]
     start = 0 if start is None else start
     end = size if end is None else end
+    if is_symbolic(size) or is_symbolic(start) or is_symbolic(end):
+        return _symbolic_slice(L, x, d, size, start, end, step, traced)
     start = max(0, min(size, start + size if start < 0 else start))
     end = max(start, min(size, end + size if end < 0 else end))
     length = max(0, (end - start + step - 1) // step)
@@ -58,7 +82,7 @@ def slice_node(L: Lowerer, x: Node, dim: int, start: int, end: int, step: int) -
 
 @register(aten.slice, aten.slice_copy)
 def _slice(L: Lowerer, n: Any, x: Node, dim: int = 0, start: Any = None, end: Any = None, step: int = 1) -> Node:
-    return slice_node(L, x, dim, start, end, step)
+    return slice_node(L, x, dim, start, end, step, out_shape(n)[norm_dim(dim, len(x.shape))])
 
 
 @register(aten.select, aten.select_copy)
@@ -100,7 +124,7 @@ def _unbind(L: Lowerer, n: Any, x: Node, dim: int = 0) -> tuple[Node, ...]:
 def _cat(L: Lowerer, n: Any, tensors: Sequence[Node], dim: int = 0) -> Node:
     dtype = out_dtype(n)
     parts = [L.cast(t, dtype) for t in tensors if t.shape != (0,) or len(out_shape(n)) == 1]
-    parts = [p for p in parts if p.numel > 0] or parts[:1]
+    parts = [p for p in parts if p.numel != 0] or parts[:1]  # (a symbolic size is never 0)
     if len(parts) == 1:
         return L.reshape(parts[0], out_shape(n))
     return L.b.add(Op.CAT, parts, dim=norm_dim(dim, len(out_shape(n))))

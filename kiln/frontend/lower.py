@@ -132,48 +132,57 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     outputs: list[Node] = []
     position = 0
     for fx_node in gm.graph.nodes:
-        val = fx_node.meta.get("val")
-        if shape_env is None and _has_symbols(val):
-            raise LoweringError(f"kiln compiles static shapes only, and this graph has symbolic sizes (traced with "
-                                f"dynamic shapes: torch.compile(dynamic=True), or a call at a new size or new int "
-                                f"argument under dynamic=None; kiln.compile uses dynamic=False): "
-                                f"{fx_node.format_node()}")
-        if shape_env is not None and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            if not isinstance(val, torch.SymInt):
-                raise LoweringError(f"symbolic {type(val).__name__} value: {fx_node.format_node()}")
-            env[fx_node] = L.size(val)  # a size symbol's value, or arithmetic on sizes
-            position += fx_node.op == "placeholder"
-            continue
-        if fx_node.op == "placeholder":
-            if is_effect_token(fx_node):  # (AOTAutograd passes None for it at run time: a constant here)
-                env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(torch.empty(0)))
-            elif position in frozen:
-                env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(frozen[position].detach()))
-            elif isinstance(val, torch.Tensor):
-                env[fx_node] = b.add(Op.INPUT, (), shape=tuple(L.size(s) for s in val.shape), dtype=val.dtype,
-                                     index=position, name=fx_node.name)
-            else:
-                raise LoweringError(f"non-tensor input {fx_node.name}")
-            position += 1
-        elif fx_node.op == "get_attr":
-            value = getattr(gm, fx_node.target)
-            if not isinstance(value, torch.Tensor):
-                raise LoweringError(f"get_attr of {type(value).__name__}")
-            env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(value.detach()))
-        elif fx_node.op == "call_function":
-            env[fx_node] = _lower_call(L, fx_node, env)
-        elif fx_node.op == "output":
-            outs = fx_node.args[0]
-            for o in (outs if isinstance(outs, (list, tuple)) else [outs]):
-                value = env[o] if isinstance(o, torch.fx.Node) else o
-                if not isinstance(value, Node):
-                    raise LoweringError(f"graph output {o} is not a tensor")
-                outputs.append(value)
-        else:
-            raise LoweringError(f"unsupported FX node kind {fx_node.op}")
+        try:
+            _lower_node(L, fx_node, gm, frozen, env, outputs, position, shape_env)
+        except Unsupported as exc:  # (a size kiln has no form for, outside any op's lowering)
+            raise LoweringError(f"{fx_node.format_node()}: {exc}") from exc
+        position += fx_node.op == "placeholder"
     if shape_env is not None and len(shape_env.guards) != guards:
         raise LoweringError(f"lowering specialized a symbolic size (Dynamo guard {shape_env.guards[-1].expr})")
     return b.finish(outputs), L.externs
+
+
+def _lower_node(L: Lowerer, fx_node: torch.fx.Node, gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
+                env: dict[torch.fx.Node, Any], outputs: list[Node], position: int, shape_env: Any) -> None:
+    """One FX node into ``env`` (a placeholder is graph input ``position``; the graph's outputs go to
+    ``outputs``)."""
+    b = L.b
+    val = fx_node.meta.get("val")
+    if shape_env is None and _has_symbols(val):
+        raise LoweringError(f"kiln compiles static shapes only, and this graph has symbolic sizes (traced with "
+                            f"dynamic shapes: torch.compile(dynamic=True), or a call at a new size or new int "
+                            f"argument under dynamic=None; kiln.compile uses dynamic=False): "
+                            f"{fx_node.format_node()}")
+    if shape_env is not None and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        if not isinstance(val, torch.SymInt):
+            raise LoweringError(f"symbolic {type(val).__name__} value: {fx_node.format_node()}")
+        env[fx_node] = L.size(val)  # a size symbol's value (an int placeholder), or arithmetic on sizes
+    elif fx_node.op == "placeholder":
+        if is_effect_token(fx_node):  # (AOTAutograd passes None for it at run time: a constant here)
+            env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(torch.empty(0)))
+        elif position in frozen:
+            env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(frozen[position].detach()))
+        elif isinstance(val, torch.Tensor):
+            env[fx_node] = b.add(Op.INPUT, (), shape=tuple(L.size(s) for s in val.shape), dtype=val.dtype,
+                                 index=position, name=fx_node.name)
+        else:
+            raise LoweringError(f"non-tensor input {fx_node.name}")
+    elif fx_node.op == "get_attr":
+        value = getattr(gm, fx_node.target)
+        if not isinstance(value, torch.Tensor):
+            raise LoweringError(f"get_attr of {type(value).__name__}")
+        env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(value.detach()))
+    elif fx_node.op == "call_function":
+        env[fx_node] = _lower_call(L, fx_node, env)
+    elif fx_node.op == "output":
+        outs = fx_node.args[0]
+        for o in (outs if isinstance(outs, (list, tuple)) else [outs]):
+            value = env[o] if isinstance(o, torch.fx.Node) else o
+            if not isinstance(value, Node):
+                raise LoweringError(f"graph output {o} is not a tensor")
+            outputs.append(value)
+    else:
+        raise LoweringError(f"unsupported FX node kind {fx_node.op}")
 
 
 def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any]) -> Any:

@@ -15,8 +15,8 @@ import torch.fx
 
 from kiln.ir.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
-from kiln.ir.ops import Op, broadcast_shapes, numel, reduced_shape
-from kiln.ir.sym import Size, Symbol, from_sympy, symbols_of_shape_env
+from kiln.ir.ops import Op, broadcast_shapes, dim, numel, reduced_shape
+from kiln.ir.sym import Size, Symbol, UnsupportedSize, floordiv, from_sympy, is_symbolic, symbols_of_shape_env
 
 # dtypes the generated kernels load and store; anything else runs as an EXTERN ATen call.  Half precision is
 # computed in fp32 by both code generators (codegen/cpp_expr.py, codegen/triton_expr.py).
@@ -33,6 +33,11 @@ def meta_val(fx_node: torch.fx.Node) -> Any:
     return fx_node.meta.get("val")
 
 
+def meta_shape(val: torch.Tensor) -> tuple[Size, ...]:
+    """The shape of a traced value (a fake tensor) in kiln's sizes (``sym_size``)."""
+    return tuple(sym_size(s) for s in val.shape)
+
+
 _SYMBOLS: "weakref.WeakKeyDictionary[Any, dict[str, Symbol]]" = weakref.WeakKeyDictionary()
 
 
@@ -45,7 +50,10 @@ def sym_size(v: Any) -> Size:
         symbols = _SYMBOLS.get(shape_env)
         if symbols is None or any(s.name not in symbols for s in v.node.expr.free_symbols):
             symbols = _SYMBOLS[shape_env] = symbols_of_shape_env(shape_env)
-        return from_sympy(v.node.expr, symbols)
+        try:
+            return from_sympy(v.node.expr, symbols)
+        except UnsupportedSize as exc:  # (a Min, a Max: the op that needs it stays ATen's)
+            raise Unsupported(str(exc)) from exc
     return int(v)
 
 
@@ -72,6 +80,10 @@ class Lowerer:
 
     # ---------------------------------------------------------------- leaves
     def scalar(self, value: Any, dtype: torch.dtype) -> Node:
+        if is_symbolic(value):  # a size as a value (``x * x.shape[1]``, an index wrapped by a symbolic size)
+            if dtype == torch.bool:
+                raise Unsupported(f"size {value} as a bool")
+            return self.b.add(Op.FULL, (), shape=(), dtype=dtype, value=value)
         if dtype == torch.bool:
             value = bool(value)
         elif dtype.is_floating_point:
@@ -97,20 +109,18 @@ class Lowerer:
             return self.scalar(n.attr("value"), dtype)
         return self.b.add(Op.CAST, (n,), dtype=dtype)
 
-    def reshape(self, n: Node, shape: Sequence[int]) -> Node:
-        shape = tuple(int(s) for s in shape)
+    def reshape(self, n: Node, shape: Sequence[Size]) -> Node:
+        shape = tuple(dim(s) for s in shape)
         if -1 in shape:
-            known = 1
-            for s in shape:
-                if s != -1:
-                    known *= s
-            shape = tuple(n.numel // max(known, 1) if s == -1 else s for s in shape)
+            known = numel(tuple(s for s in shape if s != -1))
+            rest = floordiv(n.numel, known) if is_symbolic(known) or is_symbolic(n.numel) else n.numel // max(known, 1)
+            shape = tuple(rest if s == -1 else s for s in shape)
         if shape == n.shape:
             return n
         return self.b.add(Op.RESHAPE, (n,), shape=shape)
 
-    def expand(self, n: Node, shape: Sequence[int]) -> Node:
-        shape = tuple(int(s) for s in shape)
+    def expand(self, n: Node, shape: Sequence[Size]) -> Node:
+        shape = tuple(dim(s) for s in shape)
         if n.shape == shape:
             return n
         return self.b.add(Op.EXPAND, (n,), shape=shape)

@@ -107,7 +107,7 @@ def eval_node(n: Node, args: Sequence[Any], sizes: dict[str, int] | None = None)
     if op is Op.CONSTANT:
         return n.attr("value").tensor
     if op is Op.FULL:
-        return torch.full(shape, n.attr("value"), dtype=n.dtype)
+        return torch.full(shape, concrete(n.attr("value"), sizes), dtype=n.dtype)
     if op is Op.IOTA:
         return n.attr("start") + n.attr("step") * torch.arange(shape[0], dtype=torch.int64).to(n.dtype)
     if op in (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ARGMAX, Op.ARGMIN):

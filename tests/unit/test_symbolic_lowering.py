@@ -61,8 +61,8 @@ def test_pointwise_reductions_and_views():
 
     def inputs(b, t, n):
         return torch.randn(b, t, 16), torch.randn(n, 8)
-    graph, _ = _check_at_sizes(fn, inputs, [(3, 5, 7), (2, 9, 4), (6, 2, 11)])
-    assert "s" in str(graph)  # sizes printed as expressions of the symbols
+    graph, externs = _check_at_sizes(fn, inputs, [(3, 5, 7), (2, 9, 4), (6, 2, 11)])
+    assert "s" in str(graph) and externs == []  # sizes printed as expressions; every op lowered to kiln's
 
 
 def test_transformer_layer_ops():
@@ -80,7 +80,21 @@ def test_transformer_layer_ops():
 
     def inputs(b, t):
         return torch.randint(0, 50, (b, t)), torch.randn(t, 32)
-    _check_at_sizes(fn, inputs, [(2, 7), (1, 12), (3, 5)])
+    graph, externs = _check_at_sizes(fn, inputs, [(2, 7), (1, 12), (3, 5)])
+    # lowered to kiln's ops as a static graph is: only the attention and the two products stay ATen calls
+    assert all("scaled_dot_product" in e or e == "aten.mm.default" for e in externs), externs
+    assert sum(n.op.value == "reshape" for n in graph.nodes) >= 4
+
+
+def test_slices_and_sizes_as_values():
+    """``x[:5]`` of a dimension traced at 7 has Dynamo's traced length 5 (Dynamo guards the size at 5 or more, so
+    no call of this graph clamps it); ``x[1:] + x[:-1]`` has length ``s - 1``; ``x.shape[0]`` as a value is a size
+    expression the interpreter evaluates per call."""
+    def fn(x):
+        return x[:5] * 2, x * x.shape[0], x[1:] + x[:-1]
+
+    graph, externs = _check_at_sizes(fn, lambda t: (torch.randn(t, 3),), [(7,), (5,), (12,)])
+    assert externs == [] and "full(value=s" in str(graph)
 
 
 def test_a_lowering_that_would_specialize_fails_the_graph(monkeypatch):
