@@ -65,10 +65,12 @@ class _Arithmetic:
 
 @dataclasses.dataclass(frozen=True, eq=False)
 class Symbol(_Arithmetic):
-    """A size symbol and its range ``[lo, hi]`` (``hi`` None: unbounded).  Equal by name."""
+    """A size symbol and its range ``[lo, hi]`` (``hi`` None: unbounded); ``hint``: the value it had when the graph
+    was traced (for heuristics that need a number: ``size_hint``).  Equal by name."""
     name: str
     lo: int = 0
     hi: int | None = None
+    hint: int | None = None
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Symbol) and other.name == self.name
@@ -369,6 +371,15 @@ def concrete(x: Any, env: dict[str, int] | None) -> Any:
     return x
 
 
+def size_hint(x: "Size | Atom") -> int:
+    """A typical value of ``x``: its symbols at the values they were traced with (else their lower bound).  For
+    heuristics only (an order, a first guess); a decision that must hold for every size uses ``provably_*``."""
+    if isinstance(x, int):
+        return x
+    syms = SizeExpr.of(x).symbols() if isinstance(x, SizeExpr) else symbols_of(x)
+    return evaluate(x, {s.name: s.hint if s.hint is not None else max(s.lo, 2) for s in syms})
+
+
 def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | None = None) -> str:
     """``x`` as C++ (``int64_t`` arithmetic; operands are non-negative, so ``/`` is the floor) or Python text;
     ``name`` spells a symbol (default: its own name)."""
@@ -402,10 +413,14 @@ def symbols_of_shape_env(shape_env: Any) -> dict[str, Symbol]:
     """kiln's ``Symbol`` for each size symbol of a Dynamo ``ShapeEnv``, with the range Dynamo proved for it."""
     import sympy
     found = {}
+    hints = getattr(shape_env, "backed_var_to_val", None)  # (torch 2.13; var_to_val before, deprecated since)
+    if hints is None:
+        hints = getattr(shape_env, "var_to_val", {})
     for s, r in shape_env.var_to_range.items():
         lo = int(r.lower) if isinstance(r.lower, sympy.Integer) else 0
         hi = int(r.upper) if isinstance(r.upper, sympy.Integer) else None  # (torch's int_oo is no Integer)
-        found[s.name] = Symbol(s.name, max(lo, 0), hi)
+        hint = hints.get(s)
+        found[s.name] = Symbol(s.name, max(lo, 0), hi, int(hint) if isinstance(hint, sympy.Integer) else None)
     return found
 
 

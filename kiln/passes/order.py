@@ -22,13 +22,15 @@ from __future__ import annotations
 
 from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.ops import VIEW, Op
+from kiln.ir.sym import size_hint
 from kiln.passes.cse import is_random
 from kiln.ir.graph import mutates
 from kiln.passes.rewrite import RewriteLog
 
 
 def _nbytes(n: Node) -> int:
-    return n.numel * n.dtype.itemsize
+    """Bytes of ``n`` (at the sizes it was traced with, for symbolic sizes: this pass only orders)."""
+    return size_hint(n.numel) * n.dtype.itemsize
 
 
 def _readers(nodes: list[Node]) -> dict[Node, list[Node]]:

@@ -38,6 +38,7 @@ from kiln.ir.extern import build_extern, substitute
 from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
+from kiln.ir.sym import is_symbolic
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
 from kiln.library.attention import op as cpu_attention
@@ -194,6 +195,8 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
     if named.get("dropout_p", 0.0) != 0.0 or not all(isinstance(x, Node) and x.dtype == torch.float32
                                                      and len(x.shape) == 4 for x in (q, k, v)):
         return None
+    if any(is_symbolic(x) for t in (q, k, v) for x in t.shape):
+        return None  # (kiln's kernel binds its sizes when the graph is compiled: docs/dynamic_shapes.md, layer 4)
     b, h, t, d = q.shape
     s = k.shape[2]
     causal = bool(named.get("is_causal", False))

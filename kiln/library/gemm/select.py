@@ -22,6 +22,7 @@ from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import constant_value
 from kiln.ir.ops import Op
+from kiln.ir.sym import is_symbolic, size_hint
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
 from kiln.library.gemm import op as cpu_gemm
@@ -137,6 +138,11 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
             return None
         m, k = x.shape
         n = node.shape[1]
+        if is_symbolic(k) or is_symbolic(n):
+            return None
+        # a number of rows known per call only (dynamic shapes): chosen at the traced size, the schedule by the
+        # rule at each call (docs/dynamic_shapes.md: per size bucket later)
+        symbolic_m, m = is_symbolic(m), size_hint(m)
         forced = choices.forced_value(GEMM)
         big = 2 * m * k * n >= MIN_FLOPS
         choice = choose(choices, m, k, n, node in gelu_fed) if big or forced else "aten"  # (forced: any size)
@@ -146,7 +152,7 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
             if log:
                 log.hit(f"{packet.__name__} -> kiln GEMM")
             packed = cpu_gemm.pack_weight(w.float())
-            tuned = tune_gemm.schedule(m, k, n, tune=tuning, choices=choices)
+            tuned = None if symbolic_m else tune_gemm.schedule(m, k, n, tune=tuning, choices=choices)
             if tuned is not None and log:
                 log.hit("kiln GEMM schedule from tuning")
             extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []

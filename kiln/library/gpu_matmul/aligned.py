@@ -26,6 +26,7 @@ from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import constant_value
 from kiln.ir.ops import Op
+from kiln.ir.sym import is_symbolic
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 aten = torch.ops.aten
@@ -79,6 +80,8 @@ def _misaligned(node: Node, devices: tuple[str, ...]) -> list | None:
         return None
     x, w, bias = (args[0], args[1], None) if target is aten.mm.default else (args[1], args[2], args[0])
     m, n = node.shape
+    if is_symbolic(m) or is_symbolic(n):
+        return None  # (sizes known per call only: docs/dynamic_shapes.md)
     if n == padded_row(n, node.dtype) or m * n < MIN_ELEMENTS or (bias is not None and len(bias.shape) != 1):
         return None
     weight = constant_value(w)
