@@ -202,7 +202,9 @@ def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any
         mark = len(L.b.nodes)
         # a lowering written for static sizes meets a size expression where it needs an int (a comparison, a
         # range): with symbolic sizes that is a TypeError, and the op stays the ATen call
-        declined = (Unsupported, TypeError) if L.symbolic else Unsupported
+        # (and two sizes Dynamo proved equal under its guards may differ as expressions - (s + 1) // 2 and
+        # s - (s + 1) // 2 for an even s - which broadcasting reports as a ValueError)
+        declined = (Unsupported, TypeError, ValueError) if L.symbolic else Unsupported
         try:
             result = lowering(L, fx_node, *args, **kwargs)
             if _rounds_inside(L.b.nodes[mark:]):

@@ -94,9 +94,11 @@ class SymFloorDiv(_Arithmetic):
     def bounds(self) -> tuple[float, float]:
         lo, hi = _bounds(self.arg)
         klo, khi = _bounds(self.k)
-        low = 0.0 if khi == INF or lo == INF else float(math.floor(lo / khi))
-        high = hi if klo < 1 or hi == INF else float(math.floor(hi / klo))
-        return low, high
+        # (the argument is a size, so non-negative, whatever its polynomial's interval says: its lower end may
+        # be -inf for a difference of sizes)
+        low = float(math.floor(max(lo, 0.0) / khi)) if math.isfinite(lo) and 0 < khi < INF else 0.0
+        high = float(math.floor(hi / klo)) if math.isfinite(hi) and klo >= 1 else INF
+        return low, max(low, high)
 
     def __repr__(self) -> str:
         return f"({self.arg} // {self.k})"

@@ -158,3 +158,14 @@ def test_the_pass_pipeline_on_a_symbolic_graph(gemm):
         with torch.inference_mode():
             got, = interpret(graph, [ids])
             torch.testing.assert_close(got, model(ids), rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_fuzz_programs_through_the_symbolic_pipeline():
+    """kiln/testing/fuzz_symbolic.py on the fuzzer's first programs (all dtypes): lowered symbolically, optimized
+    and interpreted, each matches eager or is refused as a whole (never a wrong result or a crash).  Known
+    failures further on (session 28): seed 10 (a group_norm left to ATen receives a permuted input), 270 (a
+    reshape's traced size against a duck-sized symbol), 288 (a bf16 mismatch)."""
+    from kiln.testing.fuzz_symbolic import check
+    statuses = {seed: check(seed, "all", "full") for seed in range(10)}
+    assert all(status in ("ok", "refused", "eager_error") for status, _ in statuses.values()), statuses
+    assert sum(status == "ok" for status, _ in statuses.values()) >= 6, statuses

@@ -32,6 +32,7 @@ from kiln.ir.extern import build_extern
 from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
 from kiln.ir.interp import view_layout
 from kiln.ir.ops import VIEW, Op, contiguous_strides
+from kiln.ir.sym import is_symbolic
 from kiln.library.bmm.op import interleaved_strides
 from kiln.library.gemm import op as cpu_gemm
 from kiln.passes.rewrite import RewriteLog, rewrite
@@ -143,6 +144,8 @@ def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
             return None
         batch, m, k = x.shape
         n = y.shape[2]
+        if any(is_symbolic(v) for v in (batch, m, n, k)):
+            return None  # (kiln::bmm's native call binds its sizes when compiled: docs/dynamic_shapes.md, layer 4)
         forced = choices.forced_value(BMM)
         if 2 * batch * m * n * k < MIN_FLOPS and not forced:
             return None

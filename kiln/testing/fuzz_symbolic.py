@@ -1,0 +1,98 @@
+"""The fuzzer's programs through the symbolic lowering (docs/dynamic_shapes.md, layers 1-2): each program traced
+with ``dynamic=True``, lowered with size expressions, optimized by the whole pass pipeline and run by the
+reference interpreter, against eager on the same inputs.  What it checks: that lowering a graph with symbolic
+sizes and optimizing it compute what eager computes (at the traced size - other sizes need Dynamo's guards,
+which ``tests/unit/test_symbolic_lowering.py`` covers by hand).  A graph the symbolic lowering refuses
+(``LoweringError``: a size kiln has no form for, a lowering that would specialize) is counted, not failed.
+
+    python -m kiln.testing.fuzz_symbolic --seeds 0:300 [--dtype all] [--size full]
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import warnings
+from typing import Any
+
+import torch
+
+
+def _symbolic_backend(refused: list[str]) -> Any:
+    """A Dynamo backend: AOT graph -> symbolic graph IR -> passes -> the reference interpreter."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+
+    from kiln.frontend.lower import LoweringError, lower_fx
+    from kiln.ir.interp import interpret
+    from kiln.passes.pipeline import run_pipeline
+
+    def backend(gm: torch.fx.GraphModule, example_inputs: list[Any]) -> Any:
+        def compile_forward(g: torch.fx.GraphModule, fake_inputs: list[Any]) -> Any:
+            from torch._subclasses.fake_tensor import unset_fake_temporarily
+            # (with dynamic shapes AOTAutograd calls this inside its fake mode: constants are real tensors here,
+            # folded by real ops)
+            with unset_fake_temporarily():
+                try:
+                    graph, _ = lower_fx(g, {}, symbolic=True)
+                except LoweringError as exc:
+                    refused.append(str(exc).split(":")[0][:80])
+                    return g.forward
+                graph = run_pipeline(graph)
+
+            def run(*args: Any) -> Any:
+                return tuple(interpret(graph, [a for a in args if isinstance(a, torch.Tensor)]))
+            return run
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward)
+    return backend
+
+
+def check(seed: int, dtype: str, size: str) -> tuple[str, str]:
+    """(status, detail) of one program: ok, mismatch, crash, refused, or eager_error (an invalid program)."""
+    from kiln.testing.fuzz_gen import generate
+    from kiln.testing.fuzz_run import compare, short_error
+    program = generate(seed, dtype, size)
+    ns = program.namespace()
+    fn, make_inputs = ns["fn"], ns["make_inputs"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            ref = fn(*make_inputs())
+        except Exception as exc:  # noqa: BLE001 - the program is invalid: it does not count
+            return "eager_error", ": ".join(short_error(exc))
+        refused: list[str] = []
+        torch._dynamo.reset()
+        try:
+            out = torch.compile(fn, backend=_symbolic_backend(refused), dynamic=True)(*make_inputs())
+        except Exception as exc:  # noqa: BLE001 - kiln (or Dynamo) raised
+            return "crash", ": ".join(short_error(exc))
+        finally:
+            torch._dynamo.reset()
+    diff = compare(out, ref, program.out_tol, "output")
+    if diff is not None:
+        return "mismatch", diff[1]
+    return ("refused", refused[0]) if refused else ("ok", "")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--seeds", default="0:100", help="A:B")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "half", "all"])
+    ap.add_argument("--size", default="full", choices=["ci", "full"])
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    lo, hi = (int(v) for v in args.seeds.split(":"))
+    counts: collections.Counter[str] = collections.Counter()
+    reasons: collections.Counter[str] = collections.Counter()
+    for seed in range(lo, hi):
+        status, detail = check(seed, args.dtype, args.size)
+        counts[status] += 1
+        if status in ("mismatch", "crash"):
+            print(f"seed {seed}: {status}: {detail[:300]}", flush=True)
+        elif status == "refused":
+            reasons[detail] += 1
+    print(f"{hi - lo} programs: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+    for why, k in reasons.most_common(6):
+        print(f"  refused x{k}: {why}")
+
+
+if __name__ == "__main__":
+    main()
