@@ -35,13 +35,13 @@ def register(*packets: Any) -> Callable:
                 raise Unsupported(f"{n.target}: {exc}") from exc
             val = meta_val(n)
             vals = list(val) if isinstance(val, (list, tuple)) else [val]
-            if vals and all(isinstance(v, torch.Tensor) and v.numel() == 0 for v in vals):
+            if vals and all(_empty(v) for v in vals):
                 empties = [L.full(0, meta_shape(v), v.dtype) for v in vals]
                 return empties[0] if isinstance(val, torch.Tensor) else tuple(empties)
             out = fn(L, n, *args, **kwargs)
             if isinstance(val, (list, tuple)) and isinstance(out, (list, tuple)) and len(out) == len(val):
-                out = tuple(L.full(0, meta_shape(v), v.dtype) if isinstance(v, torch.Tensor) and v.numel() == 0
-                            and isinstance(o, Node) else o for o, v in zip(out, val))
+                out = tuple(L.full(0, meta_shape(v), v.dtype) if _empty(v) and isinstance(o, Node) else o
+                            for o, v in zip(out, val))
             return out
         lower.__name__ = fn.__name__
         lower.__wrapped__ = fn  # type: ignore[attr-defined]
@@ -53,6 +53,12 @@ def register(*packets: Any) -> Callable:
 
 def out_dtype(fx_node: Any) -> torch.dtype:
     return meta_val(fx_node).dtype
+
+
+def _empty(v: Any) -> bool:
+    """Is traced value ``v`` a tensor with no elements?  Asked of kiln's sizes: ``numel() == 0`` on a symbolic
+    fake tensor would make Dynamo guard on it (a symbolic size is never 0: Dynamo specializes 0)."""
+    return isinstance(v, torch.Tensor) and numel(meta_shape(v)) == 0
 
 
 def out_shape(fx_node: Any) -> tuple[Size, ...]:

@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import torch
 
 from kiln.frontend.aten import out_dtype, out_shape, register
-from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val, norm_dim
+from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_shape, meta_val, norm_dim
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op, broadcast_shapes, contiguous_strides, numel
 from kiln.ir.sym import Size, SizeExpr, floordiv, is_symbolic, provably_le
@@ -104,11 +104,14 @@ def _narrow(L: Lowerer, n: Any, x: Node, dim: int, start: Any, length: int) -> N
 @register(aten.split, aten.split_with_sizes)
 def _split(L: Lowerer, n: Any, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
     d = norm_dim(dim, len(x.shape))
-    if isinstance(sizes, int):
+    if is_symbolic(x.shape[d]) or not isinstance(sizes, int) and any(is_symbolic(s) for s in sizes) \
+            or is_symbolic(sizes):
+        sizes = [meta_shape(v)[d] for v in meta_val(n)]  # (the parts as traced: how many, and each one's length)
+    elif isinstance(sizes, int):
         sizes = [min(sizes, x.shape[d] - s) for s in range(0, x.shape[d], sizes)] or [0]
     outs, start = [], 0
     for s in sizes:
-        outs.append(slice_node(L, x, d, start, start + s, 1))
+        outs.append(slice_node(L, x, d, start, start + s, 1, s))
         start += s
     return tuple(outs)
 

@@ -13,8 +13,10 @@ symbol is a plain ``int`` (``size(...)`` normalizes), so static graphs never see
     (n + 5) - n                     -> 5                  (an int)
 
 Comparisons ask what holds for every size in the symbols' ranges (``provably_lt`` / ``_le`` / ``_eq``), from the
-interval of the difference; "not provable" is False, so callers keep the general case.  Sizes are never negative
-(Dynamo's ranges start at 0 or 2), which makes each monomial's interval the product of its atoms' intervals.
+interval of the difference; "not provable" is False, so callers keep the general case.  Symbols are never negative
+(Dynamo's ranges start at 0 or 2), which makes each monomial's interval the product of its atoms' intervals; an
+expression may be (Dynamo writes a convolution's output height as ``(-s) // 2 + 3``), so division and remainder
+are Python's floor versions, simplified only where the argument is provably non-negative.
 
 Dynamo's own expressions (sympy) are converted once, by ``from_sympy``; kernel IR arithmetic runs on these objects,
 which are small tuples (sympy would cost ~100x per operation).
@@ -87,18 +89,24 @@ class Symbol(_Arithmetic):
 
 @dataclasses.dataclass(frozen=True)
 class SymFloorDiv(_Arithmetic):
-    """``arg // k`` (floor) for a non-negative ``arg`` and a positive ``k``."""
+    """``floor(arg / k)`` for a positive ``k`` (Python's ``//``: Dynamo's expressions hold negative arguments too,
+    ``(-s) // 2`` in a convolution's output size)."""
     arg: "SizeExpr"
     k: "Size"
 
     def bounds(self) -> tuple[float, float]:
         lo, hi = _bounds(self.arg)
-        klo, khi = _bounds(self.k)
-        # (the argument is a size, so non-negative, whatever its polynomial's interval says: its lower end may
-        # be -inf for a difference of sizes)
-        low = float(math.floor(max(lo, 0.0) / khi)) if math.isfinite(lo) and 0 < khi < INF else 0.0
-        high = float(math.floor(hi / klo)) if math.isfinite(hi) and klo >= 1 else INF
-        return low, max(low, high)
+        klo = max(_bounds(self.k)[0], 1.0)  # (a divisor is positive)
+        khi = max(_bounds(self.k)[1], klo)
+        if lo >= 0:
+            low = float(math.floor(lo / khi)) if khi < INF else 0.0
+        else:
+            low = float(math.floor(lo / klo)) if math.isfinite(lo) else -INF
+        if hi >= 0:
+            high = float(math.floor(hi / klo)) if math.isfinite(hi) else INF
+        else:
+            high = float(math.floor(hi / khi)) if khi < INF else -1.0
+        return low, high
 
     def __repr__(self) -> str:
         return f"({self.arg} // {self.k})"
@@ -106,14 +114,14 @@ class SymFloorDiv(_Arithmetic):
 
 @dataclasses.dataclass(frozen=True)
 class SymMod(_Arithmetic):
-    """``arg % k`` for a non-negative ``arg`` and a positive ``k``."""
+    """``arg % k`` for a positive ``k`` (Python's: in ``[0, k)`` whatever the argument's sign)."""
     arg: "SizeExpr"
     k: "Size"
 
     def bounds(self) -> tuple[float, float]:
-        hi = _bounds(self.arg)[1]
+        lo, hi = _bounds(self.arg)
         khi = _bounds(self.k)[1]
-        return 0.0, min(hi, khi - 1)
+        return 0.0, (min(hi, khi - 1) if lo >= 0 else khi - 1)
 
     def __repr__(self) -> str:
         return f"({self.arg} % {self.k})"
@@ -260,9 +268,11 @@ def _exact_quotient(x: SizeExpr, k: SizeExpr) -> Size | None:
 
 
 def floordiv(x: "Size | Atom", k: "Size | Atom") -> Size:
-    """``x // k`` for a non-negative ``x`` and a positive ``k``: exact where the coefficients allow, zero where ``x``
-    is provably below ``k``, else an atom."""
+    """``x // k`` (Python's floor) for a positive ``k``: exact where the coefficients allow, zero where
+    ``0 <= x < k`` provably, else an atom."""
     x, k = size(x), size(k)
+    if x == 0:
+        return 0
     if isinstance(k, int):
         if k <= 0:
             raise ValueError(f"size division by {k}")
@@ -278,47 +288,60 @@ def floordiv(x: "Size | Atom", k: "Size | Atom") -> Size:
         q = _exact_quotient(SizeExpr.of(x), k)
         if q is not None:
             return q
-    if provably_lt(x, k):
+    if provably_le(0, x) and provably_lt(x, k):
         return 0
     return size(SymFloorDiv(SizeExpr.of(x), k))
 
 
 def mod(x: "Size | Atom", k: "Size | Atom") -> Size:
-    """``x % k`` for a non-negative ``x`` and a positive ``k``."""
+    """``x % k`` (Python's, in ``[0, k)``) for a positive ``k``."""
     x, k = size(x), size(k)
     if isinstance(k, int) and k <= 0:
         raise ValueError(f"size remainder by {k}")
     if isinstance(x, int) and isinstance(k, int):
         return x % k
-    if k == 1 or (isinstance(k, int) and _divisible(x, k)) or x == k:
+    if x == 0 or k == 1 or (isinstance(k, int) and _divisible(x, k)) or x == k:
         return 0
     if not isinstance(k, int) and _exact_quotient(SizeExpr.of(x), SizeExpr.of(k)) is not None:
         return 0
-    if provably_lt(x, k):
+    if provably_le(0, x) and provably_lt(x, k):
         return x
     return size(SymMod(SizeExpr.of(x), k))
 
 
 # ------------------------------------------------------------------ ranges and comparisons
+def _mul(a: float, b: float) -> float:
+    return 0.0 if a == 0 or b == 0 else a * b  # (0 * inf is 0 here: a zero factor zeroes the term)
+
+
+def _interval_product(a: tuple[float, float], b: tuple[float, float]) -> tuple[float, float]:
+    products = [_mul(x, y) for x in a for y in b]
+    return min(products), max(products)
+
+
+def _interval_power(a: tuple[float, float], p: int) -> tuple[float, float]:
+    result = (1.0, 1.0)
+    for _ in range(p):
+        result = _interval_product(result, a)
+    if p % 2 == 0:  # (an even power is never negative, though the product of intervals may say so)
+        result = (max(result[0], 0.0), result[1])
+    return result
+
+
 def _bounds(x: "Size | Atom") -> tuple[float, float]:
-    """Interval of ``x`` over the symbols' ranges (sizes are non-negative)."""
+    """Interval of ``x`` over the symbols' ranges (interval arithmetic: an enclosure, not always the tightest)."""
     if isinstance(x, int):
         return float(x), float(x)
     if not isinstance(x, SizeExpr):
         return x.bounds()
     lo = hi = float(x.const)
     for m, c in x.terms:
-        mlo, mhi = 1.0, 1.0
+        interval = (1.0, 1.0)
         for atom, p in m:
-            alo, ahi = atom.bounds()
-            mlo *= alo ** p
-            mhi = INF if ahi == INF else mhi * ahi ** p
-            if mhi != mhi:  # (0 * inf)
-                mhi = INF
-        if c > 0:
-            lo, hi = lo + c * mlo, hi + c * mhi
-        else:
-            lo, hi = lo + c * mhi, hi + c * mlo
+            interval = _interval_product(interval, _interval_power(atom.bounds(), p))
+        tlo, thi = _interval_product(interval, (float(c), float(c)))
+        lo, hi = lo + tlo, hi + thi
+        lo, hi = (-INF if lo != lo else lo), (INF if hi != hi else hi)  # (inf - inf: unknown)
     return lo, hi
 
 
@@ -391,16 +414,17 @@ def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | 
         return str(x) if lang != "cpp" or abs(x) < 2**31 else f"INT64_C({x})"
     if isinstance(x, Symbol):
         return spell(x)
-    if isinstance(x, SymFloorDiv):
-        return f"({render(x.arg, lang, name)} {div} {render(x.k, lang, name)})"
-    if isinstance(x, SymMod):
-        return f"({render(x.arg, lang, name)} % {render(x.k, lang, name)})"
+    if isinstance(x, (SymFloorDiv, SymMod)):
+        a, k = render(x.arg, lang, name), render(x.k, lang, name)
+        if lang == "cpp" and _bounds(x.arg)[0] < 0:  # (C's / and % truncate: the prelude's floor versions)
+            return f"kiln_{'floordivi' if isinstance(x, SymFloorDiv) else 'remi'}<int64_t>({a}, {k})"
+        return f"({a} {div if isinstance(x, SymFloorDiv) else '%'} {k})"
     parts = []
     for m, c in x.terms:
         factors = [render(a, lang, name) for a, p in m for _ in range(p)]
         text = "*".join(factors)
         parts.append(text if c == 1 else (f"-{text}" if c == -1 else f"{c}*{text}"))
-    if x.const:
+    if x.const or not parts:
         parts.append(str(x.const))
     text = " + ".join(parts).replace("+ -", "- ")
     return f"({text})" if len(parts) > 1 else text

@@ -21,6 +21,7 @@ def _symbolic_backend(refused: list[str]) -> Any:
     """A Dynamo backend: AOT graph -> symbolic graph IR -> passes -> the reference interpreter."""
     from torch._functorch.aot_autograd import aot_module_simplified
 
+    from kiln.frontend.decompositions import decomposition_table
     from kiln.frontend.lower import LoweringError, lower_fx
     from kiln.ir.interp import interpret
     from kiln.passes.pipeline import run_pipeline
@@ -41,7 +42,9 @@ def _symbolic_backend(refused: list[str]) -> Any:
             def run(*args: Any) -> Any:
                 return tuple(interpret(graph, [a for a in args if isinstance(a, torch.Tensor)]))
             return run
-        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward)
+        # (captured as kiln's frontend captures: its decompositions, input mutations kept in the graph)
+        return aot_module_simplified(gm, example_inputs, fw_compiler=compile_forward,
+                                     decompositions=decomposition_table(), keep_inference_input_mutations=True)
     return backend
 
 

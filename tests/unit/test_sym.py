@@ -30,6 +30,7 @@ def test_division_exact_where_coefficients_allow_else_an_atom():
     assert isinstance(SizeExpr.of(q).terms[0][0][0][0], SymFloorDiv)
     assert mod(4 * T, 2) == 0 and mod(T * B, T) == 0 and mod(T + 1, 1) == 0
     assert floordiv(1, T) == 0 and mod(1, T) == 1  # (1 < T for T >= 2)
+    assert floordiv(-T, 2) != 0 and evaluate(floordiv(-T, 2), {"s27": 3}) == -2  # (not "below 2, so 0")
     with pytest.raises(ValueError):
         floordiv(T, 0)
 
@@ -59,9 +60,9 @@ def _random_expr(rng, depth):
         return size(SizeExpr.of(a) + b), lambda env: fa(env) + fb(env)
     if op == "*":
         return size(SizeExpr.of(a) * b), lambda env: fa(env) * fb(env)
-    if op == "-":  # keep sizes non-negative: a + b - b
-        return size(SizeExpr.of(a) + b - b), lambda env: fa(env)
-    d, fd = (size(SizeExpr.of(b) + 1), lambda env: fb(env) + 1)  # a positive divisor
+    if op == "-":  # differences go negative (Dynamo's (-s) // 2 + 3): division and remainder floor them
+        return size(SizeExpr.of(a) - b), lambda env: fa(env) - fb(env)
+    d, fd = (size(SizeExpr.of(b) * b + 1), lambda env: fb(env) * fb(env) + 1)  # a positive divisor
     if op == "/":
         return floordiv(a, d), lambda env: fa(env) // fd(env)
     return mod(a, d), lambda env: fa(env) % fd(env)
@@ -83,6 +84,7 @@ def test_arithmetic_agrees_with_integers_under_every_binding():
 def test_cpp_text():
     assert render(floordiv(B * T + 3, T)) == "((s27*s77 + 3) / s27)"
     assert render(2**40 + 0 * T) == "INT64_C(1099511627776)"
+    assert render(floordiv(-T, 2)) == "kiln_floordivi<int64_t>(-s27, 2)"  # (C's / truncates a negative)
     assert render(B, name=lambda s: f"kiln_sizes[{s.name[1:]}]") == "kiln_sizes[77]"
 
 
