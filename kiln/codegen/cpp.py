@@ -24,20 +24,14 @@ from kiln.codegen.cpp_split import split_plan, write_split
 from kiln.codegen.cpp_tile import write_tiled
 from kiln.ir.tiling import plan_tiles
 from kiln.codegen.cpp_expr import (HELPERS, ExprPrinter, combine_text as _combine, ctype, identity_literal as _init,
-                                   rounded, to_memory, value_type)
-from kiln.codegen.cpp_columns import column_lanes, write_columns
-from kiln.ir.loop_collapse import collapse_rows
+                                   rounded, to_memory, value_type, vector_lanes as lanes)
+from kiln.codegen.cpp_columns import column_plan, write_columns
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.loops import LoopNest
 from kiln.ir.ops import HALF, Op, compute_dtype, numel
 
 MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 OVERLAP_MIN_REMAINDER = 4  # a row remainder this long runs as one overlapped vector ([Note: overlapped remainder])
-
-
-def lanes(dtype: torch.dtype) -> int:
-    """Vector lanes of a 512-bit register for ``dtype`` (the schedule's vector width)."""
-    return max(1, 64 // max(torch.empty((), dtype=dtype).element_size(), 1))
 
 
 def acc_type(dtype: torch.dtype) -> str:
@@ -126,12 +120,9 @@ class KernelWriter:
         self._close(len(nest.loops))
 
     def _reduction_kernel(self) -> None:
-        accs = [a for p in self.k.phases if isinstance(p, ReduceLoop) for a in p.accs]
-        width = min((lanes(compute_dtype(a.value.dtype)) for a in accs), default=0)
-        rows_merged = collapse_rows(self.k)
-        vw = column_lanes(rows_merged, width)
-        if vw:
-            write_columns(rows_merged, vw, self.lines, self.s.parallel_min_work)
+        columns = column_plan(self.k)
+        if columns is not None:
+            write_columns(*columns, self.lines, self.s.parallel_min_work)
             return
         rows, self._lanes = split_reduction_trace(self.s.reduction_trace(len(self.k.outer)))
         nest = rows.apply(LoopNest.plain(self.k.outer, prefix="o"))

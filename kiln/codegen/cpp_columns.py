@@ -29,7 +29,9 @@ channels) in the kernel: no row scratch, no arg-reductions.
 """
 from __future__ import annotations
 
-from kiln.codegen.cpp_expr import ExprPrinter, combine_text, identity_literal, rounded, to_memory, value_type
+from kiln.codegen.cpp_expr import (ExprPrinter, combine_text, identity_literal, rounded, to_memory, value_type,
+                                   vector_lanes)
+from kiln.ir.loop_collapse import collapse_rows
 from kiln.ir.index import Lin, Var
 from kiln.ir.kernel import FullLoop, Kernel, KExpr, KLoad, ReduceLoop, RowAssign, RowStore, index_exprs, subexprs
 from kiln.ir.ops import HALF, Op, compute_dtype, numel
@@ -88,8 +90,19 @@ def column_lanes(kernel: Kernel, vector_width: int) -> int:
     return vector_width * min(BLOCK_VECTORS, kernel.outer[-1] // vector_width) if strided else 0
 
 
+def column_plan(kernel: Kernel) -> tuple[Kernel, int] | None:
+    """(the kernel with its row loops merged, rows per block) where the column writer takes ``kernel``, else None:
+    what the C++ writer and the schedule tuner both ask."""
+    accs = [a for p in kernel.phases if isinstance(p, ReduceLoop) for a in p.accs]
+    if not accs:
+        return None
+    merged = collapse_rows(kernel)
+    vw = column_lanes(merged, min(vector_lanes(compute_dtype(a.value.dtype)) for a in accs))
+    return (merged, vw) if vw else None
+
+
 def write_columns(kernel: Kernel, vw: int, lines: list[str], parallel_min_work: int) -> None:
-    """The C++ loops of a column reduction (``column_lanes(kernel) == vw``), appended to ``lines``."""
+    """The C++ loops of a column reduction (``column_plan``'s kernel and block), appended to ``lines``."""
     n = kernel.outer[-1]
     row = _row_var(kernel).name
     par = len(kernel.outer)  # the rows but the last, and the blocks of the last

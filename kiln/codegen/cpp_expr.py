@@ -193,6 +193,11 @@ def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype)
 # through int32 nor asking for hardware gathers avoids it.  Such an index goes through ``k_opaque_index`` (an
 # empty asm: GCC does not vectorize that loop); indices loaded from memory or computed from non-boolean values
 # (embeddings, index_select, arange arithmetic) vectorize as before.
+def vector_lanes(dtype: torch.dtype) -> int:
+    """Vector lanes of a 512-bit register for ``dtype`` (the schedule's vector width)."""
+    return max(1, 64 // max(torch.empty((), dtype=dtype).element_size(), 1))
+
+
 def identity_literal(kind: Op, dtype: torch.dtype) -> str:
     """The C++ literal a ``kind`` reduction's accumulator starts from."""
     return literal(reduction_identity(kind, dtype), dtype)

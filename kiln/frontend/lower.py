@@ -16,7 +16,7 @@ from kiln.frontend import aten_movement  # noqa: F401  (registers the movement l
 from kiln.frontend import aten_pool  # noqa: F401  (registers the pooling lowerings)
 from kiln.frontend.aten import LOWERINGS
 from kiln.frontend.effects import is_effect_token, lower_with_effects
-from kiln.frontend.lowering_base import KERNEL_DTYPES, Lowerer, Unsupported
+from kiln.frontend.lowering_base import KERNEL_DTYPES, Lowerer, Unsupported, meta_shape, sym_size
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import ELEMENTWISE, HALF, REDUCTION, Op
 
@@ -156,15 +156,15 @@ def _lower_node(L: Lowerer, fx_node: torch.fx.Node, gm: torch.fx.GraphModule, fr
     if shape_env is not None and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
         if not isinstance(val, torch.SymInt):
             raise LoweringError(f"symbolic {type(val).__name__} value: {fx_node.format_node()}")
-        env[fx_node] = L.size(val)  # a size symbol's value (an int placeholder), or arithmetic on sizes
+        env[fx_node] = sym_size(val)  # a size symbol's value (an int placeholder), or arithmetic on sizes
     elif fx_node.op == "placeholder":
         if is_effect_token(fx_node):  # (AOTAutograd passes None for it at run time: a constant here)
             env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(torch.empty(0)))
         elif position in frozen:
             env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(frozen[position].detach()))
         elif isinstance(val, torch.Tensor):
-            env[fx_node] = b.add(Op.INPUT, (), shape=tuple(L.size(s) for s in val.shape), dtype=val.dtype,
-                                 index=position, name=fx_node.name)
+            env[fx_node] = b.add(Op.INPUT, (), shape=meta_shape(val), dtype=val.dtype, index=position,
+                                 name=fx_node.name)
         else:
             raise LoweringError(f"non-tensor input {fx_node.name}")
     elif fx_node.op == "get_attr":

@@ -74,10 +74,6 @@ class Lowerer:
         self.triton = False  # lowering for the Triton target (lower_fx sets it)
         self.symbolic = False  # lowering a graph traced with dynamic shapes (lower_fx sets it)
 
-    @staticmethod
-    def size(v: Any) -> Size:
-        return sym_size(v)
-
     # ---------------------------------------------------------------- leaves
     def scalar(self, value: Any, dtype: torch.dtype) -> Node:
         if is_symbolic(value):  # a size as a value (``x * x.shape[1]``, an index wrapped by a symbolic size)
@@ -178,13 +174,12 @@ class Lowerer:
         target = owning_variant(fx_node.target)
         self.externs.append(str(target))
         if isinstance(val, torch.Tensor):
-            return build_extern(self.b, target, args, kwargs, [self.size(s) for s in val.shape], val.dtype)
+            return build_extern(self.b, target, args, kwargs, meta_shape(val), val.dtype)
         if isinstance(val, (list, tuple)):
             outs = []
             for k, v in enumerate(val):
                 if isinstance(v, torch.Tensor):
-                    outs.append(build_extern(self.b, target, args, kwargs, [self.size(s) for s in v.shape], v.dtype,
-                                             k))
+                    outs.append(build_extern(self.b, target, args, kwargs, meta_shape(v), v.dtype, k))
                 else:
                     outs.append(v)
             return tuple(outs)

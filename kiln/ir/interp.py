@@ -9,9 +9,10 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from kiln.ir.extern import call_extern
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import VIEW, Op
-from kiln.ir.sym import SizeExpr, Symbol, concrete, evaluate, is_symbolic
+from kiln.ir.sym import as_symbol, concrete, evaluate, is_symbolic
 
 
 def _python_floordiv(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -76,12 +77,6 @@ def _pad(n: Node, x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.pad(x, flat, value=n.attr("value"))
 
 
-def run_extern(n: Node, args: Sequence[torch.Tensor]) -> torch.Tensor:
-    """Call an EXTERN node's ATen op on concrete tensors."""
-    from kiln.ir.extern import call_extern
-    return call_extern(n, args)
-
-
 def _same_device(args: Sequence[Any]) -> Sequence[Any]:
     """Scalars and index ranges (FULL, IOTA) evaluate on the CPU; next to GPU weights they move there."""
     devices = {a.device for a in args if isinstance(a, torch.Tensor)}
@@ -131,7 +126,6 @@ def eval_node(n: Node, args: Sequence[Any], sizes: dict[str, int] | None = None)
     if op is Op.GATHER:
         return torch.gather(args[0], n.attr("dim"), args[1])
     if op is Op.EXTERN:
-        from kiln.ir.extern import call_extern
         return call_extern(n, args, sizes)
     raise NotImplementedError(f"interp: no rule for {op.value}")
 
@@ -145,10 +139,9 @@ def bind_sizes(graph: Graph, inputs: Sequence[torch.Tensor]) -> dict[str, int] |
     env: dict[str, int] = {}
     for node, value in zip(graph.inputs, inputs):
         for s, actual in zip(node.shape, value.shape):
-            if isinstance(s, SizeExpr) and s.const == 0 and len(s.terms) == 1:
-                (monomial, coef), = s.terms
-                if coef == 1 and len(monomial) == 1 and monomial[0][1] == 1 and isinstance(monomial[0][0], Symbol):
-                    env.setdefault(monomial[0][0].name, int(actual))
+            symbol = as_symbol(s)
+            if symbol is not None:
+                env.setdefault(symbol.name, int(actual))
     for k, (node, value) in enumerate(zip(graph.inputs, inputs)):
         if len(node.shape) != value.dim():
             raise ValueError(f"input {k}: expected {len(node.shape)} dimensions, got shape {list(value.shape)}")

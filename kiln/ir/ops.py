@@ -131,7 +131,7 @@ def dim(s: Any) -> Size:
     if is_symbolic(s):
         return size(s)
     if isinstance(s, torch.SymInt):  # int() would make Dynamo guard on (specialize) the size
-        raise TypeError(f"a torch.SymInt ({s}) reached a kiln shape: convert it with Lowerer.size")
+        raise TypeError(f"a torch.SymInt ({s}) reached a kiln shape: convert it with lowering_base.sym_size")
     return int(s)
 
 

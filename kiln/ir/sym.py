@@ -236,6 +236,15 @@ def is_symbolic(x: Any) -> bool:
     return isinstance(x, (SizeExpr, Symbol, SymFloorDiv, SymMod))
 
 
+def as_symbol(x: Any) -> Symbol | None:
+    """The symbol ``x`` is, when it is one symbol alone (``s27``, not ``2*s27`` or ``s27 + 1``)."""
+    if isinstance(x, SizeExpr) and not x.const and len(x.terms) == 1:
+        (monomial, coef), = x.terms
+        if coef == 1 and len(monomial) == 1 and monomial[0][1] == 1 and isinstance(monomial[0][0], Symbol):
+            return monomial[0][0]
+    return None
+
+
 def symbols_of(x: "Size | Atom") -> set[Symbol]:
     return SizeExpr.of(x).symbols() if is_symbolic(x) else set()
 
