@@ -104,8 +104,8 @@ def _narrow(L: Lowerer, n: Any, x: Node, dim: int, start: Any, length: int) -> N
 @register(aten.split, aten.split_with_sizes)
 def _split(L: Lowerer, n: Any, x: Node, sizes: Any, dim: int = 0) -> tuple[Node, ...]:
     d = norm_dim(dim, len(x.shape))
-    if is_symbolic(x.shape[d]) or not isinstance(sizes, int) and any(is_symbolic(s) for s in sizes) \
-            or is_symbolic(sizes):
+    if is_symbolic(sizes) or is_symbolic(x.shape[d]) or isinstance(sizes, (list, tuple)) \
+            and any(is_symbolic(s) for s in sizes):
         sizes = [meta_shape(v)[d] for v in meta_val(n)]  # (the parts as traced: how many, and each one's length)
     elif isinstance(sizes, int):
         sizes = [min(sizes, x.shape[d] - s) for s in range(0, x.shape[d], sizes)] or [0]
