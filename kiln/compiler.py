@@ -117,19 +117,22 @@ def _triton_interprets() -> bool:
 def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
              report: CompileReport, arg_names: Sequence[str | None] = (),
              examples: Sequence[Any] | None = None) -> Callable:
-    from kiln.frontend.lower import lower_fx
+    from kiln.frontend.lower import has_symbolic_sizes, lower_fx
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.ir.graph import compiling_for
     from kiln.passes.pipeline import run_pipeline
     from kiln.schedule.choose import build_best
-    from kiln.schedule.plan import build_cpu, build_triton
+    from kiln.schedule.plan import build_cpu, build_cpu_symbolic, build_triton
     from kiln.tune.choices import Choices
 
     _check_devices(fx_gm, frozen)
     device = _device_of(fx_gm, frozen)
     triton = _use_triton(cfg.target, device)
     start = time.perf_counter()
-    graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES, triton)
+    # a graph traced with dynamic shapes: compiled for every size on the CPU (docs/dynamic_shapes.md); elsewhere the
+    # static lowering refuses it (LoweringError: it runs eagerly, the report says why)
+    symbolic = not triton and cfg.dynamic_shapes and has_symbolic_sizes(fx_gm)
+    graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES, triton, symbolic)
     report.captured = graph
     report.phases["lower"] = time.perf_counter() - start
     choices = Choices.for_compile(report.mode)
@@ -141,12 +144,15 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         if triton:
             report.target = "triton"
             module = build_triton(graph, report, device, report.mode, choices)
+        elif symbolic:
+            module = build_cpu_symbolic(graph, report, choices)
         else:
             module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
                                 _example_inputs(graph, examples), choices)
     finally:
         choices.close()
-    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
+    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names,
+                   _alias_fixes(fx_gm, graph, getattr(module, "call_sizes", None)))
 
 
 def _example_inputs(graph: Any, examples: Sequence[Any] | None) -> Callable[[], list[torch.Tensor]] | None:
@@ -187,9 +193,11 @@ class _AliasFix:
     before_call: bool                   # the graph mutates the input: copy it before the call
 
 
-def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any) -> list[_AliasFix]:
+def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
+                 call_sizes: Callable[[], dict[str, int]] | None = None) -> list[_AliasFix]:
+    """``call_sizes``: for a symbolic graph, the sizes of the module's last call (views take them)."""
     from kiln.ir.graph import Op, view_root
-    from kiln.ir.interp import view_function
+    from kiln.ir.interp import eval_node, view_function
     from kiln.ir.ops import VIEW
     from kiln.ir.graph import mutates
 
@@ -203,8 +211,9 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any) -> list[_AliasFix]:
             chain.append(out)
             out = out.inputs[0]
         if out.op is Op.INPUT and not _aliases_input(fx_out):
-            fixes.append(_AliasFix(k, out.attr("index"), [view_function(v) for v in reversed(chain)],
-                                   out in mutated))
+            views = [view_function(v) if call_sizes is None else
+                     (lambda t, v=v: eval_node(v, [t], call_sizes())) for v in reversed(chain)]
+            fixes.append(_AliasFix(k, out.attr("index"), views, out in mutated))
     return fixes
 
 

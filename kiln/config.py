@@ -122,6 +122,9 @@ class Config:
     # CPU: call kiln's own GEMM, convolution and attention ops from the generated C++ between the kernels, not
     # through Python, whose code runs cache-cold after a GEMM (runtime/native.py; ``benchmarks/native_calls.py``).
     native_calls: bool = True
+    # CPU: compile graphs traced with dynamic shapes (symbolic sizes) once, for every size (docs/dynamic_shapes.md);
+    # off: such graphs run eagerly, as before issue 19.  (GPU: not yet, they run eagerly.)
+    dynamic_shapes: bool = True
     # Run convolutions and the kernels between them channels-last (NHWC) inside a graph.  Off by default:
     # measured on ResNet-18 (1 thread) it cost 9%, on the seed model it gained under 3% (see schedule/layout.py).
     layout_optimization: bool = False
@@ -209,6 +212,7 @@ class Config:
         "fallback": ("KILN_FALLBACK", bool),
         "library_selection": ("KILN_LIBRARY_SELECTION", bool),
         "native_calls": ("KILN_NATIVE_CALLS", bool),
+        "dynamic_shapes": ("KILN_DYNAMIC_SHAPES", bool),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),
         "target": ("KILN_TARGET", str),

@@ -43,6 +43,7 @@ class CompileReport:
     choices: list[Any] = dataclasses.field(default_factory=list)  # implementation choices (tune/choices.Made)
     schedules: list[Any] = dataclasses.field(default_factory=list)  # tuners' schedules stored or measured (Made)
     tuning: Any = None            # CPU: kernel schedules measured or found (kiln.tune.cpu.TuneStats)
+    dynamic: dict[str, Any] | None = None  # a symbolic graph: its size symbols and the sizes planned so far
 
     def format(self, *, source: bool = True) -> str:
         return format_report(self, source=source)
@@ -59,6 +60,11 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
             for k, v in r.phases.items()))
     if r.fallback:
         out.append(f"!!! fell back to eager: {r.fallback}")
+    if r.dynamic:
+        sizes = "; ".join(", ".join(f"{k}={v}" for k, v in env.items()) for env in r.dynamic["sizes"][-8:])
+        out.append(f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "
+                   f"one build, a memory plan per size: {len(r.dynamic['sizes'])} planned"
+                   + (f": {sizes}" if sizes else ""))
     for line in r.tune_skipped:
         out.append(f"--- tuning skipped {line}")
     if r.captured is not None:

@@ -24,7 +24,7 @@ from kiln.codegen.cpp_split import split_plan, write_split
 from kiln.codegen.cpp_tile import write_tiled
 from kiln.ir.tiling import plan_tiles
 from kiln.codegen.cpp_expr import (HELPERS, ExprPrinter, combine_text as _combine, ctype, identity_literal as _init,
-                                   rounded, to_memory, value_type, vector_lanes as lanes)
+                                   rounded, size_text, to_memory, value_type, vector_lanes as lanes)
 from kiln.codegen.cpp_columns import column_plan, write_columns
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
 from kiln.ir.loops import LoopNest
@@ -48,9 +48,16 @@ def _round_half_accs(phase: ReduceLoop, lines: list[str], indent: str) -> None:
 
 class KernelWriter:
     def __init__(self, kernel: Kernel, slot_of: dict[str, int], dtype_of: dict[str, torch.dtype],
-                 outputs: set[str], position: dict | None = None):
+                 outputs: set[str], position: dict | None = None, size_slot: dict[str, int] | None = None):
         self.position = position or {}
         self.k = kernel
+        self.size_slot = size_slot or {}
+        # [Note: symbolic kernels] A kernel of a graph traced with dynamic shapes reads its sizes from the call's
+        # size table (``kiln_sizes``, set by the runtime before each call) and runs the plain schedules: a row or
+        # flat loop nest, vector loops with remainders, threads decided at run time.  The layouts chosen by
+        # integer analysis (transposing tiles, inner-loop splits by a view's period, column reductions, stack
+        # row scratch) need static extents and are left out.
+        self.symbolic = bool(self.size_slot) and kernel.is_symbolic()
         self.s = kernel.schedule if isinstance(kernel.schedule, CppSchedule) else default_schedule(kernel)
         self.slot_of = slot_of
         self.dtype_of = dtype_of
@@ -67,6 +74,9 @@ class KernelWriter:
             t = ctype(self.dtype_of[buf])
             const = "" if buf in writes else "const "
             out.append(f"  {const}{t}* __restrict__ {buf} = ({const}{t}*)b[{self.slot_of[buf]}];")
+        if self.symbolic:
+            for name, slot in sorted(self.size_slot.items(), key=lambda t: t[1]):
+                out.append(f"  const int64_t {name} = kiln_sizes[{slot}]; (void){name};")
         if numel(k.outer) == 0 or (k.rsize == 0 and not k.phases):
             out.append("}")
             return "\n".join(out)
@@ -86,10 +96,10 @@ class KernelWriter:
         if n_par:
             collapse = f" collapse({n_par})" if n_par > 1 else ""
             self.lines.append(f"  #pragma omp parallel for{collapse} schedule(static) "
-                              f"if({numel(k.outer)} > {self.s.parallel_min_work})")
+                              f"if({size_text(numel(k.outer))} > {self.s.parallel_min_work})")
         indent = "  "
         for d, size in enumerate(k.outer[:-1]):
-            self.lines.append(f"{indent}for (int64_t i{d} = 0; i{d} < {size}; ++i{d}) {{")
+            self.lines.append(f"{indent}for (int64_t i{d} = 0; i{d} < {size_text(size)}; ++i{d}) {{")
             indent += "  "
         return indent
 
@@ -98,11 +108,11 @@ class KernelWriter:
             self.lines.append("  " * d + "}")
 
     def _pointwise_kernel(self) -> None:
-        tiles = plan_tiles(self.k)
+        tiles = None if self.symbolic else plan_tiles(self.k)
         if tiles is not None:
             write_tiled(self.k, tiles, self.lines, self.s.parallel_min_work)
             return
-        split = split_plan(self.k)
+        split = None if self.symbolic else split_plan(self.k)
         if split is not None and not (len(self.k.outer) == 1 and self.k.outer[0] > self.s.chunk):
             indent = self._outer_loops_but_last()
             write_split(self.k, *split, self.lines, indent)
@@ -120,16 +130,17 @@ class KernelWriter:
         self._close(len(nest.loops))
 
     def _reduction_kernel(self) -> None:
-        columns = column_plan(self.k)
+        columns = None if self.symbolic else column_plan(self.k)
         if columns is not None:
             write_columns(*columns, self.lines, self.s.parallel_min_work)
             return
         rows, self._lanes = split_reduction_trace(self.s.reduction_trace(len(self.k.outer)))
         nest = rows.apply(LoopNest.plain(self.k.outer, prefix="o"))
-        indent = open_nest(nest, self.lines, numel(self.k.outer) * max(self.k.rsize, 1))
+        rsize = self.k.rsize
+        indent = open_nest(nest, self.lines, numel(self.k.outer) * (max(rsize, 1) if type(rsize) is int else rsize))
         row = ExprPrinter(self.lines, indent)
         for name, dtype in self.k.scratch.items():
-            self.lines.append(f"{indent}{ctype(dtype)} {name}[{self.k.rsize}];  // row scratch")
+            self.lines.append(f"{indent}{ctype(dtype)} {name}[{rsize}];  // row scratch")
         for phase in self.k.phases:
             if isinstance(phase, ReduceLoop):
                 self._reduce_loop(phase, row, indent)
@@ -146,7 +157,7 @@ class KernelWriter:
 
     def _full_loop(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
         self.lines.append(f"{indent}#pragma omp simd")
-        self.lines.append(f"{indent}for (int64_t r = 0; r < {self.k.rsize}; ++r) {{")
+        self.lines.append(f"{indent}for (int64_t r = 0; r < {size_text(self.k.rsize)}; ++r) {{")
         body = row.child(self.lines, indent + "  ")
         for s in phase.stores:
             value = body.expr(s.value)
@@ -163,7 +174,7 @@ class KernelWriter:
             self._parallel_reduce(phase, row, indent)
         else:
             self.lines.append(f"{indent}{{")
-            self._lane_reduce(phase, row, indent + "  ", "0", str(self.k.rsize), "")
+            self._lane_reduce(phase, row, indent + "  ", "0", size_text(self.k.rsize), "")
             self.lines.append(f"{indent}}}")
         _round_half_accs(phase, self.lines, indent)
 
@@ -173,7 +184,8 @@ class KernelWriter:
         [Note: split reduction] Each thread reduces a contiguous chunk into its own slot; the slots are then
         combined in thread order, so the result does not depend on scheduling (deterministic for a fixed
         thread count)."""
-        return (not self.k.outer and self.k.rsize >= self.s.parallel_min_work and not phase.stores
+        return (not self.k.outer and type(self.k.rsize) is int and self.k.rsize >= self.s.parallel_min_work
+                and not phase.stores
                 and all(isinstance(p, (ReduceLoop, RowAssign, RowStore)) for p in self.k.phases)
                 and sum(isinstance(p, ReduceLoop) for p in self.k.phases) == 1)
 
@@ -282,7 +294,7 @@ class KernelWriter:
     def _scalar_reduce(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
         for a in phase.accs:
             self._scalar_acc_init(a, indent)
-        self.lines.append(f"{indent}for (int64_t r = 0; r < {self.k.rsize}; ++r) {{")
+        self.lines.append(f"{indent}for (int64_t r = 0; r < {size_text(self.k.rsize)}; ++r) {{")
         body = row.child(self.lines, indent + "  ")
         for s in phase.stores:  # row-scratch writes first, as in _acc_body
             self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = "
@@ -315,13 +327,20 @@ def native_calls(segments: list[list[Any]]) -> list[Any]:
 
 
 def translation_unit(kernels: list[Kernel], segments: list[list[Any]], slot_of: dict[str, int],
-                     dtype_of: dict[str, torch.dtype], outputs: set[str], position: dict | None = None) -> str:
+                     dtype_of: dict[str, torch.dtype], outputs: set[str], position: dict | None = None,
+                     size_slot: dict[str, int] | None = None) -> str:
     """The whole C++ source for one graph.  ``segments``: per segment, kernel names and native calls
-    (``runtime.native.NativeCall``), in order."""
+    (``runtime.native.NativeCall``), in order.  ``size_slot``: a symbolic graph's size symbols by name, each
+    with its slot in the size table the runtime sets before a call (``kiln_set_sizes``; [Note: symbolic
+    kernels])."""
     from kiln.codegen.cpp_prelude import PRELUDE
     parts = [PRELUDE, HELPERS]
+    if size_slot:
+        parts.append(f"static int64_t kiln_sizes[{len(size_slot)}];\n"
+                     f'extern "C" void kiln_set_sizes(const int64_t* s) {{ '
+                     f"for (int i = 0; i < {len(size_slot)}; ++i) kiln_sizes[i] = s[i]; }}")
     for k in kernels:
-        parts.append(KernelWriter(k, slot_of, dtype_of, outputs, position).write())
+        parts.append(KernelWriter(k, slot_of, dtype_of, outputs, position, size_slot).write())
     # library calls made between the kernels (runtime/native.py): their addresses are set at load time
     natives = native_calls(segments)
     parts.append(f"static void* kiln_native_fn[{max(len(natives), 1)}];\n"

@@ -15,6 +15,7 @@ import torch
 from kiln.ir.index import Dyn, Lin, render
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar
 from kiln.ir.ops import HALF, Op, compute_dtype, reduction_identity
+from kiln.ir.sym import Size, is_symbolic, render as render_size
 from kiln.codegen.printing import OpTable, Rule, Temporaries
 
 CPP_TYPES = {
@@ -193,6 +194,12 @@ def op_text(op: Op, args: list[str], dtype: torch.dtype, arg_dtype: torch.dtype)
 # through int32 nor asking for hardware gathers avoids it.  Such an index goes through ``k_opaque_index`` (an
 # empty asm: GCC does not vectorize that loop); indices loaded from memory or computed from non-boolean values
 # (embeddings, index_select, arange arithmetic) vectorize as before.
+def size_text(x: Size) -> str:
+    """A loop extent, work count or constant as C++: an int, or a size expression over the size symbols a
+    symbolic kernel declares from the call's size table (``kiln_sizes``)."""
+    return str(x) if type(x) is int else render_size(x, "cpp")
+
+
 def vector_lanes(dtype: torch.dtype) -> int:
     """Vector lanes of a 512-bit register for ``dtype`` (the schedule's vector width)."""
     return max(1, 64 // max(torch.empty((), dtype=dtype).element_size(), 1))
@@ -251,6 +258,8 @@ class ExprPrinter(Temporaries):
         if e in self.names:
             return self.names[e]
         if isinstance(e, KConst):
+            if is_symbolic(e.value):  # (a size used as a value: the call's size, read from the size table)
+                return f"static_cast<{value_type(e.dtype)}>({size_text(e.value)})"
             return literal(e.value, e.dtype)
         if isinstance(e, KVar):
             return e.name

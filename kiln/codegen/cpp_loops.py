@@ -11,25 +11,28 @@ Example: ``split(i0, 4096); parallel(i0.o, 32768); vectorize(i0.i)`` on a 10000-
 """
 from __future__ import annotations
 
+from kiln.codegen.cpp_expr import size_text
 from kiln.ir.loops import Loop, LoopNest, ScheduleError, Trace
+from kiln.ir.sym import Size, provably_le
 
 
 def _bound(loop: Loop) -> str:
     if loop.stop is None:
-        return str(loop.extent)
+        return size_text(loop.extent)
     outer, factor, n = loop.stop
     o = outer.replace(".", "_").replace("+", "_")
+    n = size_text(n)
     return f"(({o} * {factor} + {factor} <= {n}) ? {factor} : {n} - {o} * {factor})"
 
 
-def open_nest(nest: LoopNest, lines: list[str], work: int, indent: str = "  ") -> str:
+def open_nest(nest: LoopNest, lines: list[str], work: Size, indent: str = "  ") -> str:
     """Append the loops' headers and the axis definitions; returns the body's indentation (the caller closes
     ``len(nest.loops)`` braces)."""
     par = [lp for lp in nest.loops if lp.kind == "parallel"]
     for k, loop in enumerate(nest.loops):
         if k == 0 and par:
             collapse = f" collapse({len(par)})" if len(par) > 1 else ""
-            cond = f" if({work} > {par[0].min_work})" if par[0].min_work else ""
+            cond = f" if({size_text(work)} > {par[0].min_work})" if par[0].min_work else ""  # (at run time)
             lines.append(f"{indent}#pragma omp parallel for{collapse} schedule(static){cond}")
         if loop.kind == "vector":
             lines.append(f"{indent}#pragma omp simd")
@@ -58,7 +61,7 @@ def default_trace(extents: tuple[int, ...], chunk: int, min_work: int) -> Trace:
     if n == 0:
         return t
     if n == 1:
-        if extents[0] > chunk:
+        if not provably_le(extents[0], chunk):  # (a symbolic extent: split into chunks, for large sizes)
             return t.then("split", "i0", chunk).then("parallel", "i0.o", min_work).then("vectorize", "i0.i")
         return t.then("vectorize", "i0")
     return _parallel([f"i{d}" for d in range(n - 1)], min_work).then("vectorize", f"i{n - 1}")

@@ -108,11 +108,19 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
             return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
                                          decompositions=decomposition_table(), keep_inference_input_mutations=True)
     except Exception as exc:  # never break the user's model: AOTAutograd's capture failed before kiln compiled
-        if reached_compiler or not cfg.fallback:
+        if reached_compiler or not cfg.fallback or _dynamo_control_flow(exc):
             raise
         return _capture_failed(gm, exc, mode, name)
     finally:
         progress.end()
+
+
+def _dynamo_control_flow(exc: Exception) -> bool:
+    """Is ``exc`` Dynamo telling itself to trace the frame again (``RestartAnalysis``: with dynamic shapes, a float
+    scalar it will now pass as a tensor - ``TensorifyScalarRestartAnalysis``)?  Not a failure: it must reach
+    Dynamo, which calls the backend again with the new graph."""
+    restart = getattr(getattr(torch._dynamo, "exc", None), "RestartAnalysis", None)
+    return restart is not None and isinstance(exc, restart)
 
 
 def _capture_failed(gm: torch.fx.GraphModule, exc: Exception, mode: str | None, owner: str | None) -> Callable:
@@ -121,7 +129,8 @@ def _capture_failed(gm: torch.fx.GraphModule, exc: Exception, mode: str | None, 
     says so."""
     from kiln.report import CompileReport, record
     report = CompileReport(name=_graph_name(gm, owner), mode=mode or "default")
-    report.fallback = f"capture to ATen (AOTAutograd) failed: {type(exc).__name__}: {str(exc).splitlines()[0]}"
+    first_line = (str(exc).splitlines() or [""])[0]
+    report.fallback = f"capture to ATen (AOTAutograd) failed: {type(exc).__name__}: {first_line}"
     record(report)
     warnings.warn(f"kiln: {report.fallback}; running graph {report.name!r} eagerly", stacklevel=2)
     return gm.forward

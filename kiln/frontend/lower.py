@@ -92,6 +92,11 @@ def _has_symbols(v: Any) -> bool:
     return False
 
 
+def has_symbolic_sizes(gm: torch.fx.GraphModule) -> bool:
+    """Was ``gm`` traced with dynamic shapes (does any value have a symbolic size)?"""
+    return _shape_env(gm) is not None
+
+
 def _shape_env(gm: torch.fx.GraphModule) -> Any:
     """The ShapeEnv of a graph traced with dynamic shapes (None if no value has a symbolic size)."""
     for fx_node in gm.graph.nodes:

@@ -173,17 +173,58 @@ class Lowerer:
         val = meta_val(fx_node)
         target = owning_variant(fx_node.target)
         self.externs.append(str(target))
+        dense = _dense_operands(fx_node)
         if isinstance(val, torch.Tensor):
-            return build_extern(self.b, target, args, kwargs, meta_shape(val), val.dtype)
+            return _with_dense(build_extern(self.b, target, args, kwargs, meta_shape(val), val.dtype), dense)
         if isinstance(val, (list, tuple)):
             outs = []
             for k, v in enumerate(val):
                 if isinstance(v, torch.Tensor):
-                    outs.append(build_extern(self.b, target, args, kwargs, meta_shape(v), v.dtype, k))
+                    outs.append(_with_dense(build_extern(self.b, target, args, kwargs, meta_shape(v), v.dtype, k),
+                                            dense))
                 else:
                     outs.append(v)
             return tuple(outs)
         raise Unsupported(f"{fx_node.target} returns {type(val).__name__}, not tensors")
+
+
+def _dense_operands(fx_node: torch.fx.Node) -> tuple[bool, ...] | None:
+    """Per tensor operand of an ATen call (in the order ``build_extern`` collects them): was it contiguous in the
+    captured graph?
+
+    [Note: externs get the layouts they were traced with] kiln's graph IR has no layout: a ``clone`` (or a
+    ``contiguous``) is the value itself, so an extern may be handed a permuted or expanded view where the
+    captured graph gave it a fresh contiguous tensor.  Most ATen ops take any strides; some do not (the CPU
+    ``native_group_norm`` checks ``X.is_contiguous()``).  The runtime makes these operands contiguous again
+    (a copy only when the view is not).  Asked without adding a guard (``is_contiguous_or_false``: a symbolic
+    layout that is not provably contiguous counts as not), and not for an op that writes an operand."""
+    from torch._prims_common import is_contiguous_or_false
+    schema = getattr(fx_node.target, "_schema", None)
+    if schema is None or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
+        return None
+    flags: list[bool] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.fx.Node):
+            val = v.meta.get("val")
+            if isinstance(val, torch.Tensor):
+                flags.append(bool(is_contiguous_or_false(val)))
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+    walk(list(fx_node.args))
+    walk(dict(fx_node.kwargs))
+    return tuple(flags) if any(flags) else None
+
+
+def _with_dense(node: Node, dense: tuple[bool, ...] | None) -> Node:
+    """Record ``dense`` on the extern (``dense_inputs``) where it lines up with the node's inputs."""
+    if dense is not None and len(dense) == len(node.inputs):
+        node.attrs["dense_inputs"] = dense
+    return node
 
 
 def owning_variant(target: Any) -> Any:

@@ -81,6 +81,9 @@ def substitute(template: Any, values: Sequence[Any], sizes: dict[str, int] | Non
 def call_extern(node: Any, inputs: Sequence[torch.Tensor], sizes: dict[str, int] | None = None) -> torch.Tensor:
     """Run an EXTERN node's op on concrete tensors; returns output ``out_index`` when the op returns several.
     ``sizes``: the values of the size symbols in its arguments (a graph traced with dynamic shapes)."""
+    dense = node.attr("dense_inputs")  # ([Note: externs get the layouts they were traced with])
+    if dense is not None and len(dense) == len(inputs):
+        inputs = [t.contiguous() if d and isinstance(t, torch.Tensor) else t for t, d in zip(inputs, dense)]
     args, kwargs = substitute(node.attr("template"), inputs, sizes)
     out = node.attr("target")(*args, **kwargs)
     index = node.attr("out_index")

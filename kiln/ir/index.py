@@ -8,21 +8,66 @@ whenever ranges prove them redundant, e.g. for a reshape [B, H*W] -> [B, H, W] -
     (p // W) * W + p % W        ->  p
     (b * H + p // W) % H        ->  p // W      (since 0 <= p // W < H)
     (b * HW + p) // HW          ->  b           (since 0 <= p < HW)
+
+[Note: symbolic indices] With dynamic shapes (docs/dynamic_shapes.md, layer 3) a loop extent, a coefficient
+(a stride ``768*s0``), a constant (a cat part's offset ``s0``) and a divisor may be a size expression
+(``kiln.ir.sym.SizeExpr``).  The rules stay the same; each test that had compared integers asks what holds for
+every size in the symbols' ranges (``sym.provably_*``), and "not provable" keeps the division - correct for every
+size, only less simple.  With ``T`` symbolic::
+
+    (b * T + t) // T            ->  b           (since 0 <= t <= T - 1 < T)
+    (768*T*b + 768*t + c) % 768 ->  c
+
+Bounds may be ``None`` (unknown: a coefficient of unknown sign).  Static kernels never see a size expression, and
+every operation tries plain ``int`` arithmetic first: a static compile builds ~10^5 of these expressions.
 """
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Optional
+
+from kiln.ir import sym
+
+Size = sym.Size
+Bound = Optional[Size]  # None: not known
+
+
+def _num(x: Any) -> bool:
+    """Is ``x`` a plain integer (the fast path)?"""
+    return type(x) is int
+
+
+def _in_range(lo: Bound, hi: Bound, k: Size) -> bool:
+    """``0 <= lo`` and ``hi < k`` for every size (bounds of an expression against a divisor)."""
+    if type(lo) is int and type(hi) is int and type(k) is int:
+        return lo >= 0 and hi < k
+    return lo is not None and hi is not None and sym.provably_le(0, lo) and sym.provably_lt(hi, k)
+
+
+
+
+
+def _nonneg(c: Size) -> bool | None:
+    """Sign of a coefficient: True (>= 0 always), False (<= 0 always), None (unknown)."""
+    if _num(c):
+        return c >= 0
+    if sym.provably_le(0, c):
+        return True
+    if sym.provably_le(c, 0):
+        return False
+    return None
 
 
 @dataclasses.dataclass(frozen=True)
 class Var:
     name: str
-    size: int
+    size: Size
 
-    def bounds(self) -> tuple[int, int]:
-        return 0, max(self.size - 1, 0)
+    def bounds(self) -> tuple[Size, Size]:
+        if _num(self.size):
+            return 0, max(self.size - 1, 0)
+        return 0, self.size - 1  # (an extent of 0 runs no iteration, so no index is evaluated there)
 
 
 def _once(atom: Any, name: str, compute: Callable[[Any], Any]) -> Any:
@@ -49,22 +94,24 @@ def _memoized(cls: Any) -> Any:
 @dataclasses.dataclass(frozen=True)
 class FloorDiv:
     arg: "Lin"
-    k: int
+    k: Size  # positive
 
-    def bounds(self) -> tuple[int, int]:
+    def bounds(self) -> tuple[Bound, Bound]:
         lo, hi = self.arg.bounds()
-        return lo // self.k, hi // self.k
+        if _num(lo) and _num(hi) and _num(self.k):
+            return lo // self.k, hi // self.k
+        return (None if lo is None else sym.floordiv(lo, self.k)), (None if hi is None else sym.floordiv(hi, self.k))
 
 
 @_memoized
 @dataclasses.dataclass(frozen=True)
 class Mod:
     arg: "Lin"
-    k: int
+    k: Size  # positive
 
-    def bounds(self) -> tuple[int, int]:
+    def bounds(self) -> tuple[Bound, Bound]:
         lo, hi = self.arg.bounds()
-        if lo >= 0 and hi < self.k:
+        if _in_range(lo, hi, self.k):
             return lo, hi
         return 0, self.k - 1
 
@@ -74,10 +121,10 @@ class Mod:
 class Dyn:
     """An index read from memory at run time (gather/take); assumed within [0, size)."""
     expr: Any
-    size: int
+    size: Size
 
-    def bounds(self) -> tuple[int, int]:
-        return 0, max(self.size - 1, 0)
+    def bounds(self) -> tuple[Size, Size]:
+        return (0, max(self.size - 1, 0)) if _num(self.size) else (0, self.size - 1)
 
 
 Atom = Var | FloorDiv | Mod | Dyn
@@ -85,16 +132,18 @@ Atom = Var | FloorDiv | Mod | Dyn
 
 @dataclasses.dataclass(frozen=True)
 class Lin:
-    const: int = 0
-    terms: tuple[tuple[Atom, int], ...] = ()   # sorted by repr of atom, coefficients non-zero
+    const: Size = 0
+    terms: tuple[tuple[Atom, Size], ...] = ()   # sorted by repr of atom, coefficients non-zero
 
     # ------------------------------------------------------------------ construction
     @staticmethod
-    def of(x: "Lin | Atom | int") -> "Lin":
+    def of(x: "Lin | Atom | Size") -> "Lin":
         if isinstance(x, Lin):
             return x
         if isinstance(x, int):
             return Lin(x)
+        if sym.is_symbolic(x):
+            return Lin(sym.size(x))
         return Lin(0, ((x, 1),))
 
     def __add__(self, other: "Lin | Atom | int") -> "Lin":
@@ -106,9 +155,11 @@ class Lin:
 
     __radd__ = __add__
 
-    def __mul__(self, k: int) -> "Lin":
+    def __mul__(self, k: Size) -> "Lin":
         if k == 0:
             return Lin(0)
+        if k == 1:
+            return self
         return _make(self.const * k, {a: c * k for a, c in self.terms})
 
     __rmul__ = __mul__
@@ -116,22 +167,38 @@ class Lin:
     def __sub__(self, other: "Lin | Atom | int") -> "Lin":
         return self + Lin.of(other) * -1
 
-    def floordiv(self, k: int) -> "Lin":
+    def floordiv(self, k: Size) -> "Lin":
         return floordiv(self, k)
 
-    def mod(self, k: int) -> "Lin":
+    def mod(self, k: Size) -> "Lin":
         return mod(self, k)
 
     # ------------------------------------------------------------------ analysis
-    def bounds(self) -> tuple[int, int]:
-        lo = hi = self.const
+    def bounds(self) -> tuple[Bound, Bound]:
+        """The smallest and largest value over the atoms' ranges (ints, size expressions, or None: unknown)."""
+        lo: Bound = self.const
+        hi: Bound = self.const
         for a, c in self.terms:
             alo, ahi = a.bounds()
-            lo += min(c * alo, c * ahi)
-            hi += max(c * alo, c * ahi)
+            if type(c) is int and type(alo) is int and type(ahi) is int and type(lo) is int and type(hi) is int:
+                lo += min(c * alo, c * ahi)
+                hi += max(c * alo, c * ahi)
+                continue
+            sign = _nonneg(c)
+            if sign is None or alo is None or ahi is None:
+                return None, None
+            tlo, thi = (c * alo, c * ahi) if sign else (c * ahi, c * alo)
+            lo = None if lo is None else sym.size(lo + tlo)
+            hi = None if hi is None else sym.size(hi + thi)
         return lo, hi
 
-    def coefficient(self, atom: Atom) -> int:
+    def is_symbolic(self) -> bool:
+        """Does the expression hold a size expression (as a coefficient, the constant, or inside an atom)?"""
+        return not _num(self.const) or any(
+            not _num(c) or (isinstance(a, (FloorDiv, Mod)) and (not _num(a.k) or a.arg.is_symbolic()))
+            or (isinstance(a, (Var, Dyn)) and not _num(a.size)) for a, c in self.terms)
+
+    def coefficient(self, atom: Atom) -> Size:
         for a, c in self.terms:
             if a == atom:
                 return c
@@ -163,7 +230,7 @@ def _subst_atom(a: Atom, mapping: dict[Var, Lin]) -> Lin:
     return Lin.of(a)
 
 
-def _make(const: int, acc: dict[Atom, int]) -> Lin:
+def _make(const: Size, acc: dict[Atom, Size]) -> Lin:
     acc = {a: c for a, c in acc.items() if c != 0}
     acc = _recombine(acc)
     return Lin(const, tuple(sorted(acc.items(), key=lambda t: repr(t[0]))))
@@ -174,7 +241,7 @@ def _quotient(a: Mod) -> Lin:
     return _once(a, "_quotient", lambda m: floordiv(m.arg, m.k))
 
 
-def _recombine(acc: dict[Atom, int]) -> dict[Atom, int]:
+def _recombine(acc: dict[Atom, Size]) -> dict[Atom, Size]:
     """c*k*(x // k) + c*(x % k)  ->  c*x : undoes the split that a reshape round trip introduces."""
     changed = True
     while changed:
@@ -186,7 +253,7 @@ def _recombine(acc: dict[Atom, int]) -> dict[Atom, int]:
             if q.const or len(q.terms) != 1 or q.terms[0][1] != 1:
                 continue
             partner = q.terms[0][0]
-            if acc.get(partner) == c * a.k:
+            if acc.get(partner) == sym.size(c * a.k):
                 del acc[a], acc[partner]
                 for b, d in a.arg.terms:
                     acc[b] = acc.get(b, 0) + d * c
@@ -196,21 +263,22 @@ def _recombine(acc: dict[Atom, int]) -> dict[Atom, int]:
     return acc
 
 
-def floordiv(e: Lin, k: int) -> Lin:
+def floordiv(e: Lin, k: Size) -> Lin:
     """floor(e / k) for k > 0, simplified using term divisibility and ranges."""
-    assert k > 0
+    assert not _num(k) or k > 0
     if k == 1:
         return e
+    # (on sizes ``%`` is 0 exactly where the coefficients prove divisibility, and ``//`` is then exact)
     q_terms = {a: c // k for a, c in e.terms if c % k == 0}
     r = Lin(e.const % k, tuple((a, c) for a, c in e.terms if c % k != 0))
     q = _make(e.const // k, q_terms)
     lo, hi = r.bounds()
-    if lo >= 0 and hi < k:
+    if _in_range(lo, hi, k):
         return q
     if len(r.terms) == 1 and r.const == 0:
         atom, c = r.terms[0]
         if isinstance(atom, FloorDiv) and c == 1:
-            return q + Lin.of(FloorDiv(atom.arg, atom.k * k))
+            return q + Lin.of(FloorDiv(atom.arg, sym.size(atom.k * k)))
     split = _split_common_factor(r, k)
     if split is not None:  # (g*A + B) // k == A // (k/g)  when 0 <= B < g
         a, _b, g = split
@@ -218,27 +286,29 @@ def floordiv(e: Lin, k: int) -> Lin:
     return q + Lin.of(FloorDiv(r, k))
 
 
-def _split_common_factor(r: Lin, k: int) -> tuple[Lin, Lin, int] | None:
-    """Write r = g*A + B with g | k, g > 1 and 0 <= B < g, for the largest such g."""
+def _split_common_factor(r: Lin, k: Size) -> tuple[Lin, Lin, int] | None:
+    """Write r = g*A + B with g | k, g > 1 and 0 <= B < g, for the largest such g (integers only)."""
+    if not (_num(k) and _num(r.const) and all(_num(c) for _, c in r.terms)):
+        return None
     for g in sorted({math.gcd(k, c) for _, c in r.terms}, reverse=True):
         if g <= 1 or g == k:
             continue
         a = _make(r.const // g, {t: c // g for t, c in r.terms if c % g == 0})
         b = Lin(r.const % g, tuple((t, c) for t, c in r.terms if c % g != 0))
         lo, hi = b.bounds()
-        if lo >= 0 and hi < g:
+        if _in_range(lo, hi, g):
             return a, b, g
     return None
 
 
-def mod(e: Lin, k: int) -> Lin:
+def mod(e: Lin, k: Size) -> Lin:
     """e mod k (non-negative e), dropping multiples of k and proving the remainder already in range."""
-    assert k > 0
+    assert not _num(k) or k > 0
     if k == 1:
         return Lin(0)
     r = Lin(e.const % k, tuple((a, c) for a, c in e.terms if c % k != 0))
     lo, hi = r.bounds()
-    if lo >= 0 and hi < k:
+    if _in_range(lo, hi, k):
         return r
     split = _split_common_factor(r, k)
     if split is not None:  # (g*A + B) % k == g*(A % (k/g)) + B  when 0 <= B < g
@@ -247,14 +317,14 @@ def mod(e: Lin, k: int) -> Lin:
     return Lin.of(Mod(r, k))
 
 
-def linearize(index: Iterable[Lin], strides: Iterable[int]) -> Lin:
+def linearize(index: Iterable[Lin], strides: Iterable[Size]) -> Lin:
     out = Lin(0)
     for i, s in zip(index, strides):
         out = out + i * s
     return out
 
 
-def unflatten(flat: Lin, shape: tuple[int, ...]) -> list[Lin]:
+def unflatten(flat: Lin, shape: tuple[Size, ...]) -> list[Lin]:
     """Multi-index of a row-major flat index over ``shape``."""
     out: list[Lin] = []
     if 0 in shape:  # an empty tensor: no loop iteration ever evaluates these
@@ -273,6 +343,15 @@ def unflatten(flat: Lin, shape: tuple[int, ...]) -> list[Lin]:
     return out
 
 
+def _size_text(x: Size, floordiv: str, divisor: bool = False) -> str:
+    """A coefficient, constant or divisor as text in the target's syntax (a symbolic divisor parenthesized as a
+    product: ``i / s0*s1`` would divide by ``s0`` only; a sum is parenthesized by ``sym.render``)."""
+    if _num(x):
+        return str(x)
+    lang = "py" if floordiv == "//" else "cpp"
+    return sym.render_factor(x, lang) if divisor else sym.render(x, lang)
+
+
 def render(e: Lin, dyn: Callable[[Dyn], str], floordiv: str = "/", times: str = "*") -> str:
     """The index as text, the one renderer of both code generators: C++ with the defaults; Triton (Python) with
     ``floordiv="//"`` - C's ``/`` truncates and Python's ``//`` floors, which agree here because index operands
@@ -282,12 +361,34 @@ def render(e: Lin, dyn: Callable[[Dyn], str], floordiv: str = "/", times: str = 
         if isinstance(a, Var):
             s = a.name
         elif isinstance(a, FloorDiv):
-            s = f"(({render(a.arg, dyn, floordiv, times)}) {floordiv} {a.k})"
+            s = f"(({render(a.arg, dyn, floordiv, times)}) {floordiv} {_size_text(a.k, floordiv, True)})"
         elif isinstance(a, Mod):
-            s = f"(({render(a.arg, dyn, floordiv, times)}) % {a.k})"
+            s = f"(({render(a.arg, dyn, floordiv, times)}) % {_size_text(a.k, floordiv, True)})"
         else:
             s = dyn(a)
-        parts.append(s if c == 1 else f"{c}{times}{s}")
-    if e.const or not parts:
-        parts.append(str(e.const))
+        parts.append(s if c == 1 else f"{_size_text(c, floordiv)}{times}{s}")
+    if e.const != 0 or not parts:
+        parts.append(_size_text(e.const, floordiv))
     return " + ".join(parts).replace("+ -", "- ")
+
+
+def evaluate(e: Lin, at: dict[str, int], sizes: dict[str, int] | None = None) -> int:
+    """The value of ``e`` with each loop variable ``name`` at ``at[name]`` and each size symbol bound by ``sizes``
+    (tests, and checks of the simplifier; a ``Dyn`` atom has no value here)."""
+    env = sizes or {}
+
+    def value(x: Size) -> int:
+        return x if _num(x) else sym.evaluate(x, env)
+
+    total = value(e.const)
+    for a, c in e.terms:
+        if isinstance(a, Var):
+            v = at[a.name]
+        elif isinstance(a, FloorDiv):
+            v = evaluate(a.arg, at, sizes) // value(a.k)
+        elif isinstance(a, Mod):
+            v = evaluate(a.arg, at, sizes) % value(a.k)
+        else:
+            raise ValueError(f"a loaded index ({a}) has no value without memory")
+        total += value(c) * v
+    return total

@@ -28,8 +28,9 @@ from typing import Any, Callable, Iterator, Union
 import torch
 
 from kiln.ir.graph import Node, dtype_name
-from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, render
+from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, Var, render
 from kiln.ir.ops import Op
+from kiln.ir.sym import Size, is_symbolic, size_hint, symbols_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,8 +113,8 @@ Phase = Union[ReduceLoop, RowAssign, FullLoop, RowStore]
 @dataclasses.dataclass
 class Kernel:
     name: str
-    outer: tuple[int, ...]      # extents of the outer loop variables o0, o1, ... (pointwise: the store shape)
-    rsize: int                  # reduction extent per row (0 for pointwise kernels)
+    outer: tuple[Size, ...]     # extents of the outer loop variables o0, o1, ... (pointwise: the store shape)
+    rsize: Size                 # reduction extent per row (0 for pointwise kernels; may be a size expression)
     phases: list[Phase]
     nodes: list[Node]           # graph nodes this kernel computes (stored or inlined)
     reason: str = ""            # why these nodes were fused
@@ -124,7 +125,7 @@ class Kernel:
 
     @property
     def is_reduction(self) -> bool:
-        return self.rsize > 0
+        return type(self.rsize) is not int or self.rsize > 0  # (a symbolic extent: built as a reduction)
 
     def indices(self) -> Iterator[Lin]:
         """Every index expression the kernel evaluates: of loads, index values and stores."""
@@ -152,12 +153,31 @@ class Kernel:
     def arithmetic_ops(self) -> float:
         """Arithmetic operations the kernel performs in all (an estimate for kiln.profile's FLOPs): each op node
         once per element of its phase - per row and reduction step in row loops, per row in row phases."""
-        rows = float(math.prod(self.outer))
+        rows = float(math.prod(size_hint(n) for n in self.outer))  # (symbolic extents at their traced sizes)
         total = 0.0
         for p in self.phases:
             ops = sum(1 for e in phase_exprs(p) for x in subexprs(e) if isinstance(x, KOp))
-            total += ops * rows * (max(self.rsize, 1) if isinstance(p, (ReduceLoop, FullLoop)) else 1)
+            total += ops * rows * (max(size_hint(self.rsize), 1) if isinstance(p, (ReduceLoop, FullLoop)) else 1)
         return total
+
+    def symbols(self) -> set[Any]:
+        """The size symbols the kernel reads (``sym.Symbol``): in its extents, indices and constants.  Empty for a
+        kernel of a static graph; a symbolic kernel reads them from the call's size table at run time."""
+        found = set(symbols_of(self.rsize))
+        for n in self.outer:
+            found |= symbols_of(n)
+        for index in self.indices():
+            if index.is_symbolic():
+                found |= _index_symbols(index)
+        for p in self.phases:
+            for e in phase_exprs(p):
+                for x in subexprs(e):
+                    if isinstance(x, KConst) and is_symbolic(x.value):
+                        found |= symbols_of(x.value)
+        return found
+
+    def is_symbolic(self) -> bool:
+        return bool(self.symbols())
 
     def has_divmod(self) -> bool:
         """Does any index (load, store or index value) still contain a floor division or modulo?"""
@@ -199,6 +219,17 @@ def phase_stores(p: Phase) -> list[Store]:
     if isinstance(p, RowStore):
         return [p.store]
     return []
+
+
+def _index_symbols(index: Lin) -> set[Any]:
+    found = set(symbols_of(index.const))
+    for a, c in index.terms:
+        found |= symbols_of(c)
+        if isinstance(a, (FloorDiv, Mod)):
+            found |= symbols_of(a.k) | _index_symbols(a.arg)
+        elif isinstance(a, (Var, Dyn)):
+            found |= symbols_of(a.size)
+    return found
 
 
 def index_atoms(index: Lin) -> Iterator[Any]:

@@ -25,6 +25,9 @@ import dataclasses
 import re
 from typing import Iterable
 
+from kiln.ir import sym
+from kiln.ir.sym import Size
+
 KINDS = ("serial", "parallel", "vector", "unroll")
 
 
@@ -35,9 +38,10 @@ class ScheduleError(ValueError):
 @dataclasses.dataclass(frozen=True)
 class Loop:
     name: str                 # i0, i0.o, i0.i, i0+i1 (fused)
-    extent: int               # trip count (the last block of a split may stop early: see ``stop``)
+    extent: Size              # trip count (the last block of a split may stop early: see ``stop``); may be a size
+    #                           expression (a symbolic kernel: printed as C++ over the call's sizes)
     kind: str = "serial"
-    stop: tuple[str, int, int] | None = None  # (outer loop, factor, n): runs min(factor, n - outer * factor)
+    stop: tuple[str, int, Size] | None = None  # (outer loop, factor, n): runs min(factor, n - outer * factor)
     unroll: int = 0
     min_work: int = 0         # parallel loops: run on one thread up to this many elements
 
@@ -57,7 +61,8 @@ class LoopNest:
     @staticmethod
     def plain(extents: Iterable[int], prefix: str = "i") -> "LoopNest":
         """Loops ``i0, i1, ...`` (a reduction's rows: ``prefix="o"``) over ``extents``, outermost first."""
-        return LoopNest(tuple(Loop(f"{prefix}{d}", int(n)) for d, n in enumerate(extents)))
+        return LoopNest(tuple(Loop(f"{prefix}{d}", n if sym.is_symbolic(n) else int(n))
+                              for d, n in enumerate(extents)))
 
     def index(self, name: str) -> int:
         for k, loop in enumerate(self.loops):
@@ -96,9 +101,14 @@ def split(nest: LoopNest, name: str, factor: int) -> LoopNest:
     loop = nest.loops[k]
     if factor < 1 or loop.kind != "serial" or loop.stop is not None:
         raise ScheduleError(f"split({name}, {factor}): needs a plain serial loop and a factor >= 1")
-    outer = Loop(f"{name}.o", -(-loop.extent // factor))
-    inner = Loop(f"{name}.i", min(factor, loop.extent),
-                 stop=(f"{name}.o", factor, loop.extent) if loop.extent % factor else None)
+    if type(loop.extent) is int:
+        outer = Loop(f"{name}.o", -(-loop.extent // factor))
+        inner = Loop(f"{name}.i", min(factor, loop.extent),
+                     stop=(f"{name}.o", factor, loop.extent) if loop.extent % factor else None)
+    else:  # a size expression: ceil(n / factor) blocks, the last one stopping at n unless n divides provably
+        outer = Loop(f"{name}.o", (loop.extent + factor - 1) // factor)
+        inner = Loop(f"{name}.i", factor, stop=(f"{name}.o", factor, loop.extent) if loop.extent % factor != 0
+                     else None)
     defs = ((_var(name), f"{outer.var} * {factor} + {inner.var}"),) + nest.defs
     return LoopNest(nest.loops[:k] + (outer, inner) + nest.loops[k + 1:], defs)
 
@@ -117,7 +127,8 @@ def fuse(nest: LoopNest, outer: str, inner: str) -> LoopNest:
     if a.stop or b.stop or a.kind != "serial" or b.kind != "serial":
         raise ScheduleError(f"fuse({outer}, {inner}): only plain serial loops of fixed extent fuse")
     fused = Loop(f"{outer}+{inner}", a.extent * b.extent)
-    defs = ((a.var, f"{fused.var} / {b.extent}"), (b.var, f"{fused.var} % {b.extent}")) + nest.defs
+    inner_extent = str(b.extent) if type(b.extent) is int else sym.render_factor(b.extent, "cpp")
+    defs = ((a.var, f"{fused.var} / {inner_extent}"), (b.var, f"{fused.var} % {inner_extent}")) + nest.defs
     return LoopNest(nest.loops[:k] + (fused,) + nest.loops[k + 2:], defs)
 
 

@@ -61,6 +61,9 @@ class _Arithmetic:
     def __mod__(self, o: Any) -> "Size":
         return mod(self, o)
 
+    def __rmod__(self, o: int) -> "Size":
+        return mod(o, self)
+
     def __neg__(self) -> "Size":
         return -self._e()
 
@@ -194,6 +197,9 @@ class SizeExpr:
 
     def __mod__(self, k: "Size | Atom") -> Size:
         return mod(self, k)
+
+    def __rmod__(self, other: int) -> Size:
+        return mod(other, self)
 
     # ------------------------------------------------------------------ queries
     def atoms(self) -> set[Atom]:
@@ -424,7 +430,7 @@ def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | 
     if isinstance(x, Symbol):
         return spell(x)
     if isinstance(x, (SymFloorDiv, SymMod)):
-        a, k = render(x.arg, lang, name), render(x.k, lang, name)
+        a, k = render(x.arg, lang, name), render_factor(x.k, lang, name)
         if lang == "cpp" and _bounds(x.arg)[0] < 0:  # (C's / and % truncate: the prelude's floor versions)
             return f"kiln_{'floordivi' if isinstance(x, SymFloorDiv) else 'remi'}<int64_t>({a}, {k})"
         return f"({a} {div if isinstance(x, SymFloorDiv) else '%'} {k})"
@@ -437,6 +443,25 @@ def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | 
         parts.append(str(x.const))
     text = " + ".join(parts).replace("+ -", "- ")
     return f"({text})" if len(parts) > 1 else text
+
+
+def render_factor(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | None = None) -> str:
+    """``x`` as text that binds as one operand of ``*``, ``/`` or ``%``: a product is parenthesized (``a / s0*s1``
+    would divide by ``s0`` only)."""
+    text = render(x, lang, name)
+    return text if isinstance(x, (int, Symbol)) or as_symbol(x) is not None or text.startswith("(") and \
+        _balanced_outer(text) else f"({text})"
+
+
+def _balanced_outer(text: str) -> bool:
+    """Does the opening parenthesis of ``text`` close at its end (``(a + b)``, not ``(a) * (b)``)?"""
+    depth = 0
+    for k, ch in enumerate(text):
+        depth += ch == "("
+        depth -= ch == ")"
+        if depth == 0:
+            return k == len(text) - 1
+    return False
 
 
 # ------------------------------------------------------------------ from Dynamo's sympy expressions

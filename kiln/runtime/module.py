@@ -44,9 +44,15 @@ class CompiledGraph:
     device = torch.device("cpu")  # (a target's own subclass runs on its device)
     # (memory: with an arena or per-call allocations, see [Note: arena or allocator] in schedule/program.py)
 
-    def __init__(self, graph: Graph, program: Any, report: CompileReport):
-        """``program``: a ``schedule.program.Program`` - every step, slot and buffer decided."""
+    def __init__(self, graph: Graph, program: Any, report: CompileReport, size_slot: dict[str, int] | None = None,
+                 position: dict[Node, int] | None = None):
+        """``program``: a ``schedule.program.Program`` - every step, slot and buffer decided.  ``size_slot``: the
+        size table's slots of a symbolic graph's kernels ([Note: symbolic kernels]; the caller sets the sizes
+        before each call: ``runtime/dynamic.py``); ``position``: graph positions of the kernels' nodes (named in
+        the source's comments), when they are not ``graph``'s own."""
         plan = program.plan
+        self.size_slot = size_slot
+        self._position = position
         self.graph = graph
         self.name = report.name
         self.plan = plan
@@ -77,8 +83,8 @@ class CompiledGraph:
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
         from kiln.runtime.build import load_module
-        position = {n: i for i, n in enumerate(self.graph.nodes)}
-        source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position)
+        position = self._position or {n: i for i, n in enumerate(self.graph.nodes)}
+        source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position, self.size_slot)
         report.source = source
         module = load_module(source, name="kiln_graph")
         report.from_cache = module.from_cache
@@ -389,8 +395,12 @@ class CompiledGraph:
 
         op = fast_callable(target)
         write = fast_callable(target, out=True) if n in self.planned else None  # (only planned ones have .out)
+        dense = n.attr("dense_inputs")  # [Note: externs get the layouts they were traced with]
+        dense = [k for k, d in enumerate(dense) if d] if dense is not None else None
 
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
+            if dense:
+                values = tuple(v.contiguous() if k in dense else v for k, v in enumerate(values))
             args, kwargs = build(values)
             if channels_last:
                 args[0] = args[0].contiguous(memory_format=torch.channels_last)

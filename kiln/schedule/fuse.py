@@ -39,6 +39,7 @@ from typing import Union
 
 from kiln.ir.graph import Graph, Node, readers_through_views, view_root
 from kiln.ir.program import ExternStep
+from kiln.ir.sym import size_hint
 from kiln.ir.ops import INLINABLE, REDUCTION, TRANSCENDENTAL, VIEW, Op, numel
 
 RECOMPUTE_LIMIT = 8
@@ -87,7 +88,7 @@ def _rereads(n: Node, reads: frozenset[Node], consumers: int) -> bool:
     """Whether ``consumers`` recomputations of ``n`` load more than storing it once: ``(u - 1)(L - 1) > 2`` for
     ``L`` loaded values at least half ``n``'s size (small ones - biases, per-row statistics, indices - stay in
     cache and do not count)."""
-    loads = sum(1 for r in reads if 2 * r.numel >= n.numel)
+    loads = sum(1 for r in reads if 2 * size_hint(r.numel) >= size_hint(n.numel))  # (a heuristic: typical sizes)
     return (consumers - 1) * (loads - 1) > 2
 
 

@@ -14,6 +14,7 @@ from kiln.ir.graph import Node
 from kiln.ir.index import Dyn, Lin, Var, linearize, unflatten
 from kiln.ir.kernel import (Acc, FullLoop, KConst, KExpr, Kernel, KIndex, KLoad, KOp, KVar, ReduceLoop,
                             RowAssign, RowStore, Store, map_expr_indices, subexprs)
+from kiln.ir.sym import Size, provably_le
 from kiln.ir.ops import ELEMENTWISE, REDUCTION, Op, contiguous_strides, numel
 from kiln.schedule.fuse import Group
 from kiln.schedule.layout import NHWC_ORDER
@@ -23,7 +24,7 @@ from kiln.ir.loop_collapse import collapse_loops
 SCRATCH_MAX = 16384  # elements per row scratch array (64 KiB of fp32 on the stack)
 
 
-def within(value: KExpr, position: Lin, lo: int, size: int) -> KExpr:
+def within(value: KExpr, position: Lin, lo: Size, size: Size) -> KExpr:
     """``value`` (a ``cat`` part, or what a ``pad`` surrounds) with its indices simplified for the positions its
     branch selects: ``position`` in ``[lo, lo + size)``.
 
@@ -42,7 +43,7 @@ def within(value: KExpr, position: Lin, lo: int, size: int) -> KExpr:
             or not isinstance(position.terms[0][0], Var):
         return value
     var = position.terms[0][0]
-    if lo == 0 and size >= var.size:
+    if lo == 0 and provably_le(var.size, size):
         return value
     local = Var(f"{var.name}@{lo}", size)
     there, back = {var: Lin.of(local) + lo}, {local: Lin.of(var) - lo}
@@ -156,7 +157,8 @@ class KernelBuilder:
         # reshape [1, 784, 384]): its where-chain of gathers was computed in each of the LayerNorm's three passes
         # (12% of the kernel's memory limit).
         read_inside = _read_by_other_members(group, buffer_of)
-        self.scratch_fits = 1 < self.rsize <= SCRATCH_MAX
+        # (a symbolic row gets no stack scratch: [Note: symbolic kernels] in codegen/cpp.py)
+        self.scratch_fits = type(self.rsize) is int and 1 < self.rsize <= SCRATCH_MAX
         self.cacheable = {m for m in group.members if self.scratch_fits and m.op not in REDUCTION
                           and (m not in stored or m in read_inside) and m.shape == group.shape}
         self.row_position = _without_unit_vars(linearize(self.full_index, contiguous_strides(group.shape))) \

@@ -123,6 +123,29 @@ def build_cpu(graph: Graph, report: CompileReport, arena: bool = True,
     return CompiledGraph(graph, build_program(graph, plan, arena=arena), report)
 
 
+def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None) -> Callable:
+    """The CPU module of a graph with size expressions: its plan and kernels made once (heuristic schedules:
+    nothing is measured at a size that the next call may not have), and a Program per size at run time
+    (``runtime/dynamic.SymbolicGraph``, [Note: a Program per size] in schedule/specialize.py)."""
+    from kiln.ir.sym import symbols_of
+    from kiln.runtime.dynamic import SymbolicGraph
+    from kiln.schedule.specialize import concrete_program
+    from kiln.tune.cpu import apply_schedules
+    plan = make_plan(graph)
+    dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
+    node_of = {name: n for n, name in plan.buffer_of.items()}
+    report.tuning = apply_schedules(plan.kernels, dtype_of, node_of, tune=False, choices=choices)
+    symbols = {s for n in graph.nodes for d in n.shape for s in symbols_of(d)}
+    for k in plan.kernels:
+        symbols |= k.symbols()
+    report.kernels = plan.kernels
+    module = SymbolicGraph(graph, plan.kernels, report, lambda env: concrete_program(graph, plan, env),
+                           sorted(s.name for s in symbols))
+    report.dynamic["ranges"] = ", ".join(
+        f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]" for s in sorted(symbols, key=lambda s: s.name))
+    return module
+
+
 def triton_plan(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None,
                 plan: Plan | None = None) -> Plan:
     """The GPU plan of ``graph``: each operator may replace steps with its own (``Operator.plan_gpu``: matmuls

@@ -5,7 +5,11 @@ sizes and optimizing it compute what eager computes (at the traced size - other 
 which ``tests/unit/test_symbolic_lowering.py`` covers by hand).  A graph the symbolic lowering refuses
 (``LoweringError``: a size kiln has no form for, a lowering that would specialize) is counted, not failed.
 
-    python -m kiln.testing.fuzz_symbolic --seeds 0:300 [--dtype all] [--size full]
+    python -m kiln.testing.fuzz_symbolic --seeds 0:300 [--dtype all] [--size full] [--compile]
+
+``--compile``: through kiln's own backend instead (``torch.compile(backend="kiln", dynamic=True)``): the symbolic
+graph compiled to C++ with its sizes read at run time and a Program planned for the call's sizes (layers 3-6);
+a graph kiln ran eagerly counts as ``fallback`` with the report's reason (a refusal, or a failure to look at).
 """
 from __future__ import annotations
 
@@ -48,8 +52,10 @@ def _symbolic_backend(refused: list[str]) -> Any:
     return backend
 
 
-def check(seed: int, dtype: str, size: str) -> tuple[str, str]:
-    """(status, detail) of one program: ok, mismatch, crash, refused, or eager_error (an invalid program)."""
+def check(seed: int, dtype: str, size: str, compile: bool = False) -> tuple[str, str]:
+    """(status, detail) of one program: ok, mismatch, crash, refused (fallback with ``compile``), or eager_error
+    (an invalid program)."""
+    from kiln.report import mark, reports_since
     from kiln.testing.fuzz_gen import generate
     from kiln.testing.fuzz_run import compare, short_error
     program = generate(seed, dtype, size)
@@ -63,8 +69,10 @@ def check(seed: int, dtype: str, size: str) -> tuple[str, str]:
             return "eager_error", ": ".join(short_error(exc))
         refused: list[str] = []
         torch._dynamo.reset()
+        position = mark()
         try:
-            out = torch.compile(fn, backend=_symbolic_backend(refused), dynamic=True)(*make_inputs())
+            backend = "kiln" if compile else _symbolic_backend(refused)
+            out = torch.compile(fn, backend=backend, dynamic=True)(*make_inputs())
         except Exception as exc:  # noqa: BLE001 - kiln (or Dynamo) raised
             return "crash", ": ".join(short_error(exc))
         finally:
@@ -72,6 +80,9 @@ def check(seed: int, dtype: str, size: str) -> tuple[str, str]:
     diff = compare(out, ref, program.out_tol, "output")
     if diff is not None:
         return "mismatch", diff[1]
+    if compile:
+        fallbacks = [r.fallback for r in reports_since(position) if r.fallback]
+        return ("fallback", fallbacks[0][:100]) if fallbacks else ("ok", "")
     return ("refused", refused[0]) if refused else ("ok", "")
 
 
@@ -80,17 +91,18 @@ def main() -> None:
     ap.add_argument("--seeds", default="0:100", help="A:B")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "half", "all"])
     ap.add_argument("--size", default="full", choices=["ci", "full"])
+    ap.add_argument("--compile", action="store_true", help="through kiln's backend (C++), not the interpreter")
     args = ap.parse_args()
     torch.set_num_threads(1)
     lo, hi = (int(v) for v in args.seeds.split(":"))
     counts: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
     for seed in range(lo, hi):
-        status, detail = check(seed, args.dtype, args.size)
+        status, detail = check(seed, args.dtype, args.size, args.compile)
         counts[status] += 1
         if status in ("mismatch", "crash"):
             print(f"seed {seed}: {status}: {detail[:300]}", flush=True)
-        elif status == "refused":
+        elif status in ("refused", "fallback"):
             reasons[detail] += 1
     print(f"{hi - lo} programs: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     for why, k in reasons.most_common(6):

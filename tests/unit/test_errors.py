@@ -262,14 +262,27 @@ def test_compiled_graph_names_the_users_argument():
         graph(torch.randn(3), torch.randn(4))
 
 
-def test_symbolic_sizes_fall_back_with_a_reason_that_says_so():
+def test_symbolic_sizes_with_dynamic_shapes_off_fall_back_with_a_reason_that_says_so():
+    from kiln import config
     compiled = torch.compile(_mlp(), backend=kiln_backend, dynamic=True)
     position = mark()
-    with torch.inference_mode(), warnings.catch_warnings(record=True):
+    with torch.inference_mode(), warnings.catch_warnings(record=True), config.scope(dynamic_shapes=False):
         warnings.simplefilter("always")
         compiled(torch.randn(3, 8))
     [report] = reports_since(position)
     assert "kiln compiles static shapes only" in report.fallback and "dynamic=True" in report.fallback
+
+
+def test_symbolic_sizes_compile_for_every_size():
+    model = _mlp()
+    compiled = torch.compile(model, backend=kiln_backend, dynamic=True)
+    position = mark()
+    with torch.inference_mode():
+        for rows in (3, 5, 3, 17):
+            x = torch.randn(rows, 8)
+            torch.testing.assert_close(compiled(x), model(x), rtol=1.3e-5, atol=1.5e-5)
+    [report] = reports_since(position)
+    assert report.fallback is None and len(report.dynamic["sizes"]) == 3
 
 
 def test_float_indices_stay_with_aten_which_raises_eagers_error():

@@ -82,7 +82,7 @@ def _const_eval(n: Node, memo: dict[Node, torch.Tensor | None]) -> torch.Tensor 
     """``n``'s value when it depends on constants only, else None."""
     if n in memo:
         return memo[n]
-    if n.op in (Op.INPUT, Op.EXTERN):
+    if n.op in (Op.INPUT, Op.EXTERN) or any(is_symbolic(s) for s in n.shape):  # (a size of the call: not known)
         value = None
     elif n.op in (Op.CONSTANT, Op.FULL, Op.IOTA):
         value = eval_node(n, [])

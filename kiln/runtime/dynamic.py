@@ -1,0 +1,108 @@
+"""Running a graph compiled with dynamic shapes on the CPU: one build, a Program per size tuple.
+
+A call binds the size symbols from its inputs' dimensions (and checks every dimension against its expression),
+takes the Program planned for those sizes - made on the first call at that size by the compile's
+``specialize(env)`` ([Note: a Program per size], schedule/specialize.py), kept while among the ``capacity`` most
+recently used - sets the C++ size table that the kernels read ([Note: symbolic kernels], codegen/cpp.py) and
+runs it.  Every size's module loads the same compiled library (the source does not depend on the sizes, so the
+build cache answers after the first), so a new size costs planning, not compiling.
+"""
+from __future__ import annotations
+
+import collections
+import ctypes
+from typing import Any, Callable, Sequence
+
+import torch
+
+from kiln.ir.graph import Graph
+from kiln.ir.sym import as_symbol, evaluate
+from kiln.report import CompileReport
+from kiln.runtime.errors import InputMismatch
+from kiln.runtime.module import CompiledGraph
+
+
+class SymbolicGraph:
+    """The callable for a symbolic graph: ``module(inputs) -> outputs`` at any sizes its symbols' ranges allow."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, graph: Graph, kernels: list[Any], report: CompileReport,
+                 specialize: Callable[[dict[str, int]], tuple[Graph, Any]], size_names: list[str],
+                 capacity: int = 16):
+        """``specialize(env) -> (concrete graph, Program)``; ``size_names``: the size table's symbols in slot order
+        (every symbol the graph's shapes and kernels use)."""
+        self.graph = graph
+        self.report = report
+        self.specialize = specialize
+        self.size_names = size_names
+        self.size_slot = {name: k for k, name in enumerate(size_names)}
+        self.capacity = capacity
+        self.position = {n: i for i, n in enumerate(graph.nodes)}
+        self.modules: collections.OrderedDict[tuple[int, ...], CompiledGraph] = collections.OrderedDict()
+        self.sizes_seen = 0
+        # where each symbol is read: the first input dimension that is the symbol alone
+        self._readers: list[tuple[str, int, int]] = []
+        found: set[str] = set()
+        for k, n in enumerate(graph.inputs):
+            for d, s in enumerate(n.shape):
+                symbol = as_symbol(s)
+                if symbol is not None and symbol.name not in found:
+                    found.add(symbol.name)
+                    self._readers.append((symbol.name, k, d))
+        missing = set(size_names) - found
+        if missing:
+            raise ValueError(f"size symbols {sorted(missing)} are no input's dimension (an int argument alone)")
+        self._table = (ctypes.c_int64 * max(len(size_names), 1))()
+        report.dynamic = {"symbols": list(size_names), "sizes": []}
+        self._first = True
+        self._env: dict[str, int] = {}
+
+    def _bind(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
+        env = {name: int(inputs[k].shape[d]) for name, k, d in self._readers
+               if k < len(inputs) and inputs[k].dim() > d}
+        for k, n in enumerate(self.graph.inputs):
+            t = inputs[k]
+            ok = t.dim() == len(n.shape) and t.dtype == n.dtype and t.device.type == "cpu"
+            if ok:
+                try:
+                    ok = all(evaluate(s, env) == actual for s, actual in zip(n.shape, t.shape))
+                except KeyError:
+                    ok = False
+            if not ok:
+                raise InputMismatch(k, n.dtype, n.shape, "cpu", t)
+        return env
+
+    def module_for(self, env: dict[str, int]) -> CompiledGraph:
+        """The compiled module of the sizes ``env`` (planned now if not among the recent ones)."""
+        key = tuple(env[name] for name in self.size_names)
+        module = self.modules.get(key)
+        if module is not None:
+            self.modules.move_to_end(key)
+            return module
+        graph, program = self.specialize(env)
+        # the first size's module fills the compile's report; later ones a report of their own
+        report = self.report if self._first else CompileReport(name=self.report.name, mode=self.report.mode)
+        self._first = False
+        module = CompiledGraph(graph, program, report, size_slot=self.size_slot, position=self.position)
+        self.sizes_seen += 1
+        self.report.dynamic["sizes"].append(dict(env))
+        self.modules[key] = module
+        if len(self.modules) > self.capacity:
+            self.modules.popitem(last=False)
+        return module
+
+    def call_sizes(self) -> dict[str, int]:
+        """The size symbols' values in the last call (what the caller's own views of its outputs take)."""
+        return self._env
+
+    def __call__(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        env = self._bind(inputs)
+        self._env = env
+        module = self.module_for(env)
+        if self.size_names:  # (the kernels read them; a graph of library calls alone has no table)
+            table = self._table
+            for k, name in enumerate(self.size_names):
+                table[k] = env[name]
+            module.lib.kiln_set_sizes(table)
+        return module(inputs)

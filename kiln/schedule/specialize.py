@@ -1,0 +1,78 @@
+"""A symbolic graph's plan made concrete for one call's sizes (docs/dynamic_shapes.md, layers 5 and 6).
+
+[Note: a Program per size] A graph traced with dynamic shapes is lowered, optimized, partitioned and turned into
+kernels once, with size expressions (``ir/sym.py``); its C++ reads the sizes from a table at run time, so one
+build serves every size.  What depends on the sizes and not on the code - the arena's offsets and total, the
+views' strides, the extern calls' size arguments, the output buffers - is decided per size tuple: the graph and
+plan are copied with every size expression evaluated, and ``build_program`` plans them as it plans a static
+graph (~1 ms for a transformer layer).  The runtime keeps one Program per size seen (``runtime/dynamic.py``,
+least recently used dropped).  Reuse and in-place decisions are the static planner's on the evaluated sizes;
+the kernels are shared, unchanged::
+
+    symbolic graph + plan (kernels over s0)  --concrete_program(env={s0: 37})-->  Program (arena 37-sized)
+                                              --concrete_program(env={s0: 90})-->  Program (arena 90-sized)
+
+Library calls from the generated code (``runtime/native.py``) bake their sizes into the C++ source, which must
+stay the same for every size: a symbolic graph's library ops are called through Python (``native_calls`` off).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from kiln import config
+from kiln.ir.graph import Graph, Node
+from kiln.ir.kernel import Kernel
+from kiln.ir.program import ExternStep, Plan, Program
+from kiln.ir.sym import evaluate, is_symbolic
+from kiln.schedule.program import build_program
+
+
+def _concrete(value: Any, env: dict[str, int], node_map: dict[Node, Node]) -> Any:
+    """``value`` (a node attribute) with its size expressions evaluated, through tuples, lists and dicts."""
+    if is_symbolic(value):
+        return evaluate(value, env)
+    if isinstance(value, Node):
+        return node_map.get(value, value)
+    if isinstance(value, tuple) and not hasattr(value, "_fields"):
+        return tuple(_concrete(v, env, node_map) for v in value)
+    if isinstance(value, list):
+        return [_concrete(v, env, node_map) for v in value]
+    if isinstance(value, dict):
+        return {k: _concrete(v, env, node_map) for k, v in value.items()}
+    return value
+
+
+def concrete_graph(graph: Graph, env: dict[str, int]) -> tuple[Graph, dict[Node, Node]]:
+    """A copy of ``graph`` with every shape and attribute evaluated at ``env``, and the map old node -> new."""
+    node_map: dict[Node, Node] = {}
+    nodes = []
+    for n in graph.nodes:
+        new = Node(n.op, tuple(node_map[i] for i in n.inputs), _concrete(n.attrs, env, node_map),
+                   tuple(evaluate(s, env) if is_symbolic(s) else s for s in n.shape), n.dtype)
+        node_map[n] = new
+        nodes.append(new)
+    return Graph(nodes, [node_map[n] for n in graph.inputs], [node_map[n] for n in graph.outputs]), node_map
+
+
+def concrete_plan(plan: Plan, node_map: dict[Node, Node], env: dict[str, int]) -> Plan:
+    """``plan`` over the concrete graph's nodes: the same kernels (their code reads the sizes at run time), the
+    extern steps, buffers, aliases and layouts of the mapped nodes."""
+    steps: list[Any] = []
+    for s in plan.steps:
+        if isinstance(s, Kernel):
+            steps.append(s)
+        elif isinstance(s, ExternStep):
+            steps.append(ExternStep(node_map[s.node]))
+        else:
+            raise TypeError(f"a symbolic plan has no {type(s).__name__} steps (an operator's own GPU step)")
+    return Plan(steps, {node_map[n]: b for n, b in plan.buffer_of.items()}, {node_map[n] for n in plan.aliases},
+                plan.kernels, {node_map[n]: _concrete(st, env, node_map) for n, st in plan.strides_of.items()},
+                {node_map[n] for n in plan.cl_convs}, {node_map[n] for n in plan.bmm_relayout})
+
+
+def concrete_program(graph: Graph, plan: Plan, env: dict[str, int]) -> tuple[Graph, Program]:
+    """The concrete graph and its Program for the sizes ``env`` ([Note: a Program per size])."""
+    graph_c, node_map = concrete_graph(graph, env)
+    plan_c = concrete_plan(plan, node_map, env)
+    with config.scope(native_calls=False):
+        return graph_c, build_program(graph_c, plan_c, arena=True)

@@ -1,0 +1,185 @@
+"""Graphs traced with dynamic shapes, compiled by kiln on the CPU (docs/dynamic_shapes.md, issue 19): one build
+whose kernels read their sizes at run time, a memory plan per size ([Note: symbolic kernels] in codegen/cpp.py,
+[Note: a Program per size] in schedule/specialize.py).  Every size is checked against eager, with sizes that
+leave vector remainders and shapes that change from call to call."""
+import math
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kiln import config
+from kiln.report import mark, reports_since
+
+RTOL, ATOL = 1.3e-5, 1.5e-5
+
+
+def _compiled(fn, **kwargs):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="kiln", **kwargs)
+
+
+def _check(fn, compiled, *inputs, rtol=RTOL, atol=ATOL):
+    with torch.inference_mode():
+        want, got = fn(*inputs), compiled(*inputs)
+    want = want if isinstance(want, (tuple, list)) else (want,)
+    got = got if isinstance(got, (tuple, list)) else (got,)
+    for w, g in zip(want, got):
+        torch.testing.assert_close(g, w, rtol=rtol, atol=atol)
+
+
+def _one_symbolic_report(position):
+    reports = reports_since(position)
+    assert all(r.fallback is None for r in reports), [r.fallback for r in reports]
+    symbolic = [r for r in reports if r.dynamic]
+    assert len(symbolic) == 1, [r.name for r in reports]
+    return symbolic[0]
+
+
+class _Block(nn.Module):
+    def __init__(self, d: int, heads: int) -> None:
+        super().__init__()
+        self.heads = heads
+        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
+        mask = torch.ones(T, T, dtype=torch.bool, device=x.device).tril()
+        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
+        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
+        return x + self.mlp(self.ln2(x))
+
+
+class _GPT(nn.Module):
+    def __init__(self, vocab: int = 97, d: int = 48, heads: int = 4, layers: int = 2, max_seq: int = 128) -> None:
+        super().__init__()
+        self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(max_seq, d)
+        self.blocks = nn.ModuleList([_Block(d, heads) for _ in range(layers)])
+        self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
+
+    def forward(self, ids):
+        x = self.tok(ids) + self.pos(torch.arange(ids.shape[1], device=ids.device))
+        for b in self.blocks:
+            x = b(x)
+        return self.head(self.ln(x))
+
+
+def test_gpt_over_sequence_lengths_compiles_once():
+    torch.manual_seed(0)
+    model = _GPT().eval()
+    compiled = _compiled(model, dynamic=True)
+    position = mark()
+    for T in (5, 17, 33, 9, 17, 64):  # (17 again: its plan is reused)
+        _check(model, compiled, torch.randint(0, 97, (1, T)), rtol=1e-4, atol=1e-4)
+    report = _one_symbolic_report(position)
+    assert len(report.dynamic["sizes"]) == 5
+    assert report.kernels and all(k.is_symbolic() for k in report.kernels if k.rsize)
+
+
+def test_automatic_dynamic_compiles_a_symbolic_graph_after_the_second_size():
+    def fn(x, w):
+        return torch.softmax(x @ w, -1) * x.mean(-1, keepdim=True)
+    compiled = _compiled(fn)  # dynamic=None: Dynamo marks the changed dimension dynamic on its second size
+    w = torch.randn(24, 24)
+    position = mark()
+    for rows in (3, 7, 11, 30):
+        _check(fn, compiled, torch.randn(rows, 24), w)
+    reports = reports_since(position)
+    assert len(reports) == 2 and reports[0].dynamic is None and reports[1].dynamic is not None
+    assert all(r.fallback is None for r in reports)
+
+
+def test_mark_dynamic_on_one_dimension():
+    def fn(x):
+        return F.layer_norm(x, (x.shape[-1],)) + x.amax(0)
+    compiled = _compiled(fn)
+    position = mark()
+    for n in (4, 9):
+        x = torch.randn(n, 40)
+        torch._dynamo.mark_dynamic(x, 0)
+        _check(fn, compiled, x)
+    report = _one_symbolic_report(position)
+    assert report.dynamic["symbols"] and len(report.dynamic["sizes"]) == 2
+
+
+@pytest.mark.parametrize("width", [3, 17, 33, 100])
+def test_symbolic_row_widths_leave_vector_remainders(width):
+    """A reduction over a symbolic axis runs its vector loop and a scalar remainder; every width from one trace."""
+    def fn(x, y):
+        return torch.softmax(x, -1), x.sum(-1), (x * y).amax(1), torch.log_softmax(x.t(), 0)
+    compiled = _compiled(fn, dynamic=True)
+    position = mark()
+    _check(fn, compiled, torch.randn(6, 5), torch.randn(6, 5))  # traced at another width
+    _check(fn, compiled, torch.randn(7, width), torch.randn(7, width))
+    assert len(_one_symbolic_report(position).dynamic["sizes"]) == 2
+
+
+def test_kv_cache_step_with_a_growing_past():
+    """A decoding step: the new token's keys appended to a cache of symbolic length, attention over all of it."""
+    torch.manual_seed(1)
+    wq, wk, wv = (torch.randn(32, 32) * 0.2 for _ in range(3))
+
+    def step(x, past_k, past_v):
+        k = torch.cat([past_k, x @ wk], 1)
+        v = torch.cat([past_v, x @ wv], 1)
+        att = torch.softmax((x @ wq) @ k.transpose(1, 2) / math.sqrt(32), -1)
+        return att @ v, k, v
+    compiled = _compiled(step, dynamic=True)
+    position = mark()
+    for past in (3, 4, 10, 31):
+        _check(step, compiled, torch.randn(2, 1, 32), torch.randn(2, past, 32), torch.randn(2, past, 32))
+    assert len(_one_symbolic_report(position).dynamic["sizes"]) == 4
+
+
+def test_plans_kept_are_bounded_and_an_evicted_size_is_planned_again():
+    from kiln.runtime.dynamic import SymbolicGraph
+    made = []
+    original = SymbolicGraph.__init__
+
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.capacity = 2
+        made.append(self)
+
+    def fn(x):
+        return torch.relu(x) * 2 + x.sum()
+    compiled = _compiled(fn, dynamic=True)
+    SymbolicGraph.__init__ = init
+    try:
+        for n in (3, 5, 7, 3, 9):
+            _check(fn, compiled, torch.randn(n, 4))
+    finally:
+        SymbolicGraph.__init__ = original
+    [module] = made
+    assert len(module.modules) == 2 and module.sizes_seen == 5
+
+
+def test_a_call_whose_sizes_disagree_with_the_graph_raises_a_clear_error():
+    """Sizes bound from one input and contradicted by another: InputMismatch naming the expected shape."""
+    from kiln.compiler import compile_aten_graph
+    from kiln.runtime.errors import InputMismatch
+    graphs = []
+
+    def backend(gm, example_inputs):
+        from torch._functorch.aot_autograd import aot_module_simplified
+
+        def grab(g, fake_inputs):
+            graphs.append(g)
+            return g.forward
+        return aot_module_simplified(gm, example_inputs, fw_compiler=grab)
+    torch._dynamo.reset()
+    with torch.inference_mode():
+        torch.compile(lambda x, y: x + y.sum(0), backend=backend, dynamic=True)(torch.randn(3, 5), torch.randn(4, 5))
+    run = compile_aten_graph(graphs[0], {}, cfg=config.Config().with_options(fallback=False))
+    placeholders = [n for n in graphs[0].graph.nodes if n.op == "placeholder"]
+    tensors = iter([torch.randn(3, 5), torch.randn(4, 6)])  # y's last dimension must equal x's
+    args = [next(tensors) if isinstance(p.meta["val"], torch.Tensor) else int(p.meta["val"].node.hint)
+            for p in placeholders]
+    with pytest.raises(InputMismatch, match="expected torch.float32 of shape"):
+        run(args)
