@@ -117,7 +117,7 @@ def _triton_interprets() -> bool:
 def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
              report: CompileReport, arg_names: Sequence[str | None] = (),
              examples: Sequence[Any] | None = None) -> Callable:
-    from kiln.frontend.lower import has_symbolic_sizes, lower_fx
+    from kiln.frontend.lower import has_symbolic_sizes, lower_fx, symbol_inputs
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.ir.graph import compiling_for
     from kiln.passes.pipeline import run_pipeline
@@ -145,7 +145,10 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             report.target = "triton"
             module = build_triton(graph, report, device, report.mode, choices)
         elif symbolic:
-            module = build_cpu_symbolic(graph, report, choices)
+            int_sizes = symbol_inputs(fx_gm)
+            module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
+            positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
+            return _runner(module, positions, arg_names, _alias_fixes(fx_gm, graph, module.call_sizes))
         else:
             module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
                                 _example_inputs(graph, examples), choices)

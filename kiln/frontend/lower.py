@@ -92,6 +92,23 @@ def _has_symbols(v: Any) -> bool:
     return False
 
 
+def symbol_inputs(gm: torch.fx.GraphModule) -> list[tuple[str, int]]:
+    """(symbol name, placeholder position) of each int input that is one size symbol alone: the values Dynamo
+    passes for the graph's symbols (a symbolic graph's call binds them from there)."""
+    found = []
+    position = 0
+    for fx_node in gm.graph.nodes:
+        if fx_node.op != "placeholder":
+            continue
+        val = fx_node.meta.get("val")
+        if isinstance(val, torch.SymInt):
+            expr = val.node.expr
+            if getattr(expr, "is_Symbol", False):
+                found.append((expr.name, position))
+        position += 1
+    return found
+
+
 def has_symbolic_sizes(gm: torch.fx.GraphModule) -> bool:
     """Was ``gm`` traced with dynamic shapes (does any value have a symbolic size)?"""
     return _shape_env(gm) is not None

@@ -6,6 +6,7 @@ import torch
 from kiln.ir.graph import Graph
 from kiln.ir.interp import interpret
 from kiln.ir.ops import HALF
+from kiln.ir.sym import size_hint
 from kiln.runtime.checking import mismatch
 
 
@@ -18,12 +19,13 @@ def random_inputs(graph: Graph, seed: int = 0) -> list[torch.Tensor]:
     gen = torch.Generator().manual_seed(seed)
     out = []
     for n in graph.inputs:
+        shape = tuple(size_hint(d) for d in n.shape)  # (a symbolic graph: at its traced sizes, consistent for all)
         if n.dtype.is_floating_point:
-            out.append(torch.randn(n.shape, generator=gen, dtype=torch.float64).to(n.dtype))
+            out.append(torch.randn(shape, generator=gen, dtype=torch.float64).to(n.dtype))
         elif n.dtype == torch.bool:
-            out.append(torch.rand(n.shape, generator=gen) > 0.5)
+            out.append(torch.rand(shape, generator=gen) > 0.5)
         else:
-            out.append(torch.randint(0, 2, n.shape, generator=gen).to(n.dtype))
+            out.append(torch.randint(0, 2, shape, generator=gen).to(n.dtype))
     return out
 
 

@@ -29,9 +29,11 @@ class SymbolicGraph:
 
     def __init__(self, graph: Graph, kernels: list[Any], report: CompileReport,
                  specialize: Callable[[dict[str, int]], tuple[Graph, Any]], size_names: list[str],
-                 capacity: int = 16):
+                 capacity: int = 16, int_sizes: Sequence[str] = ()):
         """``specialize(env) -> (concrete graph, Program)``; ``size_names``: the size table's symbols in slot order
-        (every symbol the graph's shapes and kernels use)."""
+        (every symbol the graph's shapes and kernels use); ``int_sizes``: symbols whose values the call passes as
+        ints after the tensors (Dynamo's int inputs: a size no input dimension shows, ``x[:n]`` of an int ``n``)."""
+        self.int_sizes = list(int_sizes)
         self.graph = graph
         self.report = report
         self.specialize = specialize
@@ -50,7 +52,7 @@ class SymbolicGraph:
                 if symbol is not None and symbol.name not in found:
                     found.add(symbol.name)
                     self._readers.append((symbol.name, k, d))
-        missing = set(size_names) - found
+        missing = set(size_names) - found - set(self.int_sizes)
         if missing:
             raise ValueError(f"size symbols {sorted(missing)} are no input's dimension (an int argument alone)")
         self._table = (ctypes.c_int64 * max(len(size_names), 1))()
@@ -58,9 +60,12 @@ class SymbolicGraph:
         self._first = True
         self._env: dict[str, int] = {}
 
-    def _bind(self, inputs: Sequence[torch.Tensor]) -> dict[str, int]:
-        env = {name: int(inputs[k].shape[d]) for name, k, d in self._readers
-               if k < len(inputs) and inputs[k].dim() > d}
+    def _bind(self, inputs: Sequence[Any]) -> dict[str, int]:
+        tensors = len(self.graph.inputs)
+        env = {name: int(inputs[tensors + k]) for k, name in enumerate(self.int_sizes)}
+        for name, k, d in self._readers:
+            if name not in env and inputs[k].dim() > d:
+                env[name] = int(inputs[k].shape[d])
         for k, n in enumerate(self.graph.inputs):
             t = inputs[k]
             ok = t.dim() == len(n.shape) and t.dtype == n.dtype and t.device.type == "cpu"
@@ -100,6 +105,8 @@ class SymbolicGraph:
         env = self._bind(inputs)
         self._env = env
         module = self.module_for(env)
+        if self.int_sizes:
+            inputs = inputs[:len(self.graph.inputs)]
         if self.size_names:  # (the kernels read them; a graph of library calls alone has no table)
             table = self._table
             for k, name in enumerate(self.size_names):

@@ -123,10 +123,12 @@ def build_cpu(graph: Graph, report: CompileReport, arena: bool = True,
     return CompiledGraph(graph, build_program(graph, plan, arena=arena), report)
 
 
-def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None) -> Callable:
+def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None,
+                       int_sizes: Any = ()) -> Callable:
     """The CPU module of a graph with size expressions: its plan and kernels made once (heuristic schedules:
     nothing is measured at a size that the next call may not have), and a Program per size at run time
-    (``runtime/dynamic.SymbolicGraph``, [Note: a Program per size] in schedule/specialize.py)."""
+    (``runtime/dynamic.SymbolicGraph``, [Note: a Program per size] in schedule/specialize.py).  ``int_sizes``:
+    the symbols the caller passes as ints after the tensors."""
     from kiln.ir.sym import symbols_of
     from kiln.runtime.dynamic import SymbolicGraph
     from kiln.schedule.specialize import concrete_program
@@ -140,7 +142,7 @@ def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None)
         symbols |= k.symbols()
     report.kernels = plan.kernels
     module = SymbolicGraph(graph, plan.kernels, report, lambda env: concrete_program(graph, plan, env),
-                           sorted(s.name for s in symbols))
+                           sorted(s.name for s in symbols), int_sizes=int_sizes)
     report.dynamic["ranges"] = ", ".join(
         f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]" for s in sorted(symbols, key=lambda s: s.name))
     return module

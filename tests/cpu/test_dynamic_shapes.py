@@ -183,3 +183,35 @@ def test_a_call_whose_sizes_disagree_with_the_graph_raises_a_clear_error():
             for p in placeholders]
     with pytest.raises(InputMismatch, match="expected torch.float32 of shape"):
         run(args)
+
+
+class _SlicedMaskAttention(nn.Module):
+    """Attention written out with a causal mask sliced from a constant buffer (nanoGPT's form)."""
+
+    def __init__(self, mask: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mask", mask.view(1, 1, *mask.shape))
+
+    def forward(self, q, k, v):
+        T = q.shape[2]
+        att = (q @ k.transpose(-2, -1)) * 0.25
+        att = att.masked_fill(self.mask[:, :, :T, :T] == 0, float("-inf"))
+        return F.softmax(att, dim=-1) @ v
+
+
+@pytest.mark.parametrize("broken", [False, True])
+def test_a_sliced_causal_mask_is_proven_for_every_length(broken):
+    """[Note: a causal mask at every length]: the mask is checked at its full extent, so a constant that is causal
+    in the rows the first call used but not beyond is not taken for causal (kiln's attention would then be
+    wrong at longer lengths)."""
+    mask = torch.ones(64, 64).tril()
+    if broken:
+        mask[40, 50] = 1.0  # (a key after the query, visible from row 40 on)
+    model = _SlicedMaskAttention(mask)
+    compiled = _compiled(model, dynamic=True)
+    position = mark()
+    for T in (8, 13, 48, 63):
+        q, k, v = (torch.randn(1, 2, T, 16) for _ in range(3))
+        _check(model, compiled, q, k, v)
+    report = _one_symbolic_report(position)
+    assert ("attention" in report.externs) == (not broken), report.externs

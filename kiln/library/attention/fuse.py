@@ -38,7 +38,7 @@ from kiln.ir.extern import build_extern, substitute
 from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import Op
-from kiln.ir.sym import is_symbolic
+from kiln.ir.sym import is_symbolic, size_hint
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
 from kiln.library.attention import op as cpu_attention
@@ -114,11 +114,76 @@ def _softmax_input(p: Node) -> Node | None:
     return logits
 
 
-def _causal(cond: Node, t: int) -> bool:
+def _causal(cond: Node, t: Any) -> bool:
+    if is_symbolic(t):
+        return _causal_for_every_length(cond, t)
     value = _const_eval(cond, {})
     if value is None or value.dtype != torch.bool or tuple(value.shape[-2:]) != (t, t):
         return False
     upper = torch.ones(t, t, dtype=torch.bool, device=value.device).triu(1)
+    return bool((value == upper).all())
+
+
+# ops whose element (i, j) does not depend on the symbolic length it is computed at (a leading block of a longer
+# computation): what a causal mask sliced from a constant is made of
+_PREFIX_STABLE = {Op.CONSTANT, Op.FULL, Op.EXPAND, Op.PERMUTE, Op.SLICE, Op.RESHAPE}
+
+
+def _causal_for_every_length(cond: Node, t: Any) -> bool:
+    """Is ``cond`` ([..., T, T] over a symbolic ``T``) the causal pattern for every ``T``?
+
+    [Note: a causal mask at every length] The mask a model slices from a constant, ``tril(ones(N, N))[:T, :T] ==
+    0``, is causal for each ``T <= N`` when it is causal for ``T = N``: its element (i, j) is the constant's, read
+    through leading slices (start 0, step 1) and elementwise ops, whatever ``T`` is - and a ``T`` beyond ``N``
+    cannot occur (the slice would stop at ``N``, not ``T``).  So the subgraph is checked to be made of such ops
+    with ``T`` as its only symbol, then evaluated once at ``T = N``.  Anything else (an iota-based mask, another
+    symbol) is not proven causal, and the attention stays unfused."""
+    from kiln.ir.ops import ELEMENTWISE
+    from kiln.ir.sym import as_symbol, symbols_of
+    symbol = as_symbol(t)
+    if symbol is None:
+        return False
+    extents: list[int] = []
+    nodes: list[Node] = []
+    stack, seen = [cond], set()
+    while stack:
+        n = stack.pop()
+        if n in seen:
+            continue
+        seen.add(n)
+        nodes.append(n)
+        if n.op is Op.EXPAND:  # another symbol only where a size-1 dimension is broadcast (batch, heads)
+            x = n.inputs[0]
+            off = len(n.shape) - len(x.shape)
+            if any(is_symbolic(d) and d != t and (k < off or x.shape[k - off] != 1) for k, d in enumerate(n.shape)):
+                return False
+        elif any(is_symbolic(d) and d != t for d in n.shape) or any(
+                is_symbolic(v) for v in n.attrs.values() if n.op not in (Op.SLICE, Op.RESHAPE)):
+            return False
+        if n.op is Op.SLICE:
+            x = n.inputs[0]
+            d = n.attr("dim")
+            if n.attr("start") != 0 or n.attr("step") != 1 or is_symbolic(x.shape[d]):
+                return False
+            if is_symbolic(n.shape[d]):
+                extents.append(x.shape[d])
+        elif n.op is Op.RESHAPE and [d for d in n.shape if d != 1] != [d for d in n.inputs[0].shape if d != 1]:
+            return False  # (only size-1 dimensions added or removed)
+        elif n.op not in _PREFIX_STABLE and n.op not in ELEMENTWISE:
+            return False
+        stack.extend(n.inputs)
+    if not extents:
+        return False
+    length = min(extents)
+    others = {x for n in nodes for d in n.shape for x in symbols_of(d)} - {symbol}
+    env = {symbol.name: length, **{x.name: 1 for x in others}}  # (broadcast dimensions: any size shows the same)
+    values: dict[Node, torch.Tensor] = {}
+    for n in sorted(nodes, key=lambda n: n.uid):  # (uids grow in graph order)
+        values[n] = eval_node(n, [values[i] for i in n.inputs], env)
+    value = values[cond]
+    if value.dtype != torch.bool or tuple(value.shape[-2:]) != (length, length):
+        return False
+    upper = torch.ones(length, length, dtype=torch.bool).triu(1)
     return bool((value == upper).all())
 
 
@@ -159,7 +224,9 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
             return None
         k4 = bld.add(Op.PERMUTE, (kt4,), dims=(0, 1, 3, 2))
         shape = tuple(v4.shape[:3]) + (v4.shape[3],)
-        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and choose(choices, b, h, t, t, q4.shape[3], causal):
+        # (symbolic sizes: chosen at the traced sizes; kiln's op takes its sizes from the tensors of each call)
+        hb, hh, ht, hd = (size_hint(x) for x in (b, h, t, q4.shape[3]))
+        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and choose(choices, hb, hh, ht, ht, hd, causal):
             out4 = build_extern(bld, torch.ops.kiln.attention.default, [q4, k4, v4, None, scale, causal, False], {},
                                 shape, node.dtype)
             what = "kiln attention"
@@ -195,8 +262,6 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
     if named.get("dropout_p", 0.0) != 0.0 or not all(isinstance(x, Node) and x.dtype == torch.float32
                                                      and len(x.shape) == 4 for x in (q, k, v)):
         return None
-    if any(is_symbolic(x) for t in (q, k, v) for x in t.shape):
-        return None  # (kiln's kernel binds its sizes when the graph is compiled: docs/dynamic_shapes.md, layer 4)
     b, h, t, d = q.shape
     s = k.shape[2]
     causal = bool(named.get("is_causal", False))
@@ -207,7 +272,8 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
         return None
     scale = named.get("scale")
     scale = float(scale) if scale is not None else d ** -0.5
-    if not choose(choices, b, h, t, s, d, causal, mask is not None):
+    # (symbolic sizes: chosen at the traced sizes; kiln's op takes its sizes from the tensors of each call)
+    if not choose(choices, *(size_hint(x) for x in (b, h, t, s, d)), causal, mask is not None):
         return None
     if log:
         log.hit("flash attention -> kiln attention" + (" (masked)" if mask is not None else ""))

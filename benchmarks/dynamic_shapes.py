@@ -1,0 +1,134 @@
+"""Varying sizes (issue 19): the suite's 4-layer GPT at batch 1 over 15 sequence lengths, two passes, eager /
+Inductor / kiln in one process.
+
+    python -m benchmarks.dynamic_shapes [--device cpu|cuda] [--dtype fp32|bf16] [--threads 1] [--repeats 3]
+                                        [--backends eager,inductor,inductor-dyn,kiln,kiln-dyn] [--fresh-caches]
+                                        [--json F]
+
+For each backend: the first pass calls the model once per length in order (compiles included: the time from the
+first call to the last result); the second pass times each length again (median of ``--repeats`` calls, the
+backends interleaved per length) and sums over the lengths.  ``inductor``/``kiln``: ``torch.compile`` as users
+call it (automatic dynamic: the second size recompiles with the changed dimension symbolic); ``-dyn``:
+``dynamic=True``.  Reported per backend: graphs compiled (Dynamo's count), graphs kiln ran eagerly (its reports),
+both passes, and the largest difference from eager's outputs at any length.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+from benchmarks.models import gpt
+
+LENGTHS = [16, 23, 37, 50, 64, 77, 100, 128, 150, 200, 256, 300, 384, 400, 512]
+BACKENDS = ["eager", "inductor", "inductor-dyn", "kiln", "kiln-dyn"]
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
+    """The backend's callable.  Each compiled one calls the model from a frame of its own: Dynamo keeps what it
+    learnt about a frame (automatic dynamic's "this dimension changed") per code object, so backends compiling
+    the same ``forward`` would otherwise start from each other's knowledge (the second one's first graph
+    already symbolic)."""
+    if backend == "eager":
+        return model
+    name = backend.split("-")[0]
+    kwargs = {"dynamic": True} if backend.endswith("-dyn") else {}
+    if name == "kiln":
+        import kiln  # noqa: F401  (registers the backend)
+    namespace: dict[str, Any] = {}
+    exec(compile("def call(ids):\n    return model(ids)\n", f"<dynamic_shapes {backend}>", "exec"),
+         {"model": model}, namespace)
+    return torch.compile(namespace["call"], backend=name, **kwargs)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--fresh-caches", action="store_true",
+                    help="empty Inductor and kiln caches (new temporary directories): first passes compile cold")
+    args = ap.parse_args()
+    if args.fresh_caches:  # (before the first compile: both read their cache directory from the environment)
+        import os
+        import tempfile
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = tempfile.mkdtemp(prefix="inductor-")
+        os.environ["KILN_CACHE_DIR"] = tempfile.mkdtemp(prefix="kiln-")
+    torch.set_num_threads(args.threads)
+    torch._dynamo.config.cache_size_limit = 64  # (the backends share GPT.forward's frame: one entry per graph)
+    if hasattr(torch._dynamo.config, "recompile_limit"):
+        torch._dynamo.config.recompile_limit = 64
+    dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
+    lengths = [int(v) for v in args.lengths.split(",")]
+    backends = args.backends.split(",")
+    model, _ = gpt(seq=lengths[0], device=args.device, dtype=dtype)
+    gen = torch.Generator().manual_seed(0)
+    inputs = {T: torch.randint(0, 8192, (1, T), generator=gen).to(args.device) for T in lengths}
+    from torch._dynamo.utils import counters
+    from kiln.report import mark, reports_since
+
+    results: dict[str, dict[str, Any]] = {}
+    calls: dict[str, Callable[..., Any]] = {}
+    with torch.inference_mode():
+        reference = {T: model(x).float() for T, x in inputs.items()}
+        for b in backends:
+            position = mark()
+            before = counters["stats"]["unique_graphs"]
+            fn = calls[b] = _make(b, model)
+            err = 0.0
+            _sync(args.device)
+            start = time.perf_counter()
+            for T in lengths:
+                out = fn(inputs[T])
+                _sync(args.device)
+                err = max(err, (out.float() - reference[T]).abs().max().item())
+            first = time.perf_counter() - start
+            reports = reports_since(position) if b.startswith("kiln") else []
+            results[b] = {"first_pass_s": first, "graphs": counters["stats"]["unique_graphs"] - before,
+                          "eager_graphs": sum(r.fallback is not None for r in reports),
+                          "symbolic_graphs": sum(r.dynamic is not None for r in reports),
+                          "max_abs_err": err, "per_length_ms": {}}
+            print(f"{b}: first pass {first:.2f} s, {results[b]['graphs']} graph(s)"
+                  + (f", {results[b]['eager_graphs']} run eagerly by kiln" if b.startswith("kiln") else "")
+                  + f", max |diff| from eager {err:.2e}", flush=True)
+        for T in lengths:  # second pass, backends interleaved per length
+            times: dict[str, list[float]] = {b: [] for b in backends}
+            for _ in range(args.repeats):
+                for b in backends:
+                    _sync(args.device)
+                    t0 = time.perf_counter()
+                    calls[b](inputs[T])
+                    _sync(args.device)
+                    times[b].append(time.perf_counter() - t0)
+            for b in backends:
+                results[b]["per_length_ms"][T] = statistics.median(times[b]) * 1e3
+    print(f"\n| backend | graphs | run eagerly (kiln) | first pass s | second pass ms | vs eager | max abs diff |")
+    print("|---|---|---|---|---|---|---|")
+    eager = sum(results["eager"]["per_length_ms"].values()) if "eager" in results else None
+    for b in backends:
+        r = results[b]
+        r["second_pass_ms"] = sum(r["per_length_ms"].values())
+        ratio = f"{r['second_pass_ms'] / eager:.3f}" if eager else "-"
+        print(f"| {b} | {r['graphs']} | {r['eager_graphs'] if b.startswith('kiln') else '-'} | {r['first_pass_s']:.2f} "
+              f"| {r['second_pass_ms']:.1f} | {ratio} | {r['max_abs_err']:.2e} |")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"device": args.device, "dtype": args.dtype, "threads": args.threads, "lengths": lengths,
+                       "torch": torch.__version__, "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
