@@ -115,7 +115,7 @@ def main() -> None:
                     times[b].append(time.perf_counter() - t0)
             for b in backends:
                 results[b]["per_length_ms"][T] = statistics.median(times[b]) * 1e3
-    print(f"\n| backend | graphs | run eagerly (kiln) | first pass s | second pass ms | vs eager | max abs diff |")
+    print("\n| backend | graphs | run eagerly (kiln) | first pass s | second pass ms | vs eager | max abs diff |")
     print("|---|---|---|---|---|---|---|")
     eager = sum(results["eager"]["per_length_ms"].values()) if "eager" in results else None
     for b in backends:
