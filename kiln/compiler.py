@@ -194,6 +194,7 @@ class _AliasFix:
     position: int                       # the input's position among AOTAutograd's arguments
     views: list[Callable[[torch.Tensor], torch.Tensor]]
     before_call: bool                   # the graph mutates the input: copy it before the call
+    alias: bool = False                 # the FX output is a view of the input: hand back the view itself
 
 
 def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
@@ -204,6 +205,7 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
     from kiln.ir.ops import VIEW
     from kiln.ir.graph import mutates
 
+    placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
     fx_outputs = next(n for n in fx_gm.graph.nodes if n.op == "output").args[0]
     fx_outputs = fx_outputs if isinstance(fx_outputs, (list, tuple)) else [fx_outputs]
     mutated = {view_root(i) for m in graph.nodes if mutates(m) for i in m.inputs}
@@ -213,11 +215,83 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
         while out.op in VIEW:
             chain.append(out)
             out = out.inputs[0]
+        root = _aliased_placeholder(fx_out, placeholders) if call_sizes is not None else None
+        if root is not None and root is not fx_out:
+            # [Note: outputs aliasing inputs under dynamic shapes] AOTAutograd rebuilds such an output from the
+            # caller's input with the strides and offset of what the graph returned (as_strided): it must be that
+            # very view of the caller's tensor - not a view of the contiguous copy kiln read it through, nor a
+            # computed copy with the same values (fuzz-symbolic seeds 156, 288: wrong elements).  Its geometry is
+            # the FX output's, evaluated at the call's sizes.
+            geometry = _view_geometry(fx_out, root)
+            if geometry is not None:
+                fixes.append(_AliasFix(k, placeholders.index(root),
+                                       [lambda t, g=geometry: _as_view(t, g, call_sizes())], False, alias=True))
+                continue
+            if out.op is Op.INPUT and chain:  # (an input traced strided: kiln's own view chain of it)
+                fixes.append(_AliasFix(k, out.attr("index"), [lambda t, v=v: eval_node(v, [t], call_sizes())
+                                                              for v in reversed(chain)], False, alias=True))
+            continue
         if out.op is Op.INPUT and not _aliases_input(fx_out):
             views = [view_function(v) if call_sizes is None else
                      (lambda t, v=v: eval_node(v, [t], call_sizes())) for v in reversed(chain)]
             fixes.append(_AliasFix(k, out.attr("index"), views, out in mutated))
     return fixes
+
+
+def _aliased_placeholder(fx_out: Any, placeholders: list[Any]) -> Any:
+    """The placeholder whose storage FX output ``fx_out`` shares (a view of an input, through any op: a chunk is
+    ``split`` and ``getitem``), or None."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+    val = fx_out.meta.get("val") if isinstance(fx_out, torch.fx.Node) else None
+    if not isinstance(val, torch.Tensor):
+        return None
+    try:
+        storage = StorageWeakRef(val.untyped_storage())
+    except (RuntimeError, NotImplementedError):
+        return None
+    for p in placeholders:
+        pv = p.meta.get("val")
+        if isinstance(pv, torch.Tensor) and StorageWeakRef(pv.untyped_storage()) == storage:
+            return p
+    return None
+
+
+def _view_geometry(fx_out: Any, root: Any) -> tuple | None:
+    """(sizes, strides, storage offset) of an FX output as size expressions over the graph's symbols, relative to
+    its input's (which must be the input's own: contiguous strides of its sizes, offset 0 - else None)."""
+    from kiln.ir.sym import UnsupportedSize, from_sympy, symbols_of_shape_env
+    val, base = fx_out.meta.get("val"), root.meta.get("val")
+    shape_env = next((s.node.shape_env for s in (*val.shape, *base.shape) if isinstance(s, torch.SymInt)), None)
+    if shape_env is None:
+        return None
+    symbols = symbols_of_shape_env(shape_env)
+
+    def size(x: Any) -> Any:
+        return from_sympy(x.node.expr, symbols) if isinstance(x, torch.SymInt) else int(x)
+    try:
+        base_sizes = [size(x) for x in base.shape]
+        base_strides = [size(x) for x in base.stride()]
+        expected, running = [], 1
+        for d in reversed(base_sizes):
+            expected.append(running)
+            running = running * d
+        if base_strides != expected[::-1] or size(base.storage_offset()) != 0:
+            return None  # (an input traced with strides of its own: not rebuilt here)
+        return ([size(x) for x in val.shape], [size(x) for x in val.stride()], size(val.storage_offset()))
+    except (UnsupportedSize, TypeError):
+        return None
+
+
+def _as_view(t: torch.Tensor, geometry: tuple, sizes: dict[str, int]) -> torch.Tensor:
+    """The view ``geometry`` describes of a contiguous-traced input ``t``, mapped onto ``t``'s actual strides."""
+    from kiln.ir.sym import concrete
+    shape, strides, offset = (concrete(list(g), sizes) if isinstance(g, list) else concrete(g, sizes)
+                              for g in geometry)
+    if t.is_contiguous():
+        return t.as_strided(shape, strides, t.storage_offset() + offset)
+    # (the call's input is strided: address through a contiguous view of it is impossible; take the view of a
+    # contiguous copy, which AOTAutograd may rebuild from the input itself)
+    return t.contiguous().as_strided(shape, strides, offset)
 
 
 def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[str | None],
@@ -251,6 +325,7 @@ def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[st
             value = saved[id(f)] if f.before_call else args[f.position]
             for view in f.views:
                 value = view(value)
-            outs[f.output] = value.clone()  # (a view chain may expand: eager's result is a tensor of its own)
+            # (a view chain may expand: eager's result is a tensor of its own, unless it is a view in FX too)
+            outs[f.output] = value if f.alias else value.clone()
         return outs
     return run

@@ -215,6 +215,8 @@ def view_layout(shape: Sequence[int], strides: Sequence[int], dtype: torch.dtype
     ``[17, 2, 256]`` input merged to ``[34, 256]`` for a linear layer), so its strides describe the copy, not
     the held buffer: code that addresses the buffer through them reads the wrong elements.  The chain runs on a
     meta tensor, and a step whose result leaves the base's storage ends the view."""
+    if any(is_symbolic(x) for x in (*shape, *strides)) or any(is_symbolic(x) for n in chain for x in n.shape):
+        return None  # (symbolic sizes: not decided here - callers take it as a copy, which is always right)
     meta = torch.empty_strided(tuple(shape), tuple(strides), dtype=dtype, device="meta")
     storage = meta.untyped_storage()._cdata
     t = meta

@@ -215,3 +215,30 @@ def test_a_sliced_causal_mask_is_proven_for_every_length(broken):
         _check(model, compiled, q, k, v)
     report = _one_symbolic_report(position)
     assert ("attention" in report.externs) == (not broken), report.externs
+
+
+def test_an_output_that_is_a_view_of_a_strided_input_is_that_view():
+    """With dynamic shapes AOTAutograd rebuilds an output aliasing an input from the input, with the strides of
+    what the graph returned: it must be the view of the caller's tensor (fuzz-symbolic seed 156)."""
+    def fn(x):
+        return x.unflatten(0, (1, -1)), x * 2
+    compiled = _compiled(fn, dynamic=True)
+    position = mark()
+    for n in (3, 5):
+        x = torch.randint(-5, 6, (n, 4, 19))[..., 1::2]
+        view, _ = compiled(x)
+        assert torch.equal(view, fn(x)[0]) and view.data_ptr() == x.data_ptr()
+    _one_symbolic_report(position)
+
+
+def test_a_chunk_of_an_input_returned_as_an_output_is_its_view():
+    """A view through ``split`` + ``getitem`` (no view op in the FX graph) aliases the input too: AOTAutograd
+    rebuilds it from the input at the returned offset (fuzz-symbolic seed 288 returned row 0 for row 1)."""
+    def fn(x):
+        a, b = x.chunk(2, dim=0)
+        return b.permute(0, 1), a.sigmoid()
+    compiled = _compiled(fn, dynamic=True)
+    for n in (4, 6):
+        x = torch.randn(n, 7)
+        view, _ = compiled(x)
+        assert torch.equal(view, fn(x)[0])

@@ -271,6 +271,8 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
                                  and _broadcasts(mask.shape, (b, h, t, s))):
         return None
     scale = named.get("scale")
+    if scale is None and is_symbolic(d):
+        return None  # (the default scale 1/sqrt(D) of a symbolic head size is no constant)
     scale = float(scale) if scale is not None else d ** -0.5
     # (symbolic sizes: chosen at the traced sizes; kiln's op takes its sizes from the tensors of each call)
     if not choose(choices, *(size_hint(x) for x in (b, h, t, s, d)), causal, mask is not None):
