@@ -22,6 +22,7 @@ import torch
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import VIEW, Op
+from kiln.ir.sym import is_symbolic
 from kiln.passes.cse import is_random
 from kiln.passes.fold_affine import copy_weights
 from kiln.passes.rewrite import RewriteLog, rewrite
@@ -48,8 +49,8 @@ def fold_constants(graph: Graph, log: RewriteLog | None = None, max_numel: int =
     def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         if n.op in (Op.INPUT, Op.CONSTANT, Op.FULL, Op.IOTA) or not inputs:
             return None
-        if not all(_known(i) for i in inputs):
-            return None
+        if not all(_known(i) for i in inputs) or any(is_symbolic(d) for d in n.shape):
+            return None  # (a value whose size is the call's is not a constant)
         if n.op is Op.EXTERN and (not str(n.attr("target")).startswith("aten.") or is_random(n)):
             return None
         consts = [i.numel for i in inputs if i.op is Op.CONSTANT]

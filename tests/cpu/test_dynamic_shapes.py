@@ -242,3 +242,28 @@ def test_a_chunk_of_an_input_returned_as_an_output_is_its_view():
         x = torch.randn(n, 7)
         view, _ = compiled(x)
         assert torch.equal(view, fn(x)[0])
+
+
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5", "mha_cross"])
+def test_zoo_models_at_three_sequence_lengths_from_one_compile(name):
+    """transformers' model code (and nn.MultiheadAttention over keys of another length, with bias_k) compiled
+    with dynamic=True, called at three sequence lengths: no graph eager, every output as eager's."""
+    from kiln.testing import zoo
+    model, inputs = zoo.build(name, "ci")
+    seq = 16
+
+    def cut(x, T):  # (batch-first text inputs, or sequence-first ones)
+        if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[1] == seq:
+            return x[:, :T].contiguous()
+        if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[0] == seq:
+            return x[:T].contiguous()
+        return x
+    compiled = _compiled(model, dynamic=True)
+    position = mark()
+    with torch.inference_mode():
+        for T in (16, 11, 7):
+            args = tuple(cut(x, T) for x in inputs)
+            zoo.assert_close(compiled(*args), model(*args))
+    reports = reports_since(position)
+    assert reports and all(r.fallback is None and r.dynamic is not None for r in reports), \
+        [r.fallback for r in reports]
