@@ -176,9 +176,12 @@ def _lower_node(L: Lowerer, fx_node: torch.fx.Node, gm: torch.fx.GraphModule, fr
                             f"argument under dynamic=None; kiln.compile uses dynamic=False): "
                             f"{fx_node.format_node()}")
     if shape_env is not None and isinstance(val, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        if not isinstance(val, torch.SymInt):
+        if isinstance(val, torch.SymBool):
             raise LoweringError(f"symbolic {type(val).__name__} value: {fx_node.format_node()}")
-        env[fx_node] = sym_size(val)  # a size symbol's value (an int placeholder), or arithmetic on sizes
+        try:  # a size symbol's value (an int placeholder), arithmetic on sizes, or a float made of them
+            env[fx_node] = sym_size(val)
+        except Unsupported as exc:
+            raise LoweringError(f"symbolic {type(val).__name__} value {fx_node.format_node()}: {exc}") from exc
     elif fx_node.op == "placeholder":
         if is_effect_token(fx_node):  # (AOTAutograd passes None for it at run time: a constant here)
             env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(torch.empty(0)))

@@ -16,7 +16,7 @@ import torch.fx
 from kiln.ir.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.ops import Op, broadcast_shapes, dim, numel, reduced_shape
-from kiln.ir.sym import Size, Symbol, UnsupportedSize, floordiv, from_sympy, is_symbolic, symbols_of_shape_env
+from kiln.ir.sym import FloatSize, Size, Symbol, UnsupportedSize, floordiv, from_sympy, is_symbolic, symbols_of_shape_env
 
 # dtypes the generated kernels load and store; anything else runs as an EXTERN ATen call.  Half precision is
 # computed in fp32 by both code generators (codegen/cpp_expr.py, codegen/triton_expr.py).
@@ -45,7 +45,7 @@ def sym_size(v: Any) -> Size:
     """A size from the traced graph as kiln's: an int, or a ``torch.SymInt`` as a size expression over kiln's
     ``Symbol``s (their ranges from the SymInt's ShapeEnv) - never ``int()`` of it, which would make Dynamo guard
     on (specialize) the size."""
-    if isinstance(v, torch.SymInt):
+    if isinstance(v, (torch.SymInt, torch.SymFloat)):  # (a SymFloat: a float computed from sizes, sym.FloatSize)
         shape_env = v.node.shape_env
         symbols = _SYMBOLS.get(shape_env)
         if symbols is None or any(s.name not in symbols for s in v.node.expr.free_symbols):
@@ -251,6 +251,8 @@ def result_dtype(*args: Any) -> torch.dtype:
             probes.append(torch.empty((1,) if a.shape else (), dtype=a.dtype))
         elif isinstance(a, (bool, int, float)):
             probes.append(a)
+        elif is_symbolic(a):  # a size as a value: an int, or a float computed from sizes
+            probes.append(1.0 if isinstance(a, FloatSize) else 1)
     out = probes[0]
     if len(probes) == 1:
         return out.dtype if isinstance(out, torch.Tensor) else torch.tensor(out).dtype

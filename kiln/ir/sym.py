@@ -130,6 +130,23 @@ class SymMod(_Arithmetic):
         return f"({self.arg} % {self.k})"
 
 
+@dataclasses.dataclass(frozen=True)
+class FloatSize:
+    """A float computed from sizes (Dynamo's ``SymFloat``: the scale ``1 / sqrt(D)`` of attention over a symbolic
+    head size): ``op`` applied to ``args`` (sizes, ``FloatSize``s, Python numbers).  ``op``: ``float`` (an int size
+    as a float), ``pow``, ``truediv``, ``mul``, ``add``, ``sub``, ``neg``.  Evaluated in double precision, as
+    Python evaluates Dynamo's expression."""
+    op: str
+    args: tuple
+
+    def __repr__(self) -> str:
+        return render(self, "py")
+
+
+_FLOAT_OPS = {"pow": lambda a, b: a ** b, "truediv": lambda a, b: a / b, "mul": lambda a, b: a * b,
+              "add": lambda a, b: a + b, "sub": lambda a, b: a - b}
+
+
 Atom = Union[Symbol, SymFloorDiv, SymMod]
 Monomial = tuple[tuple[Atom, int], ...]  # (atom, power >= 1), ordered by repr
 Size = Union[int, "SizeExpr"]
@@ -239,7 +256,7 @@ def size(x: "Size | Atom") -> Size:
 
 
 def is_symbolic(x: Any) -> bool:
-    return isinstance(x, (SizeExpr, Symbol, SymFloorDiv, SymMod))
+    return isinstance(x, (SizeExpr, Symbol, SymFloorDiv, SymMod, FloatSize))
 
 
 def as_symbol(x: Any) -> Symbol | None:
@@ -252,6 +269,8 @@ def as_symbol(x: Any) -> Symbol | None:
 
 
 def symbols_of(x: "Size | Atom") -> set[Symbol]:
+    if isinstance(x, FloatSize):
+        return set().union(*(symbols_of(a) for a in x.args))
     return SizeExpr.of(x).symbols() if is_symbolic(x) else set()
 
 
@@ -382,8 +401,15 @@ def provably_eq(a: "Size | Atom", b: "Size | Atom") -> bool:
 # ------------------------------------------------------------------ evaluation and text
 def evaluate(x: "Size | Atom", env: dict[str, int]) -> int:
     """The value of ``x`` with each symbol ``name`` bound to ``env[name]``."""
-    if isinstance(x, int):
+    if isinstance(x, (int, float)):
         return x
+    if isinstance(x, FloatSize):
+        values = [float(evaluate(a, env)) for a in x.args]
+        if x.op == "float":
+            return values[0]
+        if x.op == "neg":
+            return -values[0]
+        return float(_FLOAT_OPS[x.op](*values))
     if isinstance(x, Symbol):
         return env[x.name]
     if isinstance(x, SymFloorDiv):
@@ -416,7 +442,7 @@ def size_hint(x: "Size | Atom") -> int:
     heuristics only (an order, a first guess); a decision that must hold for every size uses ``provably_*``."""
     if isinstance(x, int):
         return x
-    syms = SizeExpr.of(x).symbols() if isinstance(x, SizeExpr) else symbols_of(x)
+    syms = SizeExpr.of(x).symbols() if isinstance(x, SizeExpr) else symbols_of(x)  # (a FloatSize: a float)
     return evaluate(x, {s.name: s.hint if s.hint is not None else max(s.lo, 2) for s in syms})
 
 
@@ -425,6 +451,19 @@ def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | 
     ``name`` spells a symbol (default: its own name)."""
     spell = name or (lambda s: s.name)
     div = "/" if lang == "cpp" else "//"
+    if isinstance(x, float):
+        return repr(x) if lang != "cpp" or math.isfinite(x) else ("(1.0 / 0.0)" if x > 0 else "(-1.0 / 0.0)")
+    if isinstance(x, FloatSize):
+        a = [render(v, lang, name) for v in x.args]
+        if x.op == "float":
+            return f"static_cast<double>({a[0]})" if lang == "cpp" else f"float({a[0]})"
+        if x.op == "neg":
+            return f"(-{a[0]})"
+        if x.op == "pow":
+            return f"std::pow(static_cast<double>({a[0]}), static_cast<double>({a[1]}))" if lang == "cpp" \
+                else f"({a[0]} ** {a[1]})"
+        sign = {"truediv": "/", "mul": "*", "add": "+", "sub": "-"}[x.op]
+        return f"(static_cast<double>({a[0]}) {sign} {a[1]})" if lang == "cpp" else f"({a[0]} {sign} {a[1]})"
     if isinstance(x, int):
         return str(x) if lang != "cpp" or abs(x) < 2**31 else f"INT64_C({x})"
     if isinstance(x, Symbol):
@@ -484,6 +523,10 @@ def symbols_of_shape_env(shape_env: Any) -> dict[str, Symbol]:
     return found
 
 
+def _is_float(x: Any) -> bool:
+    return isinstance(x, (float, FloatSize))
+
+
 def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
     """Dynamo's size expression (sympy, with torch's ``FloorDiv``/``ModularIndexing``/``CleanDiv``) as a ``Size``;
     ``symbols`` maps each symbol's name to kiln's ``Symbol`` (with its range)."""
@@ -497,8 +540,17 @@ def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
             raise UnsupportedSize(f"unknown size symbol {expr.name}")
         s = symbols[expr.name]
         return s.lo if s.hi == s.lo else SizeExpr.of(s)  # (a range of one value: Dynamo proved it static)
+    if isinstance(expr, sympy.Float):
+        return float(expr)
     args = [from_sympy(a, symbols) for a in expr.args]
     kind = type(expr).__name__
+    if any(_is_float(a) for a in args) and isinstance(expr, (sympy.Add, sympy.Mul)):
+        result = args[0]
+        for a in args[1:]:
+            result = FloatSize("add" if isinstance(expr, sympy.Add) else "mul", (result, a))
+        return result
+    if isinstance(expr, sympy.Pow) and any(_is_float(a) for a in args):
+        return FloatSize("pow", tuple(args))
     if isinstance(expr, sympy.Add):
         total: Size = 0
         for a in args:
@@ -514,6 +566,12 @@ def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
         for _ in range(args[1]):
             result = size(SizeExpr.of(result) * args[0])
         return result
+    if kind == "ToFloat" and len(args) == 1:
+        return FloatSize("float", (args[0],))
+    if kind in ("FloatPow", "PowByNatural") and len(args) == 2 and _is_float(args[0]):
+        return FloatSize("pow", tuple(args))
+    if kind == "FloatTrueDiv" and len(args) == 2:
+        return FloatSize("truediv", tuple(args))
     if kind in ("FloorDiv", "CleanDiv", "IntTrueDiv") and len(args) == 2:
         return floordiv(args[0], args[1])
     if kind == "ModularIndexing" and len(args) == 3:

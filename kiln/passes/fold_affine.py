@@ -21,6 +21,7 @@ from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.interp import constant_value
 from kiln.ir.ops import VIEW, Op
+from kiln.ir.sym import is_symbolic
 from kiln.passes.dce import dce
 from kiln.passes.rewrite import RewriteLog, rewrite
 
@@ -48,7 +49,7 @@ def _scalar(n: Node) -> float | None:
     """The value of a scalar broadcast (``expand(full(v))``, or a one-element constant), else None."""
     src = n.inputs[0] if n.op is Op.EXPAND else n
     if src.op is Op.FULL and src.numel == 1:
-        return float(src.attr("value"))
+        return None if is_symbolic(src.attr("value")) else float(src.attr("value"))  # (a size: no constant)
     if _is_const(src) and src.numel == 1:
         return float(_const_value(src).reshape(()).item())
     return None

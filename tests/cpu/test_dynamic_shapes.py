@@ -267,3 +267,16 @@ def test_zoo_models_at_three_sequence_lengths_from_one_compile(name):
     reports = reports_since(position)
     assert reports and all(r.fallback is None and r.dynamic is not None for r in reports), \
         [r.fallback for r in reports]
+
+
+def test_a_float_computed_from_sizes_is_evaluated_per_call():
+    """``x.shape[-1] ** -0.5`` under dynamic=True is a SymFloat (sym.FloatSize): the scale of each call."""
+    def fn(q, k):
+        scale = q.shape[-1] ** -0.5
+        return torch.softmax(q @ k.transpose(-2, -1) * scale, -1), q / (q.shape[0] * 1.5)
+    compiled = _compiled(fn, dynamic=True)
+    position = mark()
+    for n, d in ((3, 4), (5, 9), (7, 16)):
+        _check(fn, compiled, torch.randn(n, d), torch.randn(n + 1, d))
+    reports = reports_since(position)  # (Dynamo may trace twice: its float handling restarts once)
+    assert reports and all(r.fallback is None and r.dynamic for r in reports)

@@ -110,3 +110,19 @@ def test_a_product_divisor_is_printed_as_one_operand():
     text = render(Lin.of(t).mod(_e(T) * _e(B)), lambda d: "?")
     assert text.endswith("% (s0*s1))"), text
     assert sym.render(sym.floordiv(_e(T) + 1, _e(T) * _e(B))).endswith("/ (s0*s1))")
+
+
+def test_floats_computed_from_sizes():
+    """Dynamo's SymFloat expressions (ToFloat, FloatPow, FloatTrueDiv) as sym.FloatSize: evaluated in double
+    precision, printed as C++ and Python."""
+    import math
+
+    import sympy
+    from torch.utils._sympy.functions import FloatPow, FloatTrueDiv, ToFloat
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    expr = FloatTrueDiv(sympy.Float(1.0), FloatPow(ToFloat(s0), sympy.Float(0.5)))
+    f = sym.from_sympy(expr, {"s0": T})
+    assert sym.is_symbolic(f) and sym.symbols_of(f) == {T}
+    assert sym.evaluate(f, {"s0": 16}) == 0.25
+    assert math.isclose(eval(sym.render(f, "py"), {"s0": 7}), 7 ** -0.5)
+    assert "std::pow" in sym.render(f) and "static_cast<double>(s0)" in sym.render(f)

@@ -73,7 +73,7 @@ def _scalar(n: Node) -> float | None:
     """The value of a broadcast scalar constant (``expand(full(v))``)."""
     while n.op is Op.EXPAND:
         n = n.inputs[0]
-    if n.op is Op.FULL and not n.shape:
+    if n.op is Op.FULL and not n.shape and not is_symbolic(n.attr("value")):
         return float(n.attr("value"))
     return None
 
