@@ -16,7 +16,8 @@ import torch.fx
 from kiln.ir.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.ops import Op, broadcast_shapes, dim, numel, reduced_shape
-from kiln.ir.sym import FloatSize, Size, Symbol, UnsupportedSize, floordiv, from_sympy, is_symbolic, symbols_of_shape_env
+from kiln.ir.sym import (FloatSize, Size, Symbol, UnsupportedSize, floordiv, from_sympy, is_symbolic,
+                         symbols_of_shape_env)
 
 # dtypes the generated kernels load and store; anything else runs as an EXTERN ATen call.  Half precision is
 # computed in fp32 by both code generators (codegen/cpp_expr.py, codegen/triton_expr.py).
