@@ -132,7 +132,9 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     # a graph traced with dynamic shapes: compiled for every size on the CPU (docs/dynamic_shapes.md); elsewhere the
     # static lowering refuses it (LoweringError: it runs eagerly, the report says why)
     symbolic = not triton and cfg.dynamic_shapes and has_symbolic_sizes(fx_gm)
-    graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES, triton, symbolic)
+    size_outputs: dict[int, Any] = {}
+    graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES, triton, symbolic,
+                              size_outputs if symbolic else None)
     report.captured = graph
     report.phases["lower"] = time.perf_counter() - start
     choices = Choices.for_compile(report.mode)
@@ -148,7 +150,9 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             int_sizes = symbol_inputs(fx_gm)
             module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
-            return _runner(module, positions, arg_names, _alias_fixes(fx_gm, graph, module.call_sizes))
+            fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs))
+            run = _runner(module, positions, arg_names, fixes)
+            return _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
         else:
             module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
                                 _example_inputs(graph, examples), choices)
@@ -197,9 +201,26 @@ class _AliasFix:
     alias: bool = False                 # the FX output is a view of the input: hand back the view itself
 
 
+def _with_size_outputs(run: Callable, size_outputs: dict[int, Any], call_sizes: Callable[[], dict[str, int]]
+                       ) -> Callable:
+    """``run`` with the graph's size outputs (ints, evaluated at the call's sizes) put back at their positions."""
+    from kiln.ir.sym import concrete
+    order = sorted(size_outputs.items())
+
+    def with_sizes(args: Sequence[Any]) -> list[Any]:
+        outs = list(run(args))
+        sizes = call_sizes()
+        for k, expr in order:
+            outs.insert(k, concrete(expr, sizes))
+        return outs
+    return with_sizes
+
+
 def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
-                 call_sizes: Callable[[], dict[str, int]] | None = None) -> list[_AliasFix]:
-    """``call_sizes``: for a symbolic graph, the sizes of the module's last call (views take them)."""
+                 call_sizes: Callable[[], dict[str, int]] | None = None, skip: set[int] = frozenset()
+                 ) -> list[_AliasFix]:
+    """``call_sizes``: for a symbolic graph, the sizes of the module's last call (views take them); ``skip``: FX
+    output positions that are sizes, not graph outputs."""
     from kiln.ir.graph import Op, view_root
     from kiln.ir.interp import eval_node, view_function
     from kiln.ir.ops import VIEW
@@ -208,6 +229,7 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
     placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
     fx_outputs = next(n for n in fx_gm.graph.nodes if n.op == "output").args[0]
     fx_outputs = fx_outputs if isinstance(fx_outputs, (list, tuple)) else [fx_outputs]
+    fx_outputs = [o for k, o in enumerate(fx_outputs) if k not in skip]
     mutated = {view_root(i) for m in graph.nodes if mutates(m) for i in m.inputs}
     fixes = []
     for k, (fx_out, out) in enumerate(zip(fx_outputs, graph.outputs)):

@@ -127,7 +127,7 @@ def _shape_env(gm: torch.fx.GraphModule) -> Any:
 
 def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
              kernel_dtypes: frozenset[torch.dtype] = KERNEL_DTYPES, triton: bool = False,
-             symbolic: bool = False) -> tuple[Graph, list[str]]:
+             symbolic: bool = False, size_outputs: dict[int, Any] | None = None) -> tuple[Graph, list[str]]:
     """Lower ``gm``; ``frozen`` maps placeholder positions to the tensors they are frozen to.  Ops on dtypes
     outside ``kernel_dtypes`` (what the code generator handles) stay EXTERN; ``triton``: for the Triton target
     (the few lowerings whose best form differs by target ask ``Lowerer.triton``).
@@ -137,6 +137,9 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     refuses such graphs and runs them eagerly).  Its int placeholders (the size symbols' values) become no
     INPUT; a lowering that cannot take a symbolic size leaves its op an EXTERN; a lowering that made Dynamo add a
     guard (specialized a size) fails the whole graph.
+
+    ``size_outputs``: where a symbolic graph's outputs that are sizes, not tensors (``x.shape[0] + n``), go - by
+    output position, each a size expression for the caller to evaluate per call; they are not graph outputs.
 
     Returns the graph (whose INPUTs are the non-frozen tensor placeholders, in order) and the list of ATen ops
     that stayed EXTERN.
@@ -155,7 +158,7 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     position = 0
     for fx_node in gm.graph.nodes:
         try:
-            _lower_node(L, fx_node, gm, frozen, env, outputs, position, shape_env)
+            _lower_node(L, fx_node, gm, frozen, env, outputs, position, shape_env, size_outputs)
         except Unsupported as exc:  # (a size kiln has no form for, outside any op's lowering)
             raise LoweringError(f"{fx_node.format_node()}: {exc}") from exc
         position += fx_node.op == "placeholder"
@@ -165,7 +168,8 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
 
 
 def _lower_node(L: Lowerer, fx_node: torch.fx.Node, gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
-                env: dict[torch.fx.Node, Any], outputs: list[Node], position: int, shape_env: Any) -> None:
+                env: dict[torch.fx.Node, Any], outputs: list[Node], position: int, shape_env: Any,
+                size_outputs: dict[int, Any] | None = None) -> None:
     """One FX node into ``env`` (a placeholder is graph input ``position``; the graph's outputs go to
     ``outputs``)."""
     b = L.b
@@ -201,8 +205,12 @@ def _lower_node(L: Lowerer, fx_node: torch.fx.Node, gm: torch.fx.GraphModule, fr
         env[fx_node] = _lower_call(L, fx_node, env)
     elif fx_node.op == "output":
         outs = fx_node.args[0]
-        for o in (outs if isinstance(outs, (list, tuple)) else [outs]):
+        for k, o in enumerate(outs if isinstance(outs, (list, tuple)) else [outs]):
             value = env[o] if isinstance(o, torch.fx.Node) else o
+            if size_outputs is not None and shape_env is not None and isinstance(o, torch.fx.Node) \
+                    and isinstance(o.meta.get("val"), torch.SymInt):
+                size_outputs[k] = value  # (a size the caller evaluates per call)
+                continue
             if not isinstance(value, Node):
                 raise LoweringError(f"graph output {o} is not a tensor")
             outputs.append(value)

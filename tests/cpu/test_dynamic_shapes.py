@@ -280,3 +280,19 @@ def test_a_float_computed_from_sizes_is_evaluated_per_call():
         _check(fn, compiled, torch.randn(n, d), torch.randn(n + 1, d))
     reports = reports_since(position)  # (Dynamo may trace twice: its float handling restarts once)
     assert reports and all(r.fallback is None and r.dynamic for r in reports)
+
+
+def test_an_int_argument_and_a_size_output():
+    """A symbol only an int argument gives (``x[:n]``) is bound from that argument; a size the graph returns
+    (``x.shape[0] + n``) is evaluated per call."""
+    def fn(x, n):
+        return (x[:n] * 2).sum(0), x.shape[0] + n, x[n:].amax(0)
+    compiled = _compiled(fn, dynamic=True)
+    position = mark()
+    for rows, n in ((8, 3), (9, 5), (12, 2)):
+        x = torch.randn(rows, 5)
+        got, want = compiled(x, n), fn(x, n)
+        torch.testing.assert_close(got[0], want[0])
+        assert got[1] == want[1]
+        torch.testing.assert_close(got[2], want[2])
+    _one_symbolic_report(position)
