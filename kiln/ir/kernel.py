@@ -141,8 +141,17 @@ class Kernel:
                         if isinstance(y, (KLoad, KIndex)):
                             yield y.index
 
+    def freeze_buffers(self) -> None:
+        """Remember ``buffers()`` from now on: for a kernel that no longer changes (a symbolic graph's kernels,
+        planned again for every size: ``schedule/specialize.py``)."""
+        found = self.buffers()
+        self.__dict__["_frozen_buffers"] = found
+
     def buffers(self) -> tuple[set[str], set[str]]:
         """(buffers read, buffers written); row scratch arrays are not buffers."""
+        frozen = self.__dict__.get("_frozen_buffers")
+        if frozen is not None:
+            return set(frozen[0]), set(frozen[1])
         reads = {x.buf for p in self.phases for e in phase_exprs(p) for x in subexprs(e) if isinstance(x, KLoad)}
         for p in self.phases:
             for st in phase_stores(p):

@@ -29,7 +29,7 @@ class SymbolicGraph:
 
     def __init__(self, graph: Graph, kernels: list[Any], report: CompileReport,
                  specialize: Callable[[dict[str, int]], tuple[Graph, Any]], size_names: list[str],
-                 capacity: int = 16, int_sizes: Sequence[str] = ()):
+                 capacity: int = 64, int_sizes: Sequence[str] = ()):
         """``specialize(env) -> (concrete graph, Program)``; ``size_names``: the size table's symbols in slot order
         (every symbol the graph's shapes and kernels use); ``int_sizes``: symbols whose values the call passes as
         ints after the tensors (Dynamo's int inputs: a size no input dimension shows, ``x[:n]`` of an int ``n``)."""
@@ -59,6 +59,7 @@ class SymbolicGraph:
         report.dynamic = {"symbols": list(size_names), "sizes": []}
         self._first = True
         self._env: dict[str, int] = {}
+        self._code: dict[str, Any] = {}  # the one translation unit every size's module runs, once loaded
 
     def _bind(self, inputs: Sequence[Any]) -> dict[str, int]:
         tensors = len(self.graph.inputs)
@@ -89,7 +90,8 @@ class SymbolicGraph:
         # the first size's module fills the compile's report; later ones a report of their own
         report = self.report if self._first else CompileReport(name=self.report.name, mode=self.report.mode)
         self._first = False
-        module = CompiledGraph(graph, program, report, size_slot=self.size_slot, position=self.position)
+        module = CompiledGraph(graph, program, report, size_slot=self.size_slot, position=self.position,
+                               shared_code=self._code)
         self.sizes_seen += 1
         self.report.dynamic["sizes"].append(dict(env))
         self.modules[key] = module

@@ -45,20 +45,22 @@ class CompiledGraph:
     # (memory: with an arena or per-call allocations, see [Note: arena or allocator] in schedule/program.py)
 
     def __init__(self, graph: Graph, program: Any, report: CompileReport, size_slot: dict[str, int] | None = None,
-                 position: dict[Node, int] | None = None):
+                 position: dict[Node, int] | None = None, shared_code: dict[str, Any] | None = None):
         """``program``: a ``schedule.program.Program`` - every step, slot and buffer decided.  ``size_slot``: the
         size table's slots of a symbolic graph's kernels ([Note: symbolic kernels]; the caller sets the sizes
         before each call: ``runtime/dynamic.py``); ``position``: graph positions of the kernels' nodes (named in
-        the source's comments), when they are not ``graph``'s own."""
+        the source's comments), when they are not ``graph``'s own; ``shared_code``: the loaded code of another
+        module with the same source (a symbolic graph's modules per size share it: written and loaded once)."""
         plan = program.plan
         self.size_slot = size_slot
         self._position = position
+        self._shared_code = shared_code
         self.graph = graph
         self.name = report.name
         self.plan = plan
         self.arena_mode = program.arena
         report.kernels = plan.kernels
-        report.plan = program.format()
+        report.plan = program.format() if shared_code is None or "module" not in shared_code else ""
         node_of = program.node_of()
         self.slot_of = program.slot_of
         self._baked = program.baked
@@ -83,10 +85,18 @@ class CompiledGraph:
                    outputs: set[str], node_of: dict[str, Node], report: CompileReport) -> None:
         """Generate, compile (or load from the cache) and bind the kernels: here, one C++ translation unit."""
         from kiln.runtime.build import load_module
-        position = self._position or {n: i for i, n in enumerate(self.graph.nodes)}
-        source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position, self.size_slot)
-        report.source = source
-        module = load_module(source, name="kiln_graph")
+        shared = self._shared_code
+        if shared is not None and "module" in shared:
+            module = shared["module"]
+            report.source = shared["source"]
+        else:
+            position = self._position or {n: i for i, n in enumerate(self.graph.nodes)}
+            source = translation_unit(plan.kernels, segments, self.slot_of, dtype_of, outputs, position,
+                                      self.size_slot)
+            report.source = source
+            module = load_module(source, name="kiln_graph")
+            if shared is not None:
+                shared.update(module=module, source=source)
         report.from_cache = module.from_cache
         self.lib = module.lib
         self._segment_fns = []

@@ -131,7 +131,7 @@ def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None,
     the symbols the caller passes as ints after the tensors."""
     from kiln.ir.sym import symbols_of
     from kiln.runtime.dynamic import SymbolicGraph
-    from kiln.schedule.specialize import concrete_program
+    from kiln.schedule.specialize import Specializer
     from kiln.tune.cpu import apply_schedules
     plan = make_plan(graph)
     dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
@@ -141,7 +141,7 @@ def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None,
     for k in plan.kernels:
         symbols |= k.symbols()
     report.kernels = plan.kernels
-    module = SymbolicGraph(graph, plan.kernels, report, lambda env: concrete_program(graph, plan, env),
+    module = SymbolicGraph(graph, plan.kernels, report, Specializer(graph, plan),
                            sorted(s.name for s in symbols), int_sizes=int_sizes)
     report.dynamic["ranges"] = ", ".join(
         f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]" for s in sorted(symbols, key=lambda s: s.name))

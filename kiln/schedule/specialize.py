@@ -42,13 +42,44 @@ def _concrete(value: Any, env: dict[str, int], node_map: dict[Node, Node]) -> An
     return value
 
 
-def concrete_graph(graph: Graph, env: dict[str, int]) -> tuple[Graph, dict[Node, Node]]:
-    """A copy of ``graph`` with every shape and attribute evaluated at ``env``, and the map old node -> new."""
+def _holds_size(value: Any) -> bool:
+    """Does an attribute hold a size expression anywhere (through tuples, lists and dicts)?"""
+    if is_symbolic(value):
+        return True
+    if isinstance(value, (tuple, list)):
+        return any(_holds_size(v) for v in value)
+    if isinstance(value, dict):
+        return any(_holds_size(v) for v in value.values())
+    return False
+
+
+def static_nodes(graph: Graph) -> set[Node]:
+    """The nodes whose value does not depend on the sizes (no size expression in their shape or attributes, nor in
+    any node they are computed from): every size's graph shares them as they are (weights, their views)."""
+    found: set[Node] = set()
+    for n in graph.nodes:
+        if all(i in found for i in n.inputs) and not any(is_symbolic(d) for d in n.shape) \
+                and not _holds_size(n.attrs):
+            found.add(n)
+    return found
+
+
+def concrete_graph(graph: Graph, env: dict[str, int], static: set[Node] | None = None,
+                   sized_attrs: set[Node] | None = None) -> tuple[Graph, dict[Node, Node]]:
+    """A copy of ``graph`` with every shape and attribute evaluated at ``env``, and the map old node -> new;
+    ``static`` (``static_nodes(graph)``): nodes kept as they are; ``sized_attrs``: the nodes whose attributes
+    hold a size (else every node's are searched)."""
+    static = static if static is not None else set()
     node_map: dict[Node, Node] = {}
     nodes = []
     for n in graph.nodes:
-        new = Node(n.op, tuple(node_map[i] for i in n.inputs), _concrete(n.attrs, env, node_map),
-                   tuple(evaluate(s, env) if is_symbolic(s) else s for s in n.shape), n.dtype)
+        if n in static:
+            new = n
+        else:
+            sized = n in sized_attrs if sized_attrs is not None else _holds_size(n.attrs)
+            attrs = _concrete(n.attrs, env, node_map) if sized else dict(n.attrs)
+            new = Node(n.op, tuple(node_map[i] for i in n.inputs), attrs,
+                       tuple(evaluate(s, env) if is_symbolic(s) else s for s in n.shape), n.dtype)
         node_map[n] = new
         nodes.append(new)
     return Graph(nodes, [node_map[n] for n in graph.inputs], [node_map[n] for n in graph.outputs]), node_map
@@ -70,9 +101,25 @@ def concrete_plan(plan: Plan, node_map: dict[Node, Node], env: dict[str, int]) -
                 {node_map[n] for n in plan.cl_convs}, {node_map[n] for n in plan.bmm_relayout})
 
 
-def concrete_program(graph: Graph, plan: Plan, env: dict[str, int]) -> tuple[Graph, Program]:
+def concrete_program(graph: Graph, plan: Plan, env: dict[str, int], static: set[Node] | None = None,
+                     sized_attrs: set[Node] | None = None) -> tuple[Graph, Program]:
     """The concrete graph and its Program for the sizes ``env`` ([Note: a Program per size])."""
-    graph_c, node_map = concrete_graph(graph, env)
+    graph_c, node_map = concrete_graph(graph, env, static, sized_attrs)
     plan_c = concrete_plan(plan, node_map, env)
     with config.scope(native_calls=False):
         return graph_c, build_program(graph_c, plan_c, arena=True)
+
+
+class Specializer:
+    """``concrete_program`` of one symbolic graph and plan, with what does not depend on the sizes found once:
+    ``specializer(env) -> (graph, Program)``."""
+
+    def __init__(self, graph: Graph, plan: Plan):
+        self.graph, self.plan = graph, plan
+        self.static = static_nodes(graph)
+        self.sized_attrs = {n for n in graph.nodes if n not in self.static and _holds_size(n.attrs)}
+        for k in plan.kernels:  # (planned once; every size's program asks them again)
+            k.freeze_buffers()
+
+    def __call__(self, env: dict[str, int]) -> tuple[Graph, Program]:
+        return concrete_program(self.graph, self.plan, env, self.static, self.sized_attrs)
