@@ -55,6 +55,14 @@ class SymbolicGraph:
         missing = set(size_names) - found - set(self.int_sizes)
         if missing:
             raise ValueError(f"size symbols {sorted(missing)} are no input's dimension (an int argument alone)")
+        # per input: (position, node, rank, static dims, dims that are one symbol, other dims' expressions)
+        self._checks = []
+        for k, n in enumerate(graph.inputs):
+            static = [(d, s) for d, s in enumerate(n.shape) if isinstance(s, int)]
+            symbols = [(d, as_symbol(s).name) for d, s in enumerate(n.shape)
+                       if not isinstance(s, int) and as_symbol(s) is not None]
+            exprs = [(d, s) for d, s in enumerate(n.shape) if not isinstance(s, int) and as_symbol(s) is None]
+            self._checks.append((k, n, len(n.shape), static, symbols, exprs))
         self._table = (ctypes.c_int64 * max(len(size_names), 1))()
         report.dynamic = {"symbols": list(size_names), "sizes": []}
         self._first = True
@@ -62,17 +70,22 @@ class SymbolicGraph:
         self._code: dict[str, Any] = {}  # the one translation unit every size's module runs, once loaded
 
     def _bind(self, inputs: Sequence[Any]) -> dict[str, int]:
+        """The call's sizes: from the int inputs, then from the input dimensions that are one symbol; every
+        dimension checked against its expression (plain symbols and numbers compared directly: a call's host time
+        is the point of compiling a decode step)."""
         tensors = len(self.graph.inputs)
         env = {name: int(inputs[tensors + k]) for k, name in enumerate(self.int_sizes)}
         for name, k, d in self._readers:
             if name not in env and inputs[k].dim() > d:
                 env[name] = int(inputs[k].shape[d])
-        for k, n in enumerate(self.graph.inputs):
+        for k, n, ndim, static, symbols, exprs in self._checks:
             t = inputs[k]
-            ok = t.dim() == len(n.shape) and t.dtype == n.dtype and t.device.type == "cpu"
-            if ok:
+            shape = t.shape
+            ok = t.dtype == n.dtype and len(shape) == ndim and t.device.type == "cpu" \
+                and all(shape[d] == v for d, v in static) and all(shape[d] == env.get(v) for d, v in symbols)
+            if ok and exprs:
                 try:
-                    ok = all(evaluate(s, env) == actual for s, actual in zip(n.shape, t.shape))
+                    ok = all(shape[d] == evaluate(e, env) for d, e in exprs)
                 except KeyError:
                     ok = False
             if not ok:
