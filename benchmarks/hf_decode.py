@@ -1,0 +1,63 @@
+"""Decoding with Hugging Face ``generate`` (issue 19, point 7): time per token, eager and compiled backends in one
+process, on the same prompt.
+
+    python -m benchmarks.hf_decode [--backends kiln,inductor] [--layers 4] [--tokens 32] [--cache dynamic|static]
+
+A GPT-2 (random weights, d=768, vocab 8192) greedy-decodes ``--tokens`` tokens after a 32-token prompt; each
+backend compiles ``model.forward`` (torch's default ``dynamic=None``: the decode steps' growing cache makes the
+second step's graph symbolic), is warmed up by one ``generate``, then timed over ``--repeats`` generates (median).
+Tokens are checked against eager's.  CPU only for now (one thread by default).
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--backends", default="kiln,inductor")
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--tokens", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
+    args = ap.parse_args()
+    from transformers import GPT2Config, GPT2LMHeadModel
+    torch.manual_seed(0)
+    torch.set_num_threads(args.threads)
+    config = GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, vocab_size=8192, n_positions=512)
+    model = GPT2LMHeadModel(config).eval()
+    prompt = torch.randint(0, 8192, (1, 32))
+    extra = {"cache_implementation": "static"} if args.cache == "static" else {}
+    forward = model.forward
+
+    def run(fn: Callable[..., Any]) -> tuple[float, torch.Tensor]:
+        model.forward = fn
+        with torch.inference_mode():
+            model.generate(prompt, max_new_tokens=8, do_sample=False, **extra)  # (compiles)
+            times = []
+            for _ in range(args.repeats):
+                start = time.perf_counter()
+                out = model.generate(prompt, max_new_tokens=args.tokens, do_sample=False, **extra)
+                times.append(time.perf_counter() - start)
+        return statistics.median(times) * 1e3 / args.tokens, out
+
+    eager_ms, want = run(forward)
+    print(f"eager: {eager_ms:.2f} ms per token", flush=True)
+    for backend in args.backends.split(","):
+        if backend == "kiln":
+            import kiln  # noqa: F401  (registers the backend)
+        torch._dynamo.reset()
+        ms, got = run(torch.compile(forward, backend=backend))
+        print(f"{backend}: {ms:.2f} ms per token ({eager_ms / ms:.2f}x eager), same tokens: {torch.equal(got, want)}",
+              flush=True)
+    model.forward = forward
+
+
+if __name__ == "__main__":
+    main()
