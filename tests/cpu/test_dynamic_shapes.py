@@ -296,3 +296,17 @@ def test_an_int_argument_and_a_size_output():
         assert got[1] == want[1]
         torch.testing.assert_close(got[2], want[2])
     _one_symbolic_report(position)
+
+
+def test_sdpa_over_key_and_value_caches_of_their_own_symbols_is_kiln_attention():
+    """A decoding step's key and value caches get symbols of their own (Dynamo does not unify them): kiln's
+    attention still takes the step (its op checks the shapes of each call), and matches eager."""
+    def step(q, k, v, k_new, v_new):
+        return F.scaled_dot_product_attention(q, torch.cat([k, k_new], 2), torch.cat([v, v_new], 2), scale=0.25)
+    compiled = _compiled(step, dynamic=True)
+    position = mark()
+    for past in (5, 9, 30):
+        q, k_new, v_new = (torch.randn(1, 4, 1, 16) for _ in range(3))
+        _check(step, compiled, q, torch.randn(1, 4, past, 16), torch.randn(1, 4, past, 16), k_new, v_new)
+    report = _one_symbolic_report(position)
+    assert "attention" in report.externs, report.externs

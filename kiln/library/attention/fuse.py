@@ -265,7 +265,8 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
     b, h, t, d = q.shape
     s = k.shape[2]
     causal = bool(named.get("is_causal", False))
-    if tuple(k.shape) != (b, h, s, d) or tuple(v.shape) != (b, h, s, d) or (causal and s != t) or s == 0:
+    if not _may_match(k.shape, (b, h, s, d)) or not _may_match(v.shape, (b, h, s, d)) or (causal and s != t) \
+            or s == 0:
         return None
     if mask is not None and not (isinstance(mask, Node) and mask.dtype == torch.float32 and len(mask.shape) <= 4
                                  and _broadcasts(mask.shape, (b, h, t, s))):
@@ -281,6 +282,13 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
         log.hit("flash attention -> kiln attention" + (" (masked)" if mask is not None else ""))
     return build_extern(bld, torch.ops.kiln.attention.default, [q, k, v, mask, scale, causal, True], {},
                         node.shape, node.dtype)
+
+
+def _may_match(shape: tuple[Any, ...], want: tuple[Any, ...]) -> bool:
+    """Equal sizes, dimension by dimension - or two different symbols, which only a call can compare: Dynamo gives
+    a decoding step's key and value caches symbols of their own (``s87 + 1``, ``s94 + 1``); kiln's op checks the
+    shapes of every call and raises as ATen's does where they differ."""
+    return len(shape) == len(want) and all(a == b or (is_symbolic(a) and is_symbolic(b)) for a, b in zip(shape, want))
 
 
 def _broadcasts(shape: tuple[int, ...], to: tuple[int, ...]) -> bool:
