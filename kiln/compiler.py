@@ -158,8 +158,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
                                 _example_inputs(graph, examples), choices)
     finally:
         choices.close()
-    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names,
-                   _alias_fixes(fx_gm, graph, getattr(module, "call_sizes", None)))
+    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
 
 
 def _example_inputs(graph: Any, examples: Sequence[Any] | None) -> Callable[[], list[torch.Tensor]] | None:
@@ -281,34 +280,23 @@ def _aliased_placeholder(fx_out: Any, placeholders: list[Any]) -> Any:
 def _view_geometry(fx_out: Any, root: Any) -> tuple | None:
     """(sizes, strides, storage offset) of an FX output as size expressions over the graph's symbols, relative to
     its input's (which must be the input's own: contiguous strides of its sizes, offset 0 - else None)."""
-    from kiln.ir.sym import UnsupportedSize, from_sympy, symbols_of_shape_env
+    from kiln.frontend.lowering_base import Unsupported, sym_size
+    from kiln.ir.ops import contiguous_strides
     val, base = fx_out.meta.get("val"), root.meta.get("val")
-    shape_env = next((s.node.shape_env for s in (*val.shape, *base.shape) if isinstance(s, torch.SymInt)), None)
-    if shape_env is None:
-        return None
-    symbols = symbols_of_shape_env(shape_env)
-
-    def size(x: Any) -> Any:
-        return from_sympy(x.node.expr, symbols) if isinstance(x, torch.SymInt) else int(x)
     try:
-        base_sizes = [size(x) for x in base.shape]
-        base_strides = [size(x) for x in base.stride()]
-        expected, running = [], 1
-        for d in reversed(base_sizes):
-            expected.append(running)
-            running = running * d
-        if base_strides != expected[::-1] or size(base.storage_offset()) != 0:
+        base_sizes = tuple(sym_size(x) for x in base.shape)
+        if [sym_size(x) for x in base.stride()] != list(contiguous_strides(base_sizes)) \
+                or sym_size(base.storage_offset()) != 0:
             return None  # (an input traced with strides of its own: not rebuilt here)
-        return ([size(x) for x in val.shape], [size(x) for x in val.stride()], size(val.storage_offset()))
-    except (UnsupportedSize, TypeError):
+        return ([sym_size(x) for x in val.shape], [sym_size(x) for x in val.stride()], sym_size(val.storage_offset()))
+    except (Unsupported, TypeError):
         return None
 
 
 def _as_view(t: torch.Tensor, geometry: tuple, sizes: dict[str, int]) -> torch.Tensor:
-    """The view ``geometry`` describes of a contiguous-traced input ``t``, mapped onto ``t``'s actual strides."""
+    """The view ``geometry`` describes of an input ``t`` that was traced contiguous, at the call's ``sizes``."""
     from kiln.ir.sym import concrete
-    shape, strides, offset = (concrete(list(g), sizes) if isinstance(g, list) else concrete(g, sizes)
-                              for g in geometry)
+    shape, strides, offset = (concrete(g, sizes) for g in geometry)
     if t.is_contiguous():
         return t.as_strided(shape, strides, t.storage_offset() + offset)
     # (the call's input is strided: address through a contiguous view of it is impossible; take the view of a

@@ -63,7 +63,7 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
     if r.dynamic:
         sizes = "; ".join(", ".join(f"{k}={v}" for k, v in env.items()) for env in r.dynamic["sizes"][-8:])
         out.append(f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "
-                   f"one build, a memory plan per size: {len(r.dynamic['sizes'])} planned"
+                   f"one build, a memory plan per size: {r.dynamic.get('planned', len(r.dynamic['sizes']))} planned"
                    + (f": {sizes}" if sizes else ""))
     for line in r.tune_skipped:
         out.append(f"--- tuning skipped {line}")

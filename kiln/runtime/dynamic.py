@@ -27,7 +27,7 @@ class SymbolicGraph:
 
     device = torch.device("cpu")
 
-    def __init__(self, graph: Graph, kernels: list[Any], report: CompileReport,
+    def __init__(self, graph: Graph, report: CompileReport,
                  specialize: Callable[[dict[str, int]], tuple[Graph, Any]], size_names: list[str],
                  capacity: int = 64, int_sizes: Sequence[str] = ()):
         """``specialize(env) -> (concrete graph, Program)``; ``size_names``: the size table's symbols in slot order
@@ -43,18 +43,6 @@ class SymbolicGraph:
         self.position = {n: i for i, n in enumerate(graph.nodes)}
         self.modules: collections.OrderedDict[tuple[int, ...], CompiledGraph] = collections.OrderedDict()
         self.sizes_seen = 0
-        # where each symbol is read: the first input dimension that is the symbol alone
-        self._readers: list[tuple[str, int, int]] = []
-        found: set[str] = set()
-        for k, n in enumerate(graph.inputs):
-            for d, s in enumerate(n.shape):
-                symbol = as_symbol(s)
-                if symbol is not None and symbol.name not in found:
-                    found.add(symbol.name)
-                    self._readers.append((symbol.name, k, d))
-        missing = set(size_names) - found - set(self.int_sizes)
-        if missing:
-            raise ValueError(f"size symbols {sorted(missing)} are no input's dimension (an int argument alone)")
         # per input: (position, node, rank, static dims, dims that are one symbol, other dims' expressions)
         self._checks = []
         for k, n in enumerate(graph.inputs):
@@ -63,8 +51,19 @@ class SymbolicGraph:
                        if not isinstance(s, int) and as_symbol(s) is not None]
             exprs = [(d, s) for d, s in enumerate(n.shape) if not isinstance(s, int) and as_symbol(s) is None]
             self._checks.append((k, n, len(n.shape), static, symbols, exprs))
+        # where each symbol is read: the first input dimension that is the symbol alone
+        self._readers: list[tuple[str, int, int]] = []
+        found: set[str] = set()
+        for k, _, _, _, symbols, _ in self._checks:
+            for d, name in symbols:
+                if name not in found:
+                    found.add(name)
+                    self._readers.append((name, k, d))
+        missing = set(size_names) - found - set(self.int_sizes)
+        if missing:
+            raise ValueError(f"size symbols {sorted(missing)} are no input's dimension (an int argument alone)")
         self._table = (ctypes.c_int64 * max(len(size_names), 1))()
-        report.dynamic = {"symbols": list(size_names), "sizes": []}
+        report.dynamic = {"symbols": list(size_names), "sizes": [], "planned": 0}
         self._first = True
         self._env: dict[str, int] = {}
         self._code: dict[str, Any] = {}  # the one translation unit every size's module runs, once loaded
@@ -106,7 +105,10 @@ class SymbolicGraph:
         module = CompiledGraph(graph, program, report, size_slot=self.size_slot, position=self.position,
                                shared_code=self._code)
         self.sizes_seen += 1
-        self.report.dynamic["sizes"].append(dict(env))
+        seen = self.report.dynamic
+        seen["planned"] += 1
+        seen["sizes"].append(dict(env))
+        del seen["sizes"][:-self.capacity]  # (the most recent ones: a server sees new sizes for as long as it runs)
         self.modules[key] = module
         if len(self.modules) > self.capacity:
             self.modules.popitem(last=False)

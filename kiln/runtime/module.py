@@ -139,7 +139,6 @@ class CompiledGraph:
         plan = program.plan
         report.memory = dict(program.memory)
         self.static: dict[Node, torch.Tensor] = {}
-        self._originals: dict[Node, torch.Tensor] = {}  # this call's non-contiguous inputs, before their copy
         self.planned = program.planned
         self.alloc_before = program.alloc_before
         if program.arena:
@@ -298,13 +297,11 @@ class CompiledGraph:
         env: dict[Node, torch.Tensor] = dict(self.static)
         ptrs = self.ptrs
         write_back: list[tuple[torch.Tensor, torch.Tensor]] = []
-        self._originals.clear()
         for k, slot, n in self.input_slots:
             t = inputs[k]
             if t.dtype != n.dtype or tuple(t.shape) != n.shape or t.device.type != self.device.type:
                 raise InputMismatch(k, n.dtype, n.shape, self.device.type, t)
             if not t.is_contiguous():
-                self._originals[n] = t
                 if n in self.mutated_inputs:
                     write_back.append((inputs[k], t.contiguous()))
                     t = write_back[-1][1]
@@ -409,7 +406,7 @@ class CompiledGraph:
         op = fast_callable(target)
         write = fast_callable(target, out=True) if n in self.planned else None  # (only planned ones have .out)
         dense = n.attr("dense_inputs")  # [Note: externs get the layouts they were traced with]
-        dense = [k for k, d in enumerate(dense) if d] if dense is not None else None
+        dense = frozenset(k for k, d in enumerate(dense) if d) if dense is not None else None
 
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
             if dense:
@@ -439,18 +436,9 @@ class CompiledGraph:
             return env[n].clone()
         if n in self.plan.strides_of:  # a library's channels-last result: the caller gets eager's layout
             return env[n].contiguous()
-        base, chain = n, []
+        base = n
         while base.op in VIEW and base not in env:
-            chain.append(base)
             base = base.inputs[0]
-        original = self._originals.get(base)
-        if original is not None and chain:
-            # a view of an input the call copied (it was not contiguous): the caller gets the view of its own
-            # tensor, as eager does - AOTAutograd may rebuild such an output from the input with this result's
-            # strides (with dynamic shapes it does: a view of the copy read the wrong elements, fuzz seed 156)
-            for v in reversed(chain):
-                original = self.view_fn(v)(original)
-            return original
         if base is not n and base in self.plan.strides_of:
             # a view of such a result (flatten, permute, slice): eager's strides are the view's of a contiguous
             # base, so the view is taken of a contiguous copy

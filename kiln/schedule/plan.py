@@ -141,7 +141,7 @@ def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None,
     for k in plan.kernels:
         symbols |= k.symbols()
     report.kernels = plan.kernels
-    module = SymbolicGraph(graph, plan.kernels, report, Specializer(graph, plan),
+    module = SymbolicGraph(graph, report, Specializer(graph, plan),
                            sorted(s.name for s in symbols), int_sizes=int_sizes)
     report.dynamic["ranges"] = ", ".join(
         f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]" for s in sorted(symbols, key=lambda s: s.name))

@@ -9,8 +9,8 @@ graph (~1 ms for a transformer layer).  The runtime keeps one Program per size s
 least recently used dropped).  Reuse and in-place decisions are the static planner's on the evaluated sizes;
 the kernels are shared, unchanged::
 
-    symbolic graph + plan (kernels over s0)  --concrete_program(env={s0: 37})-->  Program (arena 37-sized)
-                                              --concrete_program(env={s0: 90})-->  Program (arena 90-sized)
+    symbolic graph + plan (kernels over s0)  --Specializer(env={s0: 37})-->  Program (arena 37-sized)
+                                              --Specializer(env={s0: 90})-->  Program (arena 90-sized)
 
 Library calls from the generated code (``runtime/native.py``) bake their sizes into the C++ source, which must
 stay the same for every size: a symbolic graph's library ops are called through Python (``native_calls`` off).
@@ -64,20 +64,18 @@ def static_nodes(graph: Graph) -> set[Node]:
     return found
 
 
-def concrete_graph(graph: Graph, env: dict[str, int], static: set[Node] | None = None,
-                   sized_attrs: set[Node] | None = None) -> tuple[Graph, dict[Node, Node]]:
+def concrete_graph(graph: Graph, env: dict[str, int], static: set[Node],
+                   sized_attrs: set[Node]) -> tuple[Graph, dict[Node, Node]]:
     """A copy of ``graph`` with every shape and attribute evaluated at ``env``, and the map old node -> new;
     ``static`` (``static_nodes(graph)``): nodes kept as they are; ``sized_attrs``: the nodes whose attributes
-    hold a size (else every node's are searched)."""
-    static = static if static is not None else set()
+    hold a size."""
     node_map: dict[Node, Node] = {}
     nodes = []
     for n in graph.nodes:
         if n in static:
             new = n
         else:
-            sized = n in sized_attrs if sized_attrs is not None else _holds_size(n.attrs)
-            attrs = _concrete(n.attrs, env, node_map) if sized else dict(n.attrs)
+            attrs = _concrete(n.attrs, env, node_map) if n in sized_attrs else dict(n.attrs)
             new = Node(n.op, tuple(node_map[i] for i in n.inputs), attrs,
                        tuple(evaluate(s, env) if is_symbolic(s) else s for s in n.shape), n.dtype)
         node_map[n] = new
@@ -101,18 +99,9 @@ def concrete_plan(plan: Plan, node_map: dict[Node, Node], env: dict[str, int]) -
                 {node_map[n] for n in plan.cl_convs}, {node_map[n] for n in plan.bmm_relayout})
 
 
-def concrete_program(graph: Graph, plan: Plan, env: dict[str, int], static: set[Node] | None = None,
-                     sized_attrs: set[Node] | None = None) -> tuple[Graph, Program]:
-    """The concrete graph and its Program for the sizes ``env`` ([Note: a Program per size])."""
-    graph_c, node_map = concrete_graph(graph, env, static, sized_attrs)
-    plan_c = concrete_plan(plan, node_map, env)
-    with config.scope(native_calls=False):
-        return graph_c, build_program(graph_c, plan_c, arena=True)
-
-
 class Specializer:
-    """``concrete_program`` of one symbolic graph and plan, with what does not depend on the sizes found once:
-    ``specializer(env) -> (graph, Program)``."""
+    """The concrete graph and its Program for the sizes ``env`` ([Note: a Program per size]) of one symbolic graph
+    and plan, with what does not depend on the sizes found once: ``specializer(env) -> (graph, Program)``."""
 
     def __init__(self, graph: Graph, plan: Plan):
         self.graph, self.plan = graph, plan
@@ -122,4 +111,7 @@ class Specializer:
             k.freeze_buffers()
 
     def __call__(self, env: dict[str, int]) -> tuple[Graph, Program]:
-        return concrete_program(self.graph, self.plan, env, self.static, self.sized_attrs)
+        graph, node_map = concrete_graph(self.graph, env, self.static, self.sized_attrs)
+        plan = concrete_plan(self.plan, node_map, env)
+        with config.scope(native_calls=False):
+            return graph, build_program(graph, plan, arena=True)
