@@ -50,6 +50,34 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     return torch.compile(namespace["call"], backend=name, **kwargs)
 
 
+def first_pass(name: str, make: Callable[[], Callable[..., Any]], order: list[int], inputs: dict[int, Any],
+               reference: dict[int, torch.Tensor], device: str) -> dict[str, Any]:
+    """Backend ``name``'s first pass: ``make()`` its callable, call it on ``inputs[k]`` for each ``k`` of ``order``
+    (compiles included).  Returns the callable (``fn``), the seconds, Dynamo's graph count, kiln's graphs run
+    eagerly and symbolic (its reports; kiln backends only), the largest absolute and relative differences from
+    ``reference``."""
+    from torch._dynamo.utils import counters
+    from kiln.report import mark, reports_since
+    position = mark()
+    before = counters["stats"]["unique_graphs"]
+    fn = make()
+    err = rel = 0.0
+    _sync(device)
+    start = time.perf_counter()
+    for k in order:
+        out = fn(inputs[k])
+        _sync(device)
+        diff = (out.float() - reference[k]).abs().max().item()
+        err, rel = max(err, diff), max(rel, diff / reference[k].abs().max().item())
+    seconds = time.perf_counter() - start
+    reports = reports_since(position) if name.startswith("kiln") else []
+    return {"fn": fn, "first_pass_s": seconds, "graphs": counters["stats"]["unique_graphs"] - before,
+            "eager_graphs": sum(r.fallback is not None for r in reports),
+            "symbolic_graphs": sum(r.dynamic is not None for r in reports),
+            "ranges": [r.dynamic.get("ranges") for r in reports if r.dynamic],
+            "max_abs_err": err, "max_rel_err": rel}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default="cpu")
@@ -77,30 +105,15 @@ def main() -> None:
     model, _ = gpt(seq=lengths[0], device=args.device, dtype=dtype)
     gen = torch.Generator().manual_seed(0)
     inputs = {T: torch.randint(0, 8192, (1, T), generator=gen).to(args.device) for T in lengths}
-    from torch._dynamo.utils import counters
-    from kiln.report import mark, reports_since
-
     results: dict[str, dict[str, Any]] = {}
     calls: dict[str, Callable[..., Any]] = {}
     with torch.inference_mode():
         reference = {T: model(x).float() for T, x in inputs.items()}
         for b in backends:
-            position = mark()
-            before = counters["stats"]["unique_graphs"]
-            fn = calls[b] = _make(b, model)
-            err = 0.0
-            _sync(args.device)
-            start = time.perf_counter()
-            for T in lengths:
-                out = fn(inputs[T])
-                _sync(args.device)
-                err = max(err, (out.float() - reference[T]).abs().max().item())
-            first = time.perf_counter() - start
-            reports = reports_since(position) if b.startswith("kiln") else []
-            results[b] = {"first_pass_s": first, "graphs": counters["stats"]["unique_graphs"] - before,
-                          "eager_graphs": sum(r.fallback is not None for r in reports),
-                          "symbolic_graphs": sum(r.dynamic is not None for r in reports),
-                          "max_abs_err": err, "per_length_ms": {}}
+            results[b] = first_pass(b, lambda b=b: _make(b, model), lengths, inputs, reference, args.device)
+            calls[b] = results[b].pop("fn")
+            results[b]["per_length_ms"] = {}
+            first, err = results[b]["first_pass_s"], results[b]["max_abs_err"]
             print(f"{b}: first pass {first:.2f} s, {results[b]['graphs']} graph(s)"
                   + (f", {results[b]['eager_graphs']} run eagerly by kiln" if b.startswith("kiln") else "")
                   + f", max |diff| from eager {err:.2e}", flush=True)

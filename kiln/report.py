@@ -49,6 +49,12 @@ class CompileReport:
         return format_report(self, source=source)
 
 
+def _builds(n: int) -> str:
+    """How many builds a symbolic graph's sizes took ([Note: native calls at any size]: more than one where a
+    library call's arguments took another form at some size)."""
+    return "one build" if n <= 1 else f"{n} builds (library calls bound differently at some sizes)"
+
+
 def format_report(r: CompileReport, *, source: bool = True) -> str:
     """The report as ``kiln.explain`` prints it."""
     from kiln.ir.graph import format_graph
@@ -63,8 +69,8 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
     if r.dynamic:
         sizes = "; ".join(", ".join(f"{k}={v}" for k, v in env.items()) for env in r.dynamic["sizes"][-8:])
         out.append(f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "
-                   f"one build, a memory plan per size: {r.dynamic.get('planned', len(r.dynamic['sizes']))} planned"
-                   + (f": {sizes}" if sizes else ""))
+                   f"{_builds(r.dynamic.get('builds', 1))}, a memory plan per size: "
+                   f"{r.dynamic.get('planned', len(r.dynamic['sizes']))} planned" + (f": {sizes}" if sizes else ""))
     for line in r.tune_skipped:
         out.append(f"--- tuning skipped {line}")
     if r.captured is not None:

@@ -112,7 +112,7 @@ class KernelWriter:
         if tiles is not None:
             write_tiled(self.k, tiles, self.lines, self.s.parallel_min_work)
             return
-        split = None if self.symbolic else split_plan(self.k)
+        split = split_plan(self.k)
         if split is not None and not (len(self.k.outer) == 1 and self.k.outer[0] > self.s.chunk):
             indent = self._outer_loops_but_last()
             write_split(self.k, *split, self.lines, indent)
@@ -335,19 +335,27 @@ def translation_unit(kernels: list[Kernel], segments: list[list[Any]], slot_of: 
     kernels])."""
     from kiln.codegen.cpp_prelude import PRELUDE
     parts = [PRELUDE, HELPERS]
-    if size_slot:
-        parts.append(f"static int64_t kiln_sizes[{len(size_slot)}];\n"
-                     f'extern "C" void kiln_set_sizes(const int64_t* s) {{ '
-                     f"for (int i = 0; i < {len(size_slot)}; ++i) kiln_sizes[i] = s[i]; }}")
+    natives = native_calls(segments)
+    if size_slot is not None:
+        # a symbolic graph: the sizes, then the native calls' arguments ([Note: native calls at any size]), from
+        # the table of the call's size, which the runtime points to before each call
+        parts.append("static const int64_t* kiln_sizes;\n"
+                     'extern "C" void kiln_set_sizes(const int64_t* s) { kiln_sizes = s; }')
+        base, table_base = len(size_slot), {}
+        for e in natives:
+            table_base[id(e)] = base
+            base += len(e.table_values())
     for k in kernels:
         parts.append(KernelWriter(k, slot_of, dtype_of, outputs, position, size_slot).write())
     # library calls made between the kernels (runtime/native.py): their addresses are set at load time
-    natives = native_calls(segments)
     parts.append(f"static void* kiln_native_fn[{max(len(natives), 1)}];\n"
                  'extern "C" void kiln_set_native(int i, void* f) { kiln_native_fn[i] = f; }')
     index = {id(e): i for i, e in enumerate(natives)}
+
+    def native(e: Any) -> str:
+        return e.statement(index[id(e)]) if size_slot is None else e.table_statement(table_base[id(e)])
     for i, entries in enumerate(segments):
-        calls = [f"  {e}(b);" if isinstance(e, str) else e.statement(index[id(e)]) for e in entries]
+        calls = [f"  {e}(b);" if isinstance(e, str) else native(e) for e in entries]
         parts.append(f'extern "C" void kiln_segment_{i}(void** b) {{\n' + "\n".join(calls) + "\n}")
         # its twin for kiln.profile (runtime/profiling.py): the time after each entry, t[0] the start
         timed = [f"{c}\n  t[{k + 1}] = omp_get_wtime();" for k, c in enumerate(calls)]

@@ -23,6 +23,10 @@ def split_plan(k: Kernel) -> tuple[list[Segment], list[KOp]] | None:
     conds = conditions([s.value for p in k.phases for s in p.stores])
     if not conds:
         return None
+    # (with symbolic sizes: split where the innermost loop and every condition are static - a symbolic batch
+    # over pooling windows; the segments' bounds are integers)
+    if not isinstance(k.outer[-1], int) or any(c.args[0].index.is_symbolic() for c in conds):
+        return None
     v = Var(f"i{len(k.outer) - 1}", k.outer[-1])
     segs = inner_segments(conds, v)
     outer_only = [c for c in conds if c.args[0].index.coefficient(v) == 0]

@@ -21,9 +21,10 @@ import torch
 from kiln.frontend.aten import out_dtype, out_shape, register
 from kiln.frontend.aten_movement import slice_node
 from kiln.ir.extern import build_extern
-from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_val
+from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_shape, meta_val
 from kiln.ir.graph import ConstRef, Node
 from kiln.ir.ops import Op
+from kiln.ir.sym import Size, is_symbolic
 
 aten = torch.ops.aten
 MAX_WINDOW = 64  # larger windows (rare) stay with ATen: the unrolled kernel would grow too long
@@ -39,25 +40,34 @@ def _pair(v: Any, default: Sequence[int] | None = None) -> tuple[int, int]:
     return (int(v[0]), int(v[0])) if len(v) == 1 else (int(v[0]), int(v[1]))
 
 
-def _windows(L: Lowerer, x: Node, out_hw: tuple[int, int], kernel: tuple[int, int], stride: tuple[int, int],
-             padding: tuple[int, int], dilation: tuple[int, int], fill: float) -> list[Node]:
+def _windows(L: Lowerer, x: Node, out_hw: tuple[Size, Size], kernel: tuple[int, int], stride: tuple[int, int],
+             padding: tuple[int, int], dilation: tuple[int, int], fill: float, ceil_mode: bool = False) -> list[Node]:
     """One node per window offset: the input values that offset contributes to each output position."""
     nd = len(x.shape)
     pads = [(0, 0)] * nd
     for j, d in enumerate((nd - 2, nd - 1)):
         reach = (out_hw[j] - 1) * stride[j] + (kernel[j] - 1) * dilation[j] + 1  # padded extent the windows touch
-        pads[d] = (padding[j], max(reach - x.shape[d] - padding[j], 0))
+        after = reach - x.shape[d] - padding[j]
+        if is_symbolic(after):
+            # A symbolic height or width: the padding after the input depends on its remainder modulo the stride
+            # (3x3 stride 2 with one pixel: 1 for odd, 0 for even sizes).  ``out`` is at most
+            # (size + 2p - d(k-1) - 1) // s + 1, rounded up in ceil mode, so ``after`` is at most p (+ s - 1):
+            # padding that much always covers the windows, and what they do not touch is never read.
+            after = padding[j] + (stride[j] - 1 if ceil_mode else 0)
+        pads[d] = (padding[j], max(after, 0))
     padded = x
     if any(p != (0, 0) for p in pads):
         shape = tuple(s + b + a for s, (b, a) in zip(x.shape, pads))
         padded = L.b.add(Op.PAD, (x,), shape=shape, pads=tuple(pads), value=fill)
     out = []
     for kh in range(kernel[0]):
+        # (``traced``: each window's slice has the output's length; with symbolic sizes the symbols' ranges
+        # alone cannot show that ``reach`` stays inside the padded input, the arithmetic above does)
         rows = slice_node(L, padded, nd - 2, kh * dilation[0], kh * dilation[0] + (out_hw[0] - 1) * stride[0] + 1,
-                          stride[0])
+                          stride[0], out_hw[0])
         for kw in range(kernel[1]):
             out.append(slice_node(L, rows, nd - 1, kw * dilation[1],
-                                  kw * dilation[1] + (out_hw[1] - 1) * stride[1] + 1, stride[1]))
+                                  kw * dilation[1] + (out_hw[1] - 1) * stride[1] + 1, stride[1], out_hw[1]))
     return out
 
 
@@ -85,11 +95,12 @@ def _max_pool2d_with_indices(L: Lowerer, n: Any, x: Node, kernel_size: Any, stri
     dtype = val[0].dtype
     kernel = _pair(kernel_size)
     _check(x, dtype, kernel)
-    out_hw = tuple(val[0].shape[-2:])
-    parts = _windows(L, x, out_hw, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation), float("-inf"))
+    out_hw = meta_shape(val[0])[-2:]
+    parts = _windows(L, x, out_hw, kernel, _pair(stride, kernel), _pair(padding), _pair(dilation), float("-inf"),
+                     ceil_mode)
     values = _tree(L, Op.MAXIMUM, parts)
     args = (x, kernel_size, stride, padding, dilation, ceil_mode)
-    indices = build_extern(L.b, n.target, args, {}, val[1].shape, val[1].dtype, 1)
+    indices = build_extern(L.b, n.target, args, {}, meta_shape(val[1]), val[1].dtype, 1)
     return values, indices
 
 
@@ -100,7 +111,7 @@ def _max_pool2d(L: Lowerer, n: Any, x: Node, kernel_size: Any, stride: Any = (),
     kernel = _pair(kernel_size)
     _check(x, dtype, kernel)
     parts = _windows(L, x, tuple(out_shape(n)[-2:]), kernel, _pair(stride, kernel), _pair(padding), _pair(dilation),
-                     float("-inf"))
+                     float("-inf"), ceil_mode)
     return _tree(L, Op.MAXIMUM, parts)
 
 
@@ -131,9 +142,16 @@ def _avg_pool2d(L: Lowerer, n: Any, x: Node, kernel_size: Any, stride: Any = (),
     _check(x, dtype, kernel)
     stride_hw, pad_hw = _pair(stride, kernel), _pair(padding)
     out_hw = tuple(out_shape(n)[-2:])
-    total = _tree(L, Op.ADD, _windows(L, x, out_hw, kernel, stride_hw, pad_hw, (1, 1), 0.0))
+    symbolic = any(is_symbolic(d) for d in (*x.shape[-2:], *out_hw))
+    # (a symbolic height or width: the divisor is one number where every window lies inside the padded input and
+    # counts all of it - floor mode, the padding counted or none; else it varies per position and size)
+    if symbolic and not divisor_override and (ceil_mode or not (count_include_pad or pad_hw == (0, 0))):
+        raise Unsupported("average pooling of a symbolic size with windows clipped at the border")
+    total = _tree(L, Op.ADD, _windows(L, x, out_hw, kernel, stride_hw, pad_hw, (1, 1), 0.0, ceil_mode))
     if divisor_override:
         return L.binary(Op.DIV, total, int(divisor_override), dtype)
+    if symbolic:
+        return L.binary(Op.DIV, total, kernel[0] * kernel[1], dtype)
     div = _avg_divisor(tuple(x.shape[-2:]), out_hw, kernel, stride_hw, pad_hw, count_include_pad)
     if bool((div == div.flatten()[0]).all()):
         return L.binary(Op.DIV, total, int(div.flatten()[0]), dtype)

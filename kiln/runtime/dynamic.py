@@ -10,11 +10,11 @@ build cache answers after the first), so a new size costs planning, not compilin
 from __future__ import annotations
 
 import collections
-import ctypes
 from typing import Any, Callable, Sequence
 
 import torch
 
+from kiln.codegen.cpp import native_calls
 from kiln.ir.graph import Graph
 from kiln.ir.sym import as_symbol, evaluate
 from kiln.report import CompileReport
@@ -62,11 +62,11 @@ class SymbolicGraph:
         missing = set(size_names) - found - set(self.int_sizes)
         if missing:
             raise ValueError(f"size symbols {sorted(missing)} are no input's dimension (an int argument alone)")
-        self._table = (ctypes.c_int64 * max(len(size_names), 1))()
-        report.dynamic = {"symbols": list(size_names), "sizes": [], "planned": 0}
+        report.dynamic = {"symbols": list(size_names), "sizes": [], "planned": 0, "builds": 0}
         self._first = True
         self._env: dict[str, int] = {}
-        self._code: dict[str, Any] = {}  # the one translation unit every size's module runs, once loaded
+        # the translation unit of every size's module, once loaded, by what its source depends on
+        self._code: dict[tuple, dict[str, Any]] = {}
 
     def _bind(self, inputs: Sequence[Any]) -> dict[str, int]:
         """The call's sizes: from the int inputs, then from the input dimensions that are one symbol; every
@@ -102,8 +102,17 @@ class SymbolicGraph:
         # the first size's module fills the compile's report; later ones a report of their own
         report = self.report if self._first else CompileReport(name=self.report.name, mode=self.report.mode)
         self._first = False
+        natives = native_calls(program.segments)
+        # (the source depends on the segments' entries and the native calls' signatures alone: sizes with the
+        # same share one build, [Note: native calls at any size])
+        signature = tuple(tuple(e if isinstance(e, str) else e.signature() for e in entries)
+                          for entries in program.segments)
+        if signature not in self._code:
+            self._code[signature] = {}
+            self.report.dynamic["builds"] = len(self._code)
+        table = [env[name] for name in self.size_names] + [v for call in natives for v in call.table_values()]
         module = CompiledGraph(graph, program, report, size_slot=self.size_slot, position=self.position,
-                               shared_code=self._code)
+                               shared_code=self._code[signature], size_table=table)
         self.sizes_seen += 1
         seen = self.report.dynamic
         seen["planned"] += 1
@@ -124,9 +133,4 @@ class SymbolicGraph:
         module = self.module_for(env)
         if self.int_sizes:
             inputs = inputs[:len(self.graph.inputs)]
-        if self.size_names:  # (the kernels read them; a graph of library calls alone has no table)
-            table = self._table
-            for k, name in enumerate(self.size_names):
-                table[k] = env[name]
-            module.lib.kiln_set_sizes(table)
-        return module(inputs)
+        return module(inputs)  # (which points the library to its size table)

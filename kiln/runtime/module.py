@@ -45,14 +45,18 @@ class CompiledGraph:
     # (memory: with an arena or per-call allocations, see [Note: arena or allocator] in schedule/program.py)
 
     def __init__(self, graph: Graph, program: Any, report: CompileReport, size_slot: dict[str, int] | None = None,
-                 position: dict[Node, int] | None = None, shared_code: dict[str, Any] | None = None):
+                 position: dict[Node, int] | None = None, shared_code: dict[str, Any] | None = None,
+                 size_table: Sequence[int] = ()):
         """``program``: a ``schedule.program.Program`` - every step, slot and buffer decided.  ``size_slot``: the
-        size table's slots of a symbolic graph's kernels ([Note: symbolic kernels]; the caller sets the sizes
-        before each call: ``runtime/dynamic.py``); ``position``: graph positions of the kernels' nodes (named in
-        the source's comments), when they are not ``graph``'s own; ``shared_code``: the loaded code of another
-        module with the same source (a symbolic graph's modules per size share it: written and loaded once)."""
+        size table's slots of a symbolic graph's kernels ([Note: symbolic kernels]), ``size_table`` the table
+        of this module's sizes (the sizes in their slots, then the native calls' arguments: [Note: native calls at
+        any size]; runtime/dynamic.py); ``position``: graph positions of the kernels' nodes (named in the source's
+        comments), when they are not ``graph``'s own; ``shared_code``: the loaded code of another module with the
+        same source (a symbolic graph's modules per size share it: written and loaded once)."""
         plan = program.plan
         self.size_slot = size_slot
+        self._size_table = (ctypes.c_int64 * max(len(size_table), 1))(*size_table)
+        self._size_table_addr = ctypes.addressof(self._size_table)
         self._position = position
         self._shared_code = shared_code
         self.graph = graph
@@ -115,14 +119,19 @@ class CompiledGraph:
             entry.argtypes = [ctypes.c_void_p, ctypes.c_int]
             entry.restype = None
             self._entry_fns.append(entry)
-        natives = native_calls(segments)
-        self.lib.kiln_set_native.argtypes = [ctypes.c_int, ctypes.c_void_p]
-        for i, call in enumerate(natives):
-            self.lib.kiln_set_native(i, call.function)
+        if self.size_slot is None:  # (a symbolic graph's calls read their functions from its size table)
+            natives = native_calls(segments)
+            self.lib.kiln_set_native.argtypes = [ctypes.c_int, ctypes.c_void_p]
+            for i, call in enumerate(natives):
+                self.lib.kiln_set_native(i, call.function)
+        else:
+            self.lib.kiln_set_sizes.argtypes = [ctypes.c_void_p]
         self.lib.kiln_set_threads.argtypes = [ctypes.c_int]
         self._threads = -1
 
     def _before_run(self) -> None:
+        if self.size_slot is not None:  # (the modules of a symbolic graph's sizes share one library)
+            self.lib.kiln_set_sizes(self._size_table_addr)
         threads = torch.get_num_threads()
         if threads != self._threads:
             self.lib.kiln_set_threads(threads)

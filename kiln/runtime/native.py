@@ -28,11 +28,12 @@ import ctypes
 import dataclasses
 import functools
 import math
+import struct
 from typing import Any, Callable
 
 import torch
 
-from kiln.ir.extern import Baked, extern_args
+from kiln.ir.extern import Baked, extern_args, short_name
 from kiln.ir.graph import Node
 from kiln.ir.ops import contiguous_strides
 
@@ -49,18 +50,86 @@ class Ref:
     value: Any
 
 
+@dataclasses.dataclass(frozen=True)
+class Pointer:
+    """A tensor argument's place for the generated code: entry ``slot`` of the graph's pointer table, ``offset``
+    elements of ``ctype`` in (a view at an offset: q, k and v of one product)."""
+    slot: int
+    offset: int = 0
+    ctype: str = "float"
+
+
+NULL = None  # a ``Ref(None)`` argument: nullptr
+
+
 @dataclasses.dataclass
 class NativeCall:
-    """One library call made from the generated code.  ``args``: (C type, C expression) pairs."""
+    """One library call made from the generated code.  ``args``: (C type, value) pairs, each value an int, a
+    float, a ``Pointer``, ``NULL`` or ``THREADS``."""
     node: Node
     function: int                      # the C function's address (set in the library at load time)
-    args: list[tuple[str, str]]
+    args: list[tuple[str, Any]]
     label: str
 
+    def _types(self) -> str:
+        return ", ".join(t for t, _ in self.args)
+
     def statement(self, index: int) -> str:
-        types = ", ".join(t for t, _ in self.args)
-        values = ", ".join(f"({t}){v}" for t, v in self.args)
-        return f"  /* {self.label} */ ((void (*)({types}))kiln_native_fn[{index}])({values});"
+        """The call with its values in the source (a static graph): the function from ``kiln_native_fn[index]``."""
+        values = ", ".join(f"({t}){_literal(t, v)}" for t, v in self.args)
+        return f"  /* {self.label} */ ((void (*)({self._types()}))kiln_native_fn[{index}])({values});"
+
+    # [Note: native calls at any size] A symbolic graph's translation unit serves every size, so a call's sizes,
+    # strides, schedule, offsets and even its function (a GEMM variant per row count) cannot be in its source:
+    # they are read from the graph's table (``kiln_sizes``: the size symbols first, then each native call's
+    # entries), which every size's module fills for its sizes (runtime/dynamic.py).  What stays in the source -
+    # which arguments are pointers into which slots, which are null, their C types - is the call's ``signature``;
+    # sizes whose calls have another signature (a binder that decides otherwise at some size) get a build of
+    # their own.
+    def signature(self) -> tuple:
+        """What the table form of the call writes into the source (values left out)."""
+        return tuple((t, ("p", v.slot, v.ctype) if isinstance(v, Pointer) else "null" if v is NULL
+                      else "threads" if v is THREADS else "v") for t, v in self.args)
+
+    def table_values(self) -> list[int]:
+        """The call's entries of the table: its function's address, then per value argument its int (a float's
+        bits) and per pointer its offset."""
+        out = [self.function]
+        for t, v in self.args:
+            if isinstance(v, Pointer):
+                out.append(v.offset)
+            elif v is not NULL and v is not THREADS:
+                out.append(struct.unpack("<i", struct.pack("<f", float(v)))[0] if t == F32 else int(v))
+        return out
+
+    def table_statement(self, base: int) -> str:
+        """The call reading its function and values from ``kiln_sizes[base:]`` (``table_values``' order)."""
+        values, k = [], base + 1
+        for t, v in self.args:
+            if isinstance(v, Pointer):
+                values.append(f"(void*)(({v.ctype}*)b[{v.slot}] + kiln_sizes[{k}])")
+                k += 1
+            elif v is NULL or v is THREADS:
+                values.append(f"({t}){_literal(t, v)}")
+            else:
+                values.append(f"kiln_rt::kdetail::u2f((uint32_t)kiln_sizes[{k}])" if t == F32
+                              else f"({t})kiln_sizes[{k}]")
+                k += 1
+        name = short_name(self.node.attr("target"))
+        return (f"  /* {name} */ ((void (*)({self._types()}))kiln_sizes[{base}])({', '.join(values)});")
+
+
+def _literal(ctype: str, v: Any) -> str:
+    """A value argument as C source."""
+    if v is THREADS:
+        return "omp_get_max_threads()"
+    if v is NULL:
+        return "nullptr"
+    if isinstance(v, Pointer):
+        return f"b[{v.slot}]" if v.offset == 0 else f"(({v.ctype}*)b[{v.slot}] + {v.offset})"
+    if ctype == F32:  # exact: a hexadecimal literal of the double, rounded to float as ctypes does
+        return _float_literal(float(v))
+    return str(int(v))
 
 
 Binder = Callable[[dict[str, Any], Callable[[Node], tuple[int, ...] | None], tuple[int, ...]],
@@ -139,10 +208,10 @@ def bindable(node: Node) -> bool:
 
 
 def bind(node: Node, strides_of: Callable[[Node], tuple[int, ...] | None], out_strides: tuple[int, ...],
-         pointer: Callable[[Any], str | None]) -> NativeCall | None:
+         pointer: Callable[[Any], Pointer | None]) -> NativeCall | None:
     """The native call for extern ``node`` (whose result lives at a fixed place with ``out_strides``), or None.
 
-    ``pointer(v)``: the C expression of an input node's, a baked tensor's, or ``OUT``'s data pointer."""
+    ``pointer(v)``: where an input node's, a baked tensor's, or ``OUT``'s data is (None: not addressable)."""
     binder = BINDERS.get(node.attr("target"))
     if binder is None:
         return None
@@ -150,19 +219,18 @@ def bind(node: Node, strides_of: Callable[[Node], tuple[int, ...] | None], out_s
     if bound is None:
         return None
     function, label, params = bound
-    args: list[tuple[str, str]] = []
+    args: list[tuple[str, Any]] = []
     for ctype, v in params:
-        if v is THREADS:
-            args.append((I32, "omp_get_max_threads()"))
-        elif isinstance(v, Ref):
-            expr = "nullptr" if v.value is None else pointer(v.value)
-            if expr is None:
+        if isinstance(v, Ref):
+            if v.value is None:
+                args.append((PTR, NULL))
+                continue
+            place = pointer(v.value)
+            if place is None:
                 return None
-            args.append((PTR, expr))
-        elif ctype == F32:  # exact: a hexadecimal literal of the double, rounded to float as ctypes does
-            args.append((ctype, _float_literal(float(v))))
+            args.append((PTR, place))
         else:
-            args.append((ctype, str(int(v))))
+            args.append((ctype, v))
     return NativeCall(node, function, args, label)
 
 

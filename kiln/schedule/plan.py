@@ -132,8 +132,16 @@ def build_cpu_symbolic(graph: Graph, report: CompileReport, choices: Any = None,
     from kiln.ir.sym import symbols_of
     from kiln.runtime.dynamic import SymbolicGraph
     from kiln.schedule.specialize import Specializer
+    from kiln.schedule.layout import is_conv2d
     from kiln.tune.cpu import apply_schedules
-    plan = make_plan(graph)
+    cfg = config.get()
+    # (layouts: a static graph with convolutions measures both plans, schedule/choose.py; a symbolic one takes
+    # that module's rule - channels-last - as its measurement would run at one size only)
+    channels_last = cfg.layout_optimization or (cfg.layout_autotune and any(is_conv2d(n) for n in graph.nodes))
+    with config.scope(layout_optimization=channels_last):
+        plan = make_plan(graph)
+    if channels_last and not cfg.layout_optimization:
+        report.memory["layout"] = "channels-last (predicted: a graph with symbolic sizes is not measured)"
     dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
     node_of = {name: n for n, name in plan.buffer_of.items()}
     report.tuning = apply_schedules(plan.kernels, dtype_of, node_of, tune=False, choices=choices)

@@ -144,7 +144,7 @@ def _native_calls(plan: Plan, arena: bool, escaping: set[Node], slot_of: dict[st
         found = layout(v)
         return found[0] if found else None
 
-    def pointer(v: Any, out: Node) -> str | None:
+    def pointer(v: Any, out: Node) -> native.Pointer | None:
         if v is native.OUT:
             v = out
         if isinstance(v, (Baked, torch.Tensor)):  # a prepacked weight: a fixed pointer, in a slot of its own
@@ -152,14 +152,12 @@ def _native_calls(plan: Plan, arena: bool, escaping: set[Node], slot_of: dict[st
             if id(t) not in baked_slot:
                 baked_slot[id(t)] = len(slot_of) + len(baked)
                 baked.append(t)
-            return f"b[{baked_slot[id(t)]}]"
+            return native.Pointer(baked_slot[id(t)])
         found = layout(v)
         if found is None:
             return None
-        slot = slot_of[plan.buffer_of[base_of(v, plan.buffer_of)]]
-        if found[1] == 0:
-            return f"b[{slot}]"
-        return f"(({_C_TYPES[v.dtype]}*)b[{slot}] + {found[1]})"  # a view at an offset (q, k, v of one product)
+        # (an offset: a view into its base, as q, k and v of one product are)
+        return native.Pointer(slot_of[plan.buffer_of[base_of(v, plan.buffer_of)]], found[1], _C_TYPES[v.dtype])
 
     calls: dict[Node, Any] = {}
     for s in plan.steps:

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from kiln import config
 from kiln.ir.graph import Graph, Node
 from kiln.ir.kernel import Kernel
 from kiln.ir.program import ExternStep, Plan, Program
@@ -113,5 +112,4 @@ class Specializer:
     def __call__(self, env: dict[str, int]) -> tuple[Graph, Program]:
         graph, node_map = concrete_graph(self.graph, env, self.static, self.sized_attrs)
         plan = concrete_plan(self.plan, node_map, env)
-        with config.scope(native_calls=False):
-            return graph, build_program(graph, plan, arena=True)
+        return graph, build_program(graph, plan, arena=True)

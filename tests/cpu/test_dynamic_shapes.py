@@ -244,29 +244,16 @@ def test_a_chunk_of_an_input_returned_as_an_output_is_its_view():
         assert torch.equal(view, fn(x)[0])
 
 
-@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5", "mha_cross"])
-def test_zoo_models_at_three_sequence_lengths_from_one_compile(name):
+@pytest.mark.parametrize("name", ["bert", "gpt2", "llama", "t5", "mha_cross", "resnet", "vit"])
+def test_zoo_models_at_other_lengths_and_batches_from_one_compile(name):
     """transformers' model code (and nn.MultiheadAttention over keys of another length, with bias_k) compiled
-    with dynamic=True, called at three sequence lengths: no graph eager, every output as eager's."""
-    from kiln.testing import zoo
-    model, inputs = zoo.build(name, "ci")
-    seq = 16
-
-    def cut(x, T):  # (batch-first text inputs, or sequence-first ones)
-        if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[1] == seq:
-            return x[:, :T].contiguous()
-        if isinstance(x, torch.Tensor) and x.dim() >= 2 and x.shape[0] == seq:
-            return x[:T].contiguous()
-        return x
-    compiled = _compiled(model, dynamic=True)
-    position = mark()
-    with torch.inference_mode():
-        for T in (16, 11, 7):
-            args = tuple(cut(x, T) for x in inputs)
-            zoo.assert_close(compiled(*args), model(*args))
-    reports = reports_since(position)
-    assert reports and all(r.fallback is None and r.dynamic is not None for r in reports), \
-        [r.fallback for r in reports]
+    with dynamic=True, called shorter and with one more row (kiln/testing/zoo_dynamic.py): no graph eager, every
+    output as eager's."""
+    from kiln.testing import zoo_dynamic
+    result = zoo_dynamic.check(name, "ci")
+    assert result["ok"], result
+    assert len(result["variants"]) == (2 if name in ("resnet", "vit") else 3), result
+    assert result["symbolic"] >= 1, result
 
 
 def test_a_float_computed_from_sizes_is_evaluated_per_call():
@@ -310,3 +297,90 @@ def test_sdpa_over_key_and_value_caches_of_their_own_symbols_is_kiln_attention()
         _check(step, compiled, q, torch.randn(1, 4, past, 16), torch.randn(1, 4, past, 16), k_new, v_new)
     report = _one_symbolic_report(position)
     assert "attention" in report.externs, report.externs
+
+
+class _SdpaBlock(nn.Module):
+    def __init__(self, d: int = 48, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2)
+                   for t in self.qkv(x).split(C, dim=2))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.proj(y.transpose(1, 2).reshape(B, T, C))
+
+
+def test_library_calls_run_from_the_generated_code_at_every_size():
+    """[Note: native calls at any size]: kiln's GEMM and attention are called from the one build at every size,
+    their sizes, strides, offsets (q, k and v are views into one product), schedules and functions read from
+    each size's table."""
+    torch.manual_seed(0)
+    model = _SdpaBlock().eval()
+    with config.scope(choices="gemm=kiln"):
+        compiled = _compiled(model, dynamic=True)
+        position = mark()
+        for B, T in ((2, 3), (3, 40), (2, 17), (5, 97)):  # (row counts on both sides of the micro-tile choices)
+            _check(model, compiled, torch.randn(B, T, 48), rtol=1e-4, atol=1e-4)
+    report = _one_symbolic_report(position)
+    assert "linear_packed" in report.native_externs and "attention" in report.native_externs, report.native_externs
+    assert report.dynamic["builds"] == 1
+
+
+def _pool_fn(kind, k, s, p, ceil, count_pad):
+    if kind == "max":
+        return lambda x: F.max_pool2d(x, k, s, p, ceil_mode=ceil) * 2
+    return lambda x: F.avg_pool2d(x, k, s, p, ceil_mode=ceil, count_include_pad=count_pad) + 1
+
+
+@pytest.mark.parametrize("kind,k,s,p,ceil,count_pad", [
+    ("max", 3, 2, 1, False, True), ("max", 3, 2, 1, True, True), ("max", 2, 2, 0, True, True),
+    ("avg", 3, 2, 1, False, True), ("avg", 3, 2, 1, False, False), ("avg", 2, 2, 0, True, True),
+    ("avg", 3, 1, 1, False, False)])
+def test_pooling_over_a_symbolic_height_and_width(kind, k, s, p, ceil, count_pad):
+    """Windows of a symbolic height and width: the padding after the input depends on the size's remainder
+    modulo the stride, so the lowering pads by its bound; even and odd sizes, square and not."""
+    fn = _pool_fn(kind, k, s, p, ceil, count_pad)
+    compiled = _compiled(fn, dynamic=True)
+    position = mark()
+    for hw in [(9, 11), (12, 10), (7, 7), (16, 13)]:
+        _check(fn, compiled, torch.randn(2, 5, *hw))
+    report = _one_symbolic_report(position)
+    clipped = kind == "avg" and (ceil or (p and not count_pad))  # (a divisor per position: ATen's)
+    assert ("avg_pool2d" in report.externs) == clipped, report.externs
+    assert not any(e.startswith("max_pool2d") for e in report.externs), report.externs
+
+
+class _ConvNet(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Sequential(nn.Conv2d(3, 16, 5, stride=2, padding=2), nn.BatchNorm2d(16), nn.ReLU(),
+                                  nn.MaxPool2d(3, 2, 1))
+        self.body = nn.Sequential(nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Conv2d(16, 32, 1))
+        self.head = nn.Linear(32, 10)
+
+    def forward(self, x):
+        return self.head(F.adaptive_avg_pool2d(torch.relu(self.body(self.stem(x)) + 1), 1).flatten(1))
+
+
+@pytest.mark.parametrize("conv", ["winograd2", "gemm"])
+def test_kiln_convolutions_over_symbolic_batch_and_image_sizes(conv):
+    """kiln's convolutions (chosen at the traced sizes) take any batch and image size per call, called from the
+    generated code."""
+    torch.manual_seed(0)
+    model = _ConvNet().eval()
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.BatchNorm2d):
+                m.running_mean.uniform_(-0.5, 0.5)
+                m.running_var.uniform_(0.5, 1.5)
+    with config.scope(choices=f"conv={conv}"):
+        compiled = _compiled(model, dynamic=True)
+        position = mark()
+        for n, h, w in [(2, 33, 30), (3, 20, 20), (5, 17, 26)]:
+            _check(model, compiled, torch.randn(n, 3, h, w), rtol=1e-4, atol=1e-4)
+    report = _one_symbolic_report(position)
+    assert any(e.startswith("conv_") for e in report.native_externs), report.native_externs
+    assert report.dynamic["builds"] == 1

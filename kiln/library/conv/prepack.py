@@ -23,6 +23,7 @@ import torch
 from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
+from kiln.ir.sym import size_hint
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import references
 
@@ -60,8 +61,11 @@ def prepack_conv(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if weight.device.type != "cpu":  # oneDNN is kiln's CPU library; GPU convolutions stay with ATen
             return None
         try:
+            # (a symbolic batch or image size: packed for the traced size; a call of another size whose oneDNN
+            # primitive wants another weight format reorders it, as Inductor's unpacked weights always are)
             packed = torch.ops.mkldnn._reorder_convolution_weight(weight, list(padding), list(stride),
-                                                                  list(dilation), int(groups), list(x.shape))
+                                                                  list(dilation), int(groups),
+                                                                  [size_hint(d) for d in x.shape])
         except RuntimeError:
             return None  # a configuration oneDNN does not prepack: keep the ATen call
         if log:

@@ -41,6 +41,7 @@ from kiln import config
 from kiln.library.conv.source_gemm import DIRECT_MAX_CHANNELS
 from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
+from kiln.ir.sym import size_hint
 from kiln.ir.ops import Op
 from kiln.library.conv import prepack as prepack_conv
 from kiln.passes.dce import dce
@@ -67,7 +68,8 @@ ONEDNN, GEMM, DIRECT, DEPTHWISE = "onednn", "gemm", "direct", "dw"  # choices be
 def _big_enough(node: Node, w_shape: tuple[int, ...], groups: int, min_flops: int) -> bool:
     """Does the convolution ``node`` (weight ``w_shape``) do enough work for the algorithm to decide?"""
     floor = min(min_flops, MIN_FLOPS_DEPTHWISE) if groups > 1 else min_flops
-    return 2 * node.numel * w_shape[1] * w_shape[2] * w_shape[3] >= floor
+    # (a symbolic batch or image size: judged at the traced size, as the choice itself is)
+    return 2 * size_hint(node.numel) * w_shape[1] * w_shape[2] * w_shape[3] >= floor
 
 
 def tiles() -> tuple[int, ...]:
@@ -297,8 +299,9 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
     elif not _big_enough(node, tuple(w.shape), groups, MIN_FLOPS):
         return None  # (forced to what this convolution cannot run, and too small to measure)
     else:  # (measured as usual where the forced answer cannot run this convolution)
-        choice = choose(choices, tuple(x.shape), tuple(w.shape), list(stride), list(padding), epilogue, groups,
-                        use_forced=False)
+        # (a symbolic batch or image size: measured at the traced size; the kernels take any size per call)
+        choice = choose(choices, tuple(size_hint(d) for d in x.shape), tuple(w.shape), list(stride), list(padding),
+                        epilogue, groups, use_forced=False)
     common = dict(x=x, bias=bias, residual=None, out_channels=node.shape[1], padding=list(padding), relu=False,
                   channels_last=True, relu_input=False, relu_max=None, relu_input_max=None)
     if choice.startswith("winograd"):
