@@ -278,30 +278,32 @@ def _aliased_placeholder(fx_out: Any, placeholders: list[Any]) -> Any:
 
 
 def _view_geometry(fx_out: Any, root: Any) -> tuple | None:
-    """(sizes, strides, storage offset) of an FX output as size expressions over the graph's symbols, relative to
-    its input's (which must be the input's own: contiguous strides of its sizes, offset 0 - else None)."""
+    """(sizes, strides, storage offset from the input's, the input's strides) of an FX output that views its input
+    ``root``, as size expressions over the graph's symbols (None: a size kiln has no expression for).  The
+    strides address the input's storage: those of a view of an input traced with strides of its own (an expanded
+    input: zeros) hold for a call whose input has the strides traced, which Dynamo's guards see to."""
     from kiln.frontend.lowering_base import Unsupported, sym_size
-    from kiln.ir.ops import contiguous_strides
     val, base = fx_out.meta.get("val"), root.meta.get("val")
     try:
-        base_sizes = tuple(sym_size(x) for x in base.shape)
-        if [sym_size(x) for x in base.stride()] != list(contiguous_strides(base_sizes)) \
-                or sym_size(base.storage_offset()) != 0:
-            return None  # (an input traced with strides of its own: not rebuilt here)
-        return ([sym_size(x) for x in val.shape], [sym_size(x) for x in val.stride()], sym_size(val.storage_offset()))
+        return ([sym_size(x) for x in val.shape], [sym_size(x) for x in val.stride()],
+                sym_size(val.storage_offset()) - sym_size(base.storage_offset()),
+                [sym_size(x) for x in base.stride()])
     except (Unsupported, TypeError):
         return None
 
 
 def _as_view(t: torch.Tensor, geometry: tuple, sizes: dict[str, int]) -> torch.Tensor:
-    """The view ``geometry`` describes of an input ``t`` that was traced contiguous, at the call's ``sizes``."""
+    """The view ``geometry`` (``_view_geometry``'s) describes of input ``t``, at the call's ``sizes``."""
     from kiln.ir.sym import concrete
-    shape, strides, offset = (concrete(g, sizes) for g in geometry)
-    if t.is_contiguous():
+    shape, strides, offset, base_strides = (concrete(g, sizes) for g in geometry)
+    if list(t.stride()) == base_strides or t.is_contiguous() and base_strides == list(torch.empty(
+            t.shape, device="meta").stride()):
         return t.as_strided(shape, strides, t.storage_offset() + offset)
-    # (the call's input is strided: address through a contiguous view of it is impossible; take the view of a
-    # contiguous copy, which AOTAutograd may rebuild from the input itself)
-    return t.contiguous().as_strided(shape, strides, offset)
+    # (the call's input is laid out otherwise than traced: the view of a copy in the traced layout, which
+    # AOTAutograd may rebuild from the input itself)
+    copy = torch.empty_strided(t.shape, base_strides, dtype=t.dtype, device=t.device)
+    copy.copy_(t)
+    return copy.as_strided(shape, strides, offset)
 
 
 def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[str | None],

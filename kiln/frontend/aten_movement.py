@@ -6,7 +6,7 @@ from typing import Any, Sequence
 import torch
 
 from kiln.frontend.aten import out_dtype, out_shape, register
-from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_shape, meta_val, norm_dim
+from kiln.frontend.lowering_base import Lowerer, Unsupported, meta_shape, meta_val, norm_dim, sym_size
 from kiln.ir.graph import Node
 from kiln.ir.ops import Op, broadcast_shapes, contiguous_strides, numel
 from kiln.ir.sym import Size, SizeExpr, floordiv, is_symbolic, provably_le
@@ -138,12 +138,18 @@ def _pad(L: Lowerer, n: Any, x: Node, pad: Sequence[int], value: float = 0.0) ->
     nd = len(x.shape)
     pads = [(0, 0)] * nd
     for i in range(len(pad) // 2):
-        pads[nd - 1 - i] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+        # (a width computed from sizes - Swin pads to a multiple of its window - is a size expression: never
+        # ``int()``, which would specialize it; it must be provably non-negative, else ATen crops or pads)
+        pads[nd - 1 - i] = (sym_size(pad[2 * i]), sym_size(pad[2 * i + 1]))
+    if any(is_symbolic(p) and not provably_le(0, p) for side in pads for p in side):
+        raise Unsupported("padding by a size expression of unknown sign")
     for d, (before, after) in enumerate(pads):  # negative padding crops
+        if is_symbolic(before) or is_symbolic(after):
+            continue
         if before < 0 or after < 0:
             size = x.shape[d]
             x = slice_node(L, x, d, max(-before, 0), size - max(-after, 0), 1)
-    pads = [(max(b, 0), max(a, 0)) for b, a in pads]
+    pads = [(b if is_symbolic(b) else max(b, 0), a if is_symbolic(a) else max(a, 0)) for b, a in pads]
     if tuple(x.shape) == out_shape(n):
         return x
     value = value if out_dtype(n).is_floating_point else int(value)

@@ -6,6 +6,8 @@ graph ``Node``s for tensors, Python values otherwise.
 """
 from __future__ import annotations
 
+import contextlib
+
 import math
 import weakref
 from typing import Any, Sequence
@@ -216,9 +218,21 @@ def _dense_operands(fx_node: torch.fx.Node) -> tuple[bool, ...] | None:
         elif isinstance(v, dict):
             for x in v.values():
                 walk(x)
-    walk(list(fx_node.args))
-    walk(dict(fx_node.kwargs))
+    # (with symbolic sizes even ``is_contiguous_or_false`` can add guards - Swin's padded windows: asked at the
+    # traced sizes without guarding, where a wrong "contiguous" only costs a copy that was not needed)
+    shape_env = _shape_env_of(fx_node)
+    with shape_env.suppress_guards() if shape_env is not None else contextlib.nullcontext():
+        walk(list(fx_node.args))
+        walk(dict(fx_node.kwargs))
     return tuple(flags) if any(flags) else None
+
+
+def _shape_env_of(fx_node: torch.fx.Node) -> Any:
+    """The ShapeEnv of the graph's symbolic sizes, where ``fx_node``'s value has one."""
+    val = fx_node.meta.get("val")
+    val = val[0] if isinstance(val, (list, tuple)) and val else val
+    mode = getattr(val, "fake_mode", None)
+    return getattr(mode, "shape_env", None)
 
 
 def _with_dense(node: Node, dense: tuple[bool, ...] | None) -> Node:
