@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from kiln.codegen.cpp_expr import ExprPrinter, to_memory
 from kiln.ir.index import Var
-from kiln.ir.index_split import Segment, conditions, inner_segments, specialize
+from kiln.ir.index_split import Segment, conditions, inner_segments, is_static, specialize
 from kiln.ir.kernel import FullLoop, KExpr, KOp, Kernel
 
 
@@ -23,13 +23,15 @@ def split_plan(k: Kernel) -> tuple[list[Segment], list[KOp]] | None:
     conds = conditions([s.value for p in k.phases for s in p.stores])
     if not conds:
         return None
-    # (with symbolic sizes: split where the innermost loop and every condition are static - a symbolic batch
-    # over pooling windows; the segments' bounds are integers)
-    if not isinstance(k.outer[-1], int) or any(c.args[0].index.is_symbolic() for c in conds):
+    # (with symbolic sizes: the innermost loop and the conditions on it must be static - their segments' bounds
+    # are integers; conditions on outer loops alone may hold sizes: pooling windows over a symbolic height)
+    if not isinstance(k.outer[-1], int):
         return None
     v = Var(f"i{len(k.outer) - 1}", k.outer[-1])
-    segs = inner_segments(conds, v)
     outer_only = [c for c in conds if c.args[0].index.coefficient(v) == 0]
+    if any(not is_static(c) for c in conds if c not in outer_only):
+        return None
+    segs = inner_segments(conds, v)
     if not outer_only and all(not s.facts for s in segs):
         return None
     return segs, outer_only

@@ -26,6 +26,7 @@ from typing import Iterable
 from kiln.ir.index import Lin, Var
 from kiln.ir.kernel import KConst, KExpr, KIndex, KOp
 from kiln.ir.ops import Op
+from kiln.ir.sym import is_symbolic
 
 _CMP = (Op.LT, Op.LE, Op.GT, Op.GE)
 MIN_SEGMENT = 8  # shorter sub-ranges are not worth a loop of their own: they run the general body
@@ -53,8 +54,14 @@ def is_condition(e: KOp) -> bool:
     if e.op not in _CMP or len(e.args) != 2:
         return False
     a, b = e.args
-    return (isinstance(a, KIndex) and isinstance(b, KConst) and isinstance(b.value, int)
-            and all(isinstance(t, Var) for t in a.index.atoms()))
+    return (isinstance(a, KIndex) and isinstance(b, KConst) and (isinstance(b.value, int) or is_symbolic(b.value))
+            and not isinstance(b.value, bool) and all(isinstance(t, Var) for t in a.index.atoms()))
+
+
+def is_static(e: KOp) -> bool:
+    """Is condition ``e`` free of size expressions (its bound and its index's coefficients and extents)?  Only
+    those split a loop into segments; a symbolic one can still guard a whole outer iteration."""
+    return isinstance(e.args[1].value, int) and not e.args[0].index.is_symbolic()
 
 
 def _as_ge(e: KOp) -> tuple[Lin, int, bool]:
