@@ -53,9 +53,14 @@ def main() -> None:
         if backend == "kiln":
             import kiln  # noqa: F401  (registers the backend)
         torch._dynamo.reset()
+        from torch._dynamo.utils import counters
+        from kiln.report import mark, reports_since
+        position, before = mark(), counters["stats"]["unique_graphs"]
         ms, got = run(torch.compile(forward, backend=backend))
-        print(f"{backend}: {ms:.2f} ms per token ({eager_ms / ms:.2f}x eager), same tokens: {torch.equal(got, want)}",
-              flush=True)
+        graphs = counters["stats"]["unique_graphs"] - before
+        eager = sum(r.fallback is not None for r in reports_since(position))  # (kiln's: graphs it ran eagerly)
+        print(f"{backend}: {ms:.2f} ms per token ({eager_ms / ms:.2f}x eager), same tokens: {torch.equal(got, want)}, "
+              f"{graphs} graph(s)" + (f", {eager} run eagerly" if backend == "kiln" else ""), flush=True)
     model.forward = forward
 
 
