@@ -7,8 +7,9 @@ caches: a GEMM that streams its weight from memory evicts the interpreter's code
 ``kiln::linear_packed`` call right after such a GEMM took 150-340 us on the Zen 3 dev box (``torch.empty(1)``
 alone: 88 us).  In the MLP benchmark that was 4% of the run.
 
-So, on the CPU (with an arena, fixed shapes), such an extern becomes a *native call*: its library function's
-address, its constant arguments, and its tensors as entries of the graph's pointer table.  The graph's
+So, on the CPU (with an arena), such an extern becomes a *native call*: its library function's address, its
+constant arguments, and its tensors as entries of the graph's pointer table (a graph with symbolic sizes reads the
+arguments of each size from a table instead: [Note: native calls at any size]).  The graph's
 translation unit calls it inside a segment, between the kernels, like one of them::
 
     before (program)                         after (program)
