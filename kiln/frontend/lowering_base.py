@@ -18,7 +18,7 @@ import torch.fx
 from kiln.ir.extern import build_extern
 from kiln.ir.graph import GraphBuilder, Node
 from kiln.ir.ops import Op, broadcast_shapes, dim, numel, reduced_shape
-from kiln.ir.sym import (FloatSize, Size, Symbol, UnsupportedSize, floordiv, from_sympy, is_symbolic,
+from kiln.ir.sym import (FloatSize, Size, SizeExpr, Symbol, UnsupportedSize, floordiv, from_sympy, is_symbolic,
                          symbols_of_shape_env)
 
 # dtypes the generated kernels load and store; anything else runs as an EXTERN ATen call.  Half precision is
@@ -57,6 +57,8 @@ def sym_size(v: Any) -> Size:
             return from_sympy(v.node.expr, symbols)
         except UnsupportedSize as exc:  # (a Min, a Max: the op that needs it stays ATen's)
             raise Unsupported(str(exc)) from exc
+    if isinstance(v, SizeExpr):  # (an argument the lowering already converted: a size node's value)
+        return v
     return int(v)
 
 
