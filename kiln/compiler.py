@@ -295,9 +295,9 @@ def _view_geometry(fx_out: Any, root: Any) -> tuple | None:
 def _as_view(t: torch.Tensor, geometry: tuple, sizes: dict[str, int]) -> torch.Tensor:
     """The view ``geometry`` (``_view_geometry``'s) describes of input ``t``, at the call's ``sizes``."""
     from kiln.ir.sym import concrete
+    from kiln.ir.ops import contiguous_strides
     shape, strides, offset, base_strides = (concrete(g, sizes) for g in geometry)
-    if list(t.stride()) == base_strides or t.is_contiguous() and base_strides == list(torch.empty(
-            t.shape, device="meta").stride()):
+    if list(t.stride()) == base_strides or t.is_contiguous() and base_strides == list(contiguous_strides(t.shape)):
         return t.as_strided(shape, strides, t.storage_offset() + offset)
     # (the call's input is laid out otherwise than traced: the view of a copy in the traced layout, which
     # AOTAutograd may rebuild from the input itself)

@@ -7,7 +7,6 @@ graph ``Node``s for tensors, Python values otherwise.
 from __future__ import annotations
 
 import contextlib
-
 import math
 import weakref
 from typing import Any, Sequence

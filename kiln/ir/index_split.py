@@ -55,7 +55,7 @@ def is_condition(e: KOp) -> bool:
         return False
     a, b = e.args
     return (isinstance(a, KIndex) and isinstance(b, KConst) and (isinstance(b.value, int) or is_symbolic(b.value))
-            and not isinstance(b.value, bool) and all(isinstance(t, Var) for t in a.index.atoms()))
+            and all(isinstance(t, Var) for t in a.index.atoms()))
 
 
 def is_static(e: KOp) -> bool:
