@@ -36,6 +36,9 @@ def main() -> None:
     p.add_argument("--save", default=None, help="write the raw profile here (pstats format)")
     p.add_argument("--breakdown", action="store_true", help="no profiler: first-call times and Triton's stages")
     p.add_argument("--warm", default=None, help="with --breakdown: compile this zoo model first")
+    p.add_argument("--order", default="inductor,kiln",
+                   help="with --breakdown: which backend's first call is timed first (each starts from a collected "
+                        "heap; see benchmarks/runner.first_call)")
     p.add_argument("--cprofile", action="store_true",
                    help="with --breakdown: each measured first call under cProfile too (its top functions printed)")
     args = p.parse_args()
@@ -106,30 +109,48 @@ def _instrument_triton(totals: dict[str, list[float]]) -> None:
     _timed(nvidia, "compile_module_from_src", totals, "host compiler (launchers, utils)")
 
 
-def _instrument_gc(totals: dict[str, list[float]]) -> None:
-    """Each garbage collection's pause adds to ``totals`` (its generation in the label)."""
+def _instrument_gc(totals: dict[str, list[float]], where: list[str]) -> None:
+    """Each garbage collection's pause adds to ``totals`` (its generation in the label); for each full
+    (generation-2) collection ``where`` gets the innermost torch/kiln/Triton frames it interrupted and whether
+    kiln's frozen heap was in place (``gc.get_freeze_count()``), to tell a compile's own collection from one
+    the code before it ran up."""
     import gc
+    import traceback
     started: list[float] = []
 
     def callback(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             started[:] = [time.perf_counter()]
+            if info["generation"] == 2:
+                frames = [f"{f.filename.rsplit('site-packages/', 1)[-1]}:{f.lineno} {f.name}"
+                          for f in traceback.extract_stack()[:-1]
+                          if any(k in f.filename for k in ("torch/", "kiln/", "triton/", "transformers/"))]
+                where.append(f"frozen {gc.get_freeze_count()}; " + " <- ".join(reversed(frames[-4:])))
         elif started:
-            totals[f"gc pauses (generation {info['generation']})"].append(time.perf_counter() - started[0])
+            took = time.perf_counter() - started[0]
+            totals[f"gc pauses (generation {info['generation']})"].append(took)
+            if info["generation"] == 2 and where:
+                where[-1] = f"{took:.3f} s, {where[-1]}"
     gc.callbacks.append(callback)
 
 
 def breakdown(args: argparse.Namespace) -> None:
+    import gc
+
     import torch
     import kiln
     from kiln.report import mark, reports_since
     totals: dict[str, list[float]] = collections.defaultdict(list)
+    gc_where: list[str] = []
     _instrument_triton(totals)
-    _instrument_gc(totals)
+    _instrument_gc(totals, gc_where)
 
     def first_call(backend: str, name: str, profiled: bool = False) -> float:
         model, inputs = _build(args, name)
         torch._dynamo.reset()
+        gc.collect()  # (as benchmarks/runner.first_call: no backend pays for the garbage of the one before it)
+        totals.clear()  # (what building the model cost is not the first call's)
+        gc_where.clear()
         profiler = cProfile.Profile() if profiled else None
         start = time.perf_counter()
         with torch.inference_mode(), (profiler or contextlib.nullcontext()):
@@ -152,17 +173,16 @@ def breakdown(args: argparse.Namespace) -> None:
     if args.warm:
         for backend in ("inductor", "kiln"):
             print(f"warm-up {args.warm} {backend}: first call {first_call(backend, args.warm):.2f} s")
-    totals.clear()
-    print(f"{args.model} inductor: first call {first_call('inductor', args.model, args.cprofile):.2f} s")
-    for label, times in sorted(totals.items()):
-        print(f"  {label}: {len(times)} calls, {sum(times):.2f} s summed")
-    totals.clear()
-    position = mark()
-    print(f"{args.model} kiln: first call {first_call('kiln', args.model, args.cprofile):.2f} s")
-    for report in reports_since(position):
-        print("  phases:", ", ".join(f"{k} {v:.3f}" for k, v in report.phases.items()))
-    for label, times in sorted(totals.items()):
-        print(f"  {label}: {len(times)} calls, {sum(times):.2f} s summed, longest {max(times):.2f} s")
+    for backend in args.order.split(","):
+        position = mark()
+        print(f"{args.model} {backend}: first call {first_call(backend, args.model, args.cprofile):.2f} s")
+        if backend == "kiln":
+            for report in reports_since(position):
+                print("  phases:", ", ".join(f"{k} {v:.3f}" for k, v in report.phases.items()))
+        for label, times in sorted(totals.items()):
+            print(f"  {label}: {len(times)} calls, {sum(times):.2f} s summed, longest {max(times):.2f} s")
+        for line in gc_where:
+            print(f"  full collection: {line}")
 
 
 if __name__ == "__main__":

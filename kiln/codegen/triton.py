@@ -142,21 +142,36 @@ class TritonKernelWriter:
         self.dtype_of = dtype_of
         self.s = kernel.schedule if isinstance(kernel.schedule, TritonSchedule) else schedule_for(kernel)
         self.lines: list[str] = []
+        self._text: str | None = None
+        self._args: list[str] = []
 
     def args(self) -> list[str]:
-        reads, writes = self.k.buffers()
-        return sorted(reads | writes, key=lambda b: int(b[3:]) if b[3:].isdigit() else b)
+        """The kernel's buffer parameters, in the order the body first uses them: kernels that differ only in
+        which buffer comes first by number (a layer whose residual was allocated before its matmul's output, the
+        next the other way round) then have the same text and compile once (``module_source``)."""
+        self.write()
+        return self._args
 
     def write(self) -> str:
+        if self._text is not None:
+            return self._text
         k = self.k
-        head = ["@triton.jit", f"def {k.name}({', '.join(self.args())}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
         big = numel(k.outer) * max(k.rsize, 1) >= INT32_LIMIT
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
         if k.is_reduction:
             self._reduction(pid)
         else:
             self._pointwise(pid)
-        return "\n".join(head + self.lines) + "\n"
+        reads, writes = k.buffers()
+        body = "\n".join(self.lines)
+
+        def first_use(b: str) -> tuple[int, int, str]:
+            m = re.search(rf"\b{re.escape(b)}\b", body)
+            return (m.start() if m else len(body), int(b[3:]) if b[3:].isdigit() else -1, b)
+        self._args = sorted(reads | writes, key=first_use)
+        head = ["@triton.jit", f"def {k.name}({', '.join(self._args)}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
+        self._text = "\n".join(head + self.lines) + "\n"
+        return self._text
 
     # ------------------------------------------------------------------ helpers
     def _emit(self, indent: str, text: str) -> None:

@@ -260,3 +260,17 @@ def test_one_row_persistent_reductions_written_1d():
         from kiln.schedule.plan import triton_graph
         from kiln.testing.gpu_build import gpu_build_errors
         assert gpu_build_errors(triton_graph(report.optimized, report, torch.device(DEVICE))) == {}
+
+
+def test_kernels_that_differ_only_in_buffer_numbering_compile_once():
+    """Two layers' residual LayerNorms: the first reads the graph input (buffer 0, before its weights), the
+    second a product computed after its weights.  The parameters follow the body's first use, not the buffer
+    numbers, so both have one text: one definition, the other an alias (encoder_fast: 7 kernels -> 5)."""
+    def f(x, w1, b1, m, w2, b2):
+        h = F.layer_norm(x + torch.tanh(x), (32,), w1, b1)
+        g = h @ m
+        return F.layer_norm(g + torch.tanh(g), (32,), w2, b2)
+    report = run(f, torch.randn(8, 32), torch.randn(32), torch.randn(32), torch.randn(32, 32) / 6,
+                 torch.randn(32), torch.randn(32), rtol=5e-5, atol=5e-5)
+    assert report.source.count("@triton.jit") == 1, report.source
+    assert report.source.count("# the same kernel as") == 1, report.source
