@@ -31,6 +31,14 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
     start = time.perf_counter()
     check_target(cfg.target, _device_of(fx_gm, frozen))
     try:
+        from kiln.frontend.data_dependent import binding_nodes, compile_split
+        if binding_nodes(fx_gm):  # see [Note: data-dependent sizes]
+            report.target = "pieces"
+            fn = compile_split(fx_gm, frozen, functools.partial(compile_aten_graph, cfg=cfg, mode=mode), name,
+                               arg_names, examples, report)
+            report.compile_seconds = time.perf_counter() - start
+            fn._boxed_call = True
+            return fn
         # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
         from torch.utils._python_dispatch import _disable_current_modes
         with _disable_current_modes(), torch.no_grad(), \

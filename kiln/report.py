@@ -44,6 +44,7 @@ class CompileReport:
     schedules: list[Any] = dataclasses.field(default_factory=list)  # tuners' schedules stored or measured (Made)
     tuning: Any = None            # CPU: kernel schedules measured or found (kiln.tune.cpu.TuneStats)
     dynamic: dict[str, Any] | None = None  # a symbolic graph: its size symbols and the sizes planned so far
+    eager_nodes: list[str] = dataclasses.field(default_factory=list)  # nodes run eagerly in a compiled graph, why
 
     def format(self, *, source: bool = True) -> str:
         return format_report(self, source=source)
@@ -66,6 +67,8 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
             for k, v in r.phases.items()))
     if r.fallback:
         out.append(f"!!! fell back to eager: {r.fallback}")
+    for line in r.eager_nodes:
+        out.append(f"--- ran eagerly: {line}")
     if r.dynamic:
         sizes = "; ".join(", ".join(f"{k}={v}" for k, v in env.items()) for env in r.dynamic["sizes"][-8:])
         out.append(f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "
