@@ -31,8 +31,8 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
     start = time.perf_counter()
     check_target(cfg.target, _device_of(fx_gm, frozen))
     try:
-        from kiln.frontend.data_dependent import binding_nodes, compile_split
-        if binding_nodes(fx_gm):  # see [Note: data-dependent sizes]
+        from kiln.frontend.data_dependent import compile_split, needs_pieces
+        if needs_pieces(fx_gm):  # see [Note: data-dependent sizes]
             report.target = "pieces"
             fn = compile_split(fx_gm, frozen, functools.partial(compile_aten_graph, cfg=cfg, mode=mode), name,
                                arg_names, examples, report)

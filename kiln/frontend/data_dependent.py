@@ -36,6 +36,24 @@ def binding_nodes(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
     return [n for n in gm.graph.nodes if n.op == "call_function" and n.meta.get("unbacked_bindings")]
 
 
+def symbolic_checks(gm: torch.fx.GraphModule) -> list[torch.fx.Node]:
+    """Assertions on symbolic sizes (``torch._check(x.shape[0] >= 2)`` in a dynamic graph, Dynamo's range facts
+    of an unbacked symbol): kiln's kernels do not evaluate conditions, so these run eagerly too."""
+    return [n for n in gm.graph.nodes if n.op == "call_function" and n.target in _ASSERTS
+            and any(isinstance(a.meta.get("val"), (torch.SymBool, torch.SymInt)) for a in n.all_input_nodes)]
+
+
+def _on_unbacked(check: torch.fx.Node) -> bool:
+    """Does ``check`` test an unbacked symbol (a fact Dynamo states about a binding node's result)?"""
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+    return any(free_unbacked_symbols(a.meta.get("val")) for a in check.all_input_nodes)
+
+
+def needs_pieces(gm: torch.fx.GraphModule) -> bool:
+    """Does ``gm`` hold nodes that must run eagerly for kiln to compile the rest (see the note above)?"""
+    return bool(binding_nodes(gm) or symbolic_checks(gm))
+
+
 def _is_condition(n: torch.fx.Node) -> bool:
     """A size test: an assertion, or a symbolic bool computed for one."""
     if n.target in _ASSERTS:
@@ -97,6 +115,9 @@ def compile_split(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     position = {p: k for k, p in enumerate(placeholders)}
     compiled = sorted({v for v in level.values() if v % 2 == 0})
     report.eager_nodes = [_describe(n) for n in binding_nodes(fx_gm)]
+    report.eager_nodes += [f"{n.name} (a size check, as eager runs it): {n.args[1]!r}" if len(n.args) > 1 else
+                           f"{n.name} (a size check, as eager runs it)" for n in symbolic_checks(fx_gm)
+                           if not _on_unbacked(n)]  # (Dynamo's range facts of a binding node go with it)
     for k, lv in enumerate(compiled):
         sub_name = f"submod_{lv}"
         sub = getattr(split, sub_name, None)

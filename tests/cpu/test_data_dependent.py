@@ -114,3 +114,22 @@ def test_without_capture_the_graph_breaks_and_both_graphs_compile():
     reports = _run(f, [(torch.randn(5, 7),), (torch.randn(5, 7),)])
     assert reports and all(r.fallback is None for r in reports)
     assert not any(r.target == "pieces" for r in reports)
+
+
+def test_a_size_check_in_a_dynamic_graph_runs_eagerly_the_graph_compiled():
+    """``torch._check`` on a symbolic size (an ``_assert_scalar`` kiln's kernels cannot evaluate) made the whole
+    graph run eagerly; now the check alone does."""
+    def f(x):
+        torch._check(x.shape[0] >= 2)
+        return (x * 2).sin()[: x.shape[0] // 2] + x.sum(0)
+
+    torch._dynamo.reset()
+    position = mark()
+    compiled = torch.compile(f, backend="kiln", dynamic=True)
+    with torch.inference_mode():
+        for n in (4, 7, 10):
+            x = torch.randn(n, 5)
+            torch.testing.assert_close(compiled(x), f(x), rtol=RTOL, atol=ATOL)
+    whole, pieces = _pieces(reports_since(position), eager=1)
+    assert "size check" in whole.eager_nodes[0]
+    assert pieces[0].dynamic  # the compute: one symbolic piece
