@@ -9,7 +9,8 @@ For each backend: the first pass calls the model once per length in order (compi
 first call to the last result); the second pass times each length again (median of ``--repeats`` calls, the
 backends interleaved per length) and sums over the lengths.  ``inductor``/``kiln``: ``torch.compile`` as users
 call it (automatic dynamic: the second size recompiles with the changed dimension symbolic); ``-dyn``:
-``dynamic=True``.  Reported per backend: graphs compiled (Dynamo's count), graphs kiln ran eagerly (its reports),
+``dynamic=True``; ``-ro``: ``mode="reduce-overhead"`` (``kiln-dyn-ro``; with the flags in any order).  Reported
+per backend: graphs compiled (Dynamo's count), graphs kiln ran eagerly (its reports),
 both passes, and the largest difference from eager's outputs at any length.
 """
 from __future__ import annotations
@@ -40,8 +41,10 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     already symbolic)."""
     if backend == "eager":
         return model
-    name = backend.split("-")[0]
-    kwargs = {"dynamic": True} if backend.endswith("-dyn") else {}
+    name, *flags = backend.split("-")
+    kwargs: dict[str, Any] = {"dynamic": True} if "dyn" in flags else {}
+    if "ro" in flags:  # reduce-overhead (CUDA graphs; kiln records one per size)
+        kwargs["mode"] = "reduce-overhead"
     if name == "kiln":
         import kiln  # noqa: F401  (registers the backend)
     namespace: dict[str, Any] = {}

@@ -137,9 +137,9 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     device = _device_of(fx_gm, frozen)
     triton = _use_triton(cfg.target, device)
     start = time.perf_counter()
-    # a graph traced with dynamic shapes: compiled for every size on the CPU (docs/dynamic_shapes.md); elsewhere the
-    # static lowering refuses it (LoweringError: it runs eagerly, the report says why)
-    symbolic = not triton and cfg.dynamic_shapes and has_symbolic_sizes(fx_gm)
+    # a graph traced with dynamic shapes: one build for every size on the CPU, a GPU module per size on the GPU
+    # (docs/dynamic_shapes.md)
+    symbolic = cfg.dynamic_shapes and has_symbolic_sizes(fx_gm)
     size_outputs: dict[int, Any] = {}
     graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES, triton, symbolic,
                               size_outputs if symbolic else None)
@@ -151,12 +151,16 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             graph = run_pipeline(graph, report, check=cfg.check, choices=choices)
         report.optimized = graph
         report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
-        if triton:
+        if triton and not symbolic:
             report.target = "triton"
             module = build_triton(graph, report, device, report.mode, choices)
         elif symbolic:
             int_sizes = symbol_inputs(fx_gm)
-            module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
+            if triton:
+                report.target = "triton"
+                module = _sized_triton(graph, report, device, cfg, [name for name, _ in int_sizes])
+            else:
+                module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
             fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs))
             run = _runner(module, positions, arg_names, fixes)
@@ -167,6 +171,40 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     finally:
         choices.close()
     return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
+
+
+def _sized_triton(graph: Any, report: CompileReport, device: torch.device, cfg: config_mod.Config,
+                  int_sizes: list[str]) -> Callable:
+    """A symbolic graph's GPU module: a static build per size tuple ([Note: a GPU module per size]), each made
+    under the compile's options, outside any fake mode, with a measured-choice service of its own."""
+    from torch.utils._python_dispatch import _disable_current_modes
+    from kiln.ir.sym import symbols_of
+    from kiln.runtime.dynamic import SizedTritonGraph
+    from kiln.schedule.plan import build_triton
+    from kiln.schedule.specialize import concrete_graph, holds_size, static_nodes
+    from kiln.tune.choices import Choices
+    options = {k: getattr(cfg, k) for k in config_mod.Config.option_names()}
+    static = static_nodes(graph)
+    sized_attrs = {n for n in graph.nodes if n not in static and holds_size(n.attrs)}
+
+    def build(env: dict[str, int], size_report: CompileReport) -> Any:
+        start = time.perf_counter()
+        concrete, _ = concrete_graph(graph, env, static, sized_attrs)
+        with _disable_current_modes(), torch.no_grad(), config_mod.scope(**options):
+            choices = Choices.for_compile(size_report.mode)
+            try:
+                module = build_triton(concrete, size_report, device, size_report.mode, choices)
+            finally:
+                choices.close()
+        size_report.target = "triton"
+        size_report.phases["size_build"] = time.perf_counter() - start
+        return module
+
+    symbols = sorted({s for n in graph.nodes for d in n.shape for s in symbols_of(d)}, key=lambda s: s.name)
+    module = SizedTritonGraph(graph, report, build, [s.name for s in symbols], device, int_sizes=int_sizes)
+    report.dynamic["ranges"] = ", ".join(f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]" for s in symbols)
+    report.dynamic["per_size"] = "a static GPU module built per size tuple"
+    return module
 
 
 def _example_inputs(graph: Any, examples: Sequence[Any] | None) -> Callable[[], list[torch.Tensor]] | None:

@@ -80,7 +80,7 @@ class SymbolicGraph:
         for k, n, ndim, static, symbols, exprs in self._checks:
             t = inputs[k]
             shape = t.shape
-            ok = t.dtype == n.dtype and len(shape) == ndim and t.device.type == "cpu" \
+            ok = t.dtype == n.dtype and len(shape) == ndim and t.device.type == self.device.type \
                 and all(shape[d] == v for d, v in static) and all(shape[d] == env.get(v) for d, v in symbols)
             if ok and exprs:
                 try:
@@ -88,7 +88,7 @@ class SymbolicGraph:
                 except KeyError:
                     ok = False
             if not ok:
-                raise InputMismatch(k, n.dtype, n.shape, "cpu", t)
+                raise InputMismatch(k, n.dtype, n.shape, self.device.type, t)
         return env
 
     def module_for(self, env: dict[str, int]) -> CompiledGraph:
@@ -134,3 +134,42 @@ class SymbolicGraph:
         if self.int_sizes:
             inputs = inputs[:len(self.graph.inputs)]
         return module(inputs)  # (which points the library to its size table)
+
+
+class SizedTritonGraph(SymbolicGraph):
+    """A symbolic graph on the GPU: a static Triton module built per size tuple seen, the ``capacity`` most recently
+    used kept.
+
+    [Note: a GPU module per size] The graph is lowered and optimized once, with size expressions; each new size
+    tuple evaluates them (``concrete_graph``) and builds the static GPU module of that graph - plan, matmul
+    choices, Triton kernels with the sizes as constants, and in reduce-overhead its own CUDA graph - so every
+    call runs code specialized to its sizes, at the price of a compile per new size (Triton's cache answers a
+    size seen in an earlier process).  Kernels with size arguments, shared by all sizes, are the next step
+    (docs/dynamic_shapes.md, layer 8)."""
+
+    def __init__(self, graph: Graph, report: CompileReport, build: Callable[[dict[str, int], CompileReport], Any],
+                 size_names: list[str], device: torch.device, capacity: int = 16, int_sizes: Sequence[str] = ()):
+        """``build(sizes, report) -> module``: the static GPU module of the graph at those sizes."""
+        self.device = device
+        super().__init__(graph, report, lambda env: (graph, None), size_names, capacity, int_sizes)
+        self.build = build
+        report.dynamic["builds"] = 0
+
+    def module_for(self, env: dict[str, int]) -> Any:
+        key = tuple(env[name] for name in self.size_names)
+        module = self.modules.get(key)
+        if module is not None:
+            self.modules.move_to_end(key)
+            return module
+        report = self.report if self._first else CompileReport(name=self.report.name, mode=self.report.mode)
+        self._first = False
+        module = self.build(env, report)
+        seen = self.report.dynamic
+        seen["planned"] += 1
+        seen["builds"] += 1
+        seen["sizes"].append(dict(env))
+        del seen["sizes"][:-self.capacity]
+        self.modules[key] = module
+        if len(self.modules) > self.capacity:
+            self.modules.popitem(last=False)
+        return module

@@ -41,14 +41,14 @@ def _concrete(value: Any, env: dict[str, int], node_map: dict[Node, Node]) -> An
     return value
 
 
-def _holds_size(value: Any) -> bool:
+def holds_size(value: Any) -> bool:
     """Does an attribute hold a size expression anywhere (through tuples, lists and dicts)?"""
     if is_symbolic(value):
         return True
     if isinstance(value, (tuple, list)):
-        return any(_holds_size(v) for v in value)
+        return any(holds_size(v) for v in value)
     if isinstance(value, dict):
-        return any(_holds_size(v) for v in value.values())
+        return any(holds_size(v) for v in value.values())
     return False
 
 
@@ -58,7 +58,7 @@ def static_nodes(graph: Graph) -> set[Node]:
     found: set[Node] = set()
     for n in graph.nodes:
         if all(i in found for i in n.inputs) and not any(is_symbolic(d) for d in n.shape) \
-                and not _holds_size(n.attrs):
+                and not holds_size(n.attrs):
             found.add(n)
     return found
 
@@ -105,7 +105,7 @@ class Specializer:
     def __init__(self, graph: Graph, plan: Plan):
         self.graph, self.plan = graph, plan
         self.static = static_nodes(graph)
-        self.sized_attrs = {n for n in graph.nodes if n not in self.static and _holds_size(n.attrs)}
+        self.sized_attrs = {n for n in graph.nodes if n not in self.static and holds_size(n.attrs)}
         for k in plan.kernels:  # (planned once; every size's program asks them again)
             k.freeze_buffers()
 
