@@ -91,28 +91,17 @@ class SymbolicGraph:
                 raise InputMismatch(k, n.dtype, n.shape, self.device.type, t)
         return env
 
-    def module_for(self, env: dict[str, int]) -> CompiledGraph:
-        """The compiled module of the sizes ``env`` (planned now if not among the recent ones)."""
+    def module_for(self, env: dict[str, int]) -> Any:
+        """The compiled module of the sizes ``env`` (made now if not among the ``capacity`` most recent ones)."""
         key = tuple(env[name] for name in self.size_names)
         module = self.modules.get(key)
         if module is not None:
             self.modules.move_to_end(key)
             return module
-        graph, program = self.specialize(env)
         # the first size's module fills the compile's report; later ones a report of their own
         report = self.report if self._first else CompileReport(name=self.report.name, mode=self.report.mode)
         self._first = False
-        natives = native_calls(program.segments)
-        # (the source depends on the segments' entries and the native calls' signatures alone: sizes with the
-        # same share one build, [Note: native calls at any size])
-        signature = tuple(tuple(e if isinstance(e, str) else e.signature() for e in entries)
-                          for entries in program.segments)
-        if signature not in self._code:
-            self._code[signature] = {}
-            self.report.dynamic["builds"] = len(self._code)
-        table = [env[name] for name in self.size_names] + [v for call in natives for v in call.table_values()]
-        module = CompiledGraph(graph, program, report, size_slot=self.size_slot, position=self.position,
-                               shared_code=self._code[signature], size_table=table)
+        module = self._new_module(env, report)
         self.sizes_seen += 1
         seen = self.report.dynamic
         seen["planned"] += 1
@@ -122,6 +111,21 @@ class SymbolicGraph:
         if len(self.modules) > self.capacity:
             self.modules.popitem(last=False)
         return module
+
+    def _new_module(self, env: dict[str, int], report: CompileReport) -> CompiledGraph:
+        """The sizes' Program over the one build's code."""
+        graph, program = self.specialize(env)
+        natives = native_calls(program.segments)
+        # (the source depends on the segments' entries and the native calls' signatures alone: sizes with the
+        # same share one build, [Note: native calls at any size])
+        signature = tuple(tuple(e if isinstance(e, str) else e.signature() for e in entries)
+                          for entries in program.segments)
+        if signature not in self._code:
+            self._code[signature] = {}
+            self.report.dynamic["builds"] = len(self._code)
+        table = [env[name] for name in self.size_names] + [v for call in natives for v in call.table_values()]
+        return CompiledGraph(graph, program, report, size_slot=self.size_slot, position=self.position,
+                             shared_code=self._code[signature], size_table=table)
 
     def call_sizes(self) -> dict[str, int]:
         """The size symbols' values in the last call (what the caller's own views of its outputs take)."""
@@ -155,21 +159,6 @@ class SizedTritonGraph(SymbolicGraph):
         self.build = build
         report.dynamic["builds"] = 0
 
-    def module_for(self, env: dict[str, int]) -> Any:
-        key = tuple(env[name] for name in self.size_names)
-        module = self.modules.get(key)
-        if module is not None:
-            self.modules.move_to_end(key)
-            return module
-        report = self.report if self._first else CompileReport(name=self.report.name, mode=self.report.mode)
-        self._first = False
-        module = self.build(env, report)
-        seen = self.report.dynamic
-        seen["planned"] += 1
-        seen["builds"] += 1
-        seen["sizes"].append(dict(env))
-        del seen["sizes"][:-self.capacity]
-        self.modules[key] = module
-        if len(self.modules) > self.capacity:
-            self.modules.popitem(last=False)
-        return module
+    def _new_module(self, env: dict[str, int], report: CompileReport) -> Any:
+        self.report.dynamic["builds"] += 1
+        return self.build(env, report)
