@@ -178,7 +178,8 @@ def breakdown(args: argparse.Namespace) -> None:
         print(f"{args.model} {backend}: first call {first_call(backend, args.model, args.cprofile):.2f} s")
         if backend == "kiln":
             for report in reports_since(position):
-                print("  phases:", ", ".join(f"{k} {v:.3f}" for k, v in report.phases.items()))
+                print("  phases:", ", ".join(f"{k} {v:.3f}" for k, v in report.phases.items()),
+                      f"(kiln's backend {report.compile_seconds:.3f} s of the first call)")
         for label, times in sorted(totals.items()):
             print(f"  {label}: {len(times)} calls, {sum(times):.2f} s summed, longest {max(times):.2f} s")
         for line in gc_where:

@@ -11,6 +11,8 @@ again.  The runtime decides nothing of this: it binds buffers, loads the generat
 """
 from __future__ import annotations
 
+import time
+
 from typing import Any, Callable
 
 import torch
@@ -197,10 +199,13 @@ def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choi
         start_builds({"kiln_gpu_launch": gpu_launch.build_extension})
     # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
+    start = time.perf_counter()
     with config.scope(layout_optimization=True):
         first = make_plan(graph)
         copied = relayout_copies(graph, first, weights=not config.get().holds_weight_copies(report.mode))
         plan = triton_plan(copied, report, device, choices, plan=first if copied is graph else None)
         graph = copied
-        return TritonGraph(graph, build_program(graph, plan, arena=False), report, device)
+        program = build_program(graph, plan, arena=False)
+        report.phases["gpu_plan"] = time.perf_counter() - start - report.phases.get("matmul_tuning", 0.0)
+        return TritonGraph(graph, program, report, device)
 

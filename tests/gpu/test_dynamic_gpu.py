@@ -50,3 +50,33 @@ def test_gpt_over_sequence_lengths_on_the_triton_target(mode):
                 torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-4, atol=1e-4)
     report = _symbolic_report(position)
     assert report.dynamic["builds"] == 3
+
+
+def test_data_dependent_sizes_on_the_triton_target():
+    """``nonzero``'s and a boolean mask's results run eagerly; the pieces around them are Triton, the one after
+    them a module per size ([Note: data-dependent sizes])."""
+    dyn = torch._dynamo.config
+    saved = dyn.capture_dynamic_output_shape_ops
+    dyn.capture_dynamic_output_shape_ops = True
+    try:
+        def f(x, y):
+            a = torch.relu(x) * 2 + 1
+            rows = torch.nonzero(a.sum(1) > 20).squeeze(1)
+            return a.exp() + y, torch.tanh(a.index_select(0, rows)) * 3
+
+        torch._dynamo.reset()
+        position = mark()
+        compiled = kiln.compile(f, target="triton")
+        with torch.inference_mode():
+            for _ in range(3):
+                x, y = torch.randn(12, 16, device=DEVICE), torch.randn(12, 16, device=DEVICE)
+                for g, w in zip(compiled(x, y), f(x, y)):
+                    torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5)
+        reports = reports_since(position)
+        whole = [r for r in reports if r.target == "pieces"]
+        assert len(whole) == 1 and len(whole[0].eager_nodes) == 1
+        pieces = [r for r in reports if "[piece" in r.name]
+        assert len(pieces) == 2 and all(r.fallback is None and r.target == "triton" for r in pieces)
+    finally:
+        dyn.capture_dynamic_output_shape_ops = saved
+        torch._dynamo.reset()
