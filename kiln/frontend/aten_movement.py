@@ -192,13 +192,14 @@ def _diagonal(L: Lowerer, n: Any, x: Node, offset: int = 0, dim1: int = 0, dim2:
         raise Unsupported("diagonal with dim1 == dim2")
     rest = [d for d in range(nd) if d not in (d1, d2)]
     rows, cols = x.shape[d1], x.shape[d2]
-    if offset >= 0:
-        start, length = offset, max(0, min(rows, cols - offset))
-    else:
-        start, length = -offset * cols, max(0, min(rows + offset, cols))
+    start = offset if offset >= 0 else -offset * cols
+    if isinstance(rows, int) and isinstance(cols, int):
+        length = max(0, min(rows, cols - offset)) if offset >= 0 else max(0, min(rows + offset, cols))
+    else:  # (symbolic: Dynamo's own length - one symbol for a square matrix; a min() of two has no form here)
+        length = out_shape(n)[-1]
     y = L.reshape(L.permute(x, rest + [d1, d2]), tuple(x.shape[d] for d in rest) + (rows * cols,))
     shape = tuple(x.shape[d] for d in rest) + (length,)
-    if shape != out_shape(n) or length == 0:
+    if shape != out_shape(n) or (isinstance(length, int) and length == 0):
         raise Unsupported("diagonal shape")
     return L.b.add(Op.SLICE, (y,), shape=shape, dim=len(rest), start=start, step=cols + 1)
 

@@ -578,4 +578,19 @@ def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
         return mod(floordiv(args[0], args[1]), args[2])
     if kind in ("Mod", "PythonMod") and len(args) == 2:
         return mod(args[0], args[1])
+    if kind in ("Min", "Max") and args:
+        picked = _provable_extreme(args, kind == "Min")
+        if picked is not None:
+            return picked
     raise UnsupportedSize(f"size expression {expr} ({kind})")
+
+
+def _provable_extreme(args: list[Size], smallest: bool) -> Size | None:
+    """The least (greatest) of ``args`` where one is provably so at every size in the symbols' ranges: they
+    differ by constants (``Min(s0, s0 - 1)`` - a diagonal's length over a square matrix, which sympy leaves
+    unsimplified) or the ranges decide (``Max(0, s0 - 2)`` with ``s0 >= 2``).  None otherwise (a ``Min`` of two
+    unrelated sizes has no form here)."""
+    for pick in args:
+        if all(provably_le(pick, other) if smallest else provably_le(other, pick) for other in args):
+            return pick
+    return None

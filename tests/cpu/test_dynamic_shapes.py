@@ -418,3 +418,17 @@ def test_padding_to_a_multiple_of_a_window_computed_from_sizes():
         _check(fn, compiled, torch.randn(2, h, w, 3))
     report = _one_symbolic_report(position)
     assert "constant_pad_nd" not in report.externs, report.externs  # (kiln's pad, by widths per call)
+
+
+def test_diagonals_of_a_symbolic_square_matrix():
+    """``aten.diagonal`` over symbolic sizes: the main diagonal's length is the symbol, one above or below it
+    ``Min(s, s - 1)`` (sympy's form, kiln's ``s - 1``); before, such a graph ran eagerly."""
+    def fn(x):
+        return (torch.diagonal(x * 2, 0, -2, -1).exp() + 1, torch.diagonal(x, 1, 1, 2).sum(-1),
+                torch.diagonal(x, -2, 1, 2) * 3)
+    compiled = _compiled(fn, dynamic=True)
+    position = mark()
+    for n in (4, 7, 12):
+        _check(fn, compiled, torch.randn(3, n, n))
+    report = _one_symbolic_report(position)
+    assert len(report.dynamic["sizes"]) == 3

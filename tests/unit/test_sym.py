@@ -140,3 +140,20 @@ def test_dynamo_expressions_convert_and_evaluate():
     import sympy
     with pytest.raises(UnsupportedSize):
         from_sympy(sympy.Max(sympy.Symbol("s27"), 3), symbols | {"s27": T})
+
+
+def test_min_and_max_of_sizes_that_differ_by_constants():
+    """``Min(s0, s0 - 1)`` (sympy leaves it; a diagonal's length above the main one of a square matrix) is
+    ``s0 - 1`` at every size; a ``Min`` of two unrelated sizes has no form."""
+    import sympy
+    s = Symbol("s0", 2, None)
+    t = Symbol("s1", 2, None)
+    names = {"s0": s, "s1": t}
+    x, y = sympy.Symbol("s0"), sympy.Symbol("s1")
+    for n in (2, 5, 9):
+        env = {"s0": n, "s1": 3}
+        assert evaluate(from_sympy(sympy.Min(x, x - 1, evaluate=False), names), env) == n - 1
+        assert evaluate(from_sympy(sympy.Max(x + 2, x - 1, evaluate=False), names), env) == n + 2
+        assert evaluate(from_sympy(sympy.Min(2 * x, 2 * x + 3, evaluate=False), names), env) == 2 * n
+    with pytest.raises(UnsupportedSize):
+        from_sympy(sympy.Min(x, y), names)
