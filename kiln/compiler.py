@@ -158,7 +158,8 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             int_sizes = symbol_inputs(fx_gm)
             if triton:
                 report.target = "triton"
-                module = _sized_triton(graph, report, device, cfg, [name for name, _ in int_sizes])
+                module = _sized_triton(report.captured, graph, report, device, cfg,
+                                       [name for name, _ in int_sizes])
             else:
                 module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
@@ -173,35 +174,59 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
 
 
-def _sized_triton(graph: Any, report: CompileReport, device: torch.device, cfg: config_mod.Config,
-                  int_sizes: list[str]) -> Callable:
+def _sized_triton(captured: Any, optimized: Any, report: CompileReport, device: torch.device,
+                  cfg: config_mod.Config, int_sizes: list[str]) -> Callable:
     """A symbolic graph's GPU module: a static build per size tuple ([Note: a GPU module per size]), each made
-    under the compile's options, outside any fake mode, with a measured-choice service of its own."""
+    under the compile's options, outside any fake mode, with a measured-choice service of its own.
+
+    Each size's graph is the *captured* graph at those sizes, optimized by the pass pipeline as a static graph
+    is (passes that need static shapes - a size-1 broadcast, a row count to align - fire there as in a static
+    compile), unless at that size an output would become an input or a view of one where the symbolic
+    optimization (whose outputs the caller's alias fixes were made for) has none: that size takes the symbolic
+    optimization's graph instead."""
     from torch.utils._python_dispatch import _disable_current_modes
+    from kiln.ir.graph import Op, compiling_for, view_root
     from kiln.ir.sym import symbols_of
+    from kiln.passes.pipeline import run_pipeline
     from kiln.runtime.dynamic import SizedTritonGraph
     from kiln.schedule.plan import build_triton
     from kiln.schedule.specialize import concrete_graph, holds_size, static_nodes
     from kiln.tune.choices import Choices
     options = {k: getattr(cfg, k) for k in config_mod.Config.option_names()}
-    static = static_nodes(graph)
-    sized_attrs = {n for n in graph.nodes if n not in static and holds_size(n.attrs)}
+
+    def concretizer(graph: Any) -> Callable[[dict[str, int]], Any]:
+        static = static_nodes(graph)
+        sized = {n for n in graph.nodes if n not in static and holds_size(n.attrs)}
+        return lambda env: concrete_graph(graph, env, static, sized)[0]
+
+    def input_outputs(graph: Any) -> list[bool]:
+        return [view_root(o).op is Op.INPUT for o in graph.outputs]
+
+    at_sizes, optimized_at_sizes = concretizer(captured), concretizer(optimized)
+    expected = input_outputs(optimized)
 
     def build(env: dict[str, int], size_report: CompileReport) -> Any:
         start = time.perf_counter()
-        concrete, _ = concrete_graph(graph, env, static, sized_attrs)
         with _disable_current_modes(), torch.no_grad(), config_mod.scope(**options):
             choices = Choices.for_compile(size_report.mode)
             try:
-                module = build_triton(concrete, size_report, device, size_report.mode, choices)
+                # (the compile's own report, the first size's, keeps the symbolic pipeline's record)
+                passes_report = size_report if size_report is not report else CompileReport(report.name)
+                with compiling_for(device.type):
+                    graph = run_pipeline(at_sizes(env), passes_report, check=cfg.check, choices=choices)
+                if input_outputs(graph) != expected or len(graph.inputs) != len(optimized.inputs):
+                    graph = optimized_at_sizes(env)
+                size_report.optimized = graph
+                module = build_triton(graph, size_report, device, size_report.mode, choices)
             finally:
                 choices.close()
         size_report.target = "triton"
         size_report.phases["size_build"] = time.perf_counter() - start
         return module
 
-    symbols = sorted({s for n in graph.nodes for d in n.shape for s in symbols_of(d)}, key=lambda s: s.name)
-    module = SizedTritonGraph(graph, report, build, [s.name for s in symbols], device, int_sizes=int_sizes)
+    by_name = {s.name: s for g in (captured, optimized) for n in g.nodes for d in n.shape for s in symbols_of(d)}
+    symbols = [by_name[name] for name in sorted(by_name)]
+    module = SizedTritonGraph(optimized, report, build, [s.name for s in symbols], device, int_sizes=int_sizes)
     report.dynamic["ranges"] = ", ".join(f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]" for s in symbols)
     report.dynamic["per_size"] = "a static GPU module built per size tuple"
     return module

@@ -67,20 +67,26 @@ def variants(name: str, inputs: tuple[Tensor, ...], size: str = "ci",
             if d is None:
                 return t
             row = t.narrow(d, 0, 1)
-            extra = torch.randn(row.shape, generator=gen, dtype=t.dtype) if t.is_floating_point() else row
+            extra = (torch.randn(row.shape, generator=gen, dtype=t.dtype).to(t.device) if t.is_floating_point()
+                     else row)
             return torch.cat([t, extra], d)
         out.append((f"batch {batch + 1}", tuple(grow(t) for t in inputs)))
     return out
 
 
-def check(name: str, size: str = "ci", attn: str | None = None) -> dict[str, Any]:
+def check(name: str, size: str = "ci", attn: str | None = None, device: str = "cpu",
+          target: str = "auto") -> dict[str, Any]:
     """Compile zoo model ``name`` once with ``dynamic=True`` and run every variant; returns what happened
-    (``ok``, the variants run, graphs compiled, graphs kiln ran eagerly, symbolic graphs, the first error)."""
+    (``ok``, the variants run, graphs compiled, graphs kiln ran eagerly, symbolic graphs, the first error).
+    ``device``: where the model and inputs live; ``target``: kiln's (``triton`` on CPU tensors runs the GPU code
+    generator under Triton's interpreter, with ``TRITON_INTERPRET=1`` set before Triton is imported)."""
     import kiln  # noqa: F401  (registers the backend)
     from kiln.report import mark, reports_since
     model, inputs = zoo.build(name, size, attn)
+    model = model.to(device)
+    inputs = tuple(x.to(device) if isinstance(x, Tensor) else x for x in inputs)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    compiled = torch.compile(model, backend="kiln", dynamic=True, options={"target": target})
     position = mark()
     result: dict[str, Any] = {"model": name, "variants": [], "error": None}
     with torch.inference_mode():
@@ -104,12 +110,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--models", default=None, help="comma-separated zoo models (default: all)")
     p.add_argument("--size", default="ci", choices=tuple(zoo.SIZES))
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    p.add_argument("--target", default="auto", choices=("auto", "cpu", "cuda", "triton"))
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     names = args.models.split(",") if args.models else list(zoo.specs())
     failed = 0
     for name in names:
-        r = check(name, args.size)
+        r = check(name, args.size, device=args.device, target=args.target)
         failed += not r["ok"]
         status = "ok" if r["ok"] else "FAIL"
         print(f"{name}: {status}, variants {r['variants']}, {r['graphs']} graph(s), {r['symbolic']} symbolic"
