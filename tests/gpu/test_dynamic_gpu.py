@@ -80,3 +80,12 @@ def test_data_dependent_sizes_on_the_triton_target():
     finally:
         dyn.capture_dynamic_output_shape_ops = saved
         torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("name", ["llama", "mha_cross"])
+def test_zoo_models_at_other_lengths_and_batches_on_the_triton_target(name):
+    """One ``dynamic=True`` compile per model, called shorter and with one more row (kiln.testing.zoo_dynamic)."""
+    from kiln.testing.zoo_dynamic import check
+    result = check(name, "ci", device=DEVICE, target="triton")
+    assert result["ok"], result
+    assert result["symbolic"] >= 1 and len(result["variants"]) >= 2, result
