@@ -165,7 +165,8 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
             fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs))
             run = _runner(module, positions, arg_names, fixes)
-            return _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
+            run = _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
+            return _eager_until_built(run, module, positions, fx_gm) if triton else run
         else:
             module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
                                 _example_inputs(graph, examples), choices)
@@ -226,10 +227,23 @@ def _sized_triton(captured: Any, optimized: Any, report: CompileReport, device: 
 
     by_name = {s.name: s for g in (captured, optimized) for n in g.nodes for d in n.shape for s in symbols_of(d)}
     symbols = [by_name[name] for name in sorted(by_name)]
-    module = SizedTritonGraph(optimized, report, build, [s.name for s in symbols], device, int_sizes=int_sizes)
+    module = SizedTritonGraph(optimized, report, build, [s.name for s in symbols], device, int_sizes=int_sizes,
+                              build_after=cfg.gpu_dynamic_build_after)
     report.dynamic["ranges"] = ", ".join(f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]" for s in symbols)
     report.dynamic["per_size"] = "a static GPU module built per size tuple"
     return module
+
+
+def _eager_until_built(run: Callable, module: Any, positions: list[int], fx_gm: torch.fx.GraphModule) -> Callable:
+    """``run``, except for calls at a size whose GPU module is not built yet and is not due to be
+    (``SizedTritonGraph.ready``): those run the captured graph eagerly."""
+    eager = _eager(fx_gm)
+
+    def call(args: Sequence[Any]) -> Any:
+        if module.ready([args[i] for i in positions]):
+            return run(args)
+        return eager(args)
+    return call
 
 
 def _example_inputs(graph: Any, examples: Sequence[Any] | None) -> Callable[[], list[torch.Tensor]] | None:

@@ -122,9 +122,13 @@ class Config:
     # CPU: call kiln's own GEMM, convolution and attention ops from the generated C++ between the kernels, not
     # through Python, whose code runs cache-cold after a GEMM (runtime/native.py; ``benchmarks/native_calls.py``).
     native_calls: bool = True
-    # CPU: compile graphs traced with dynamic shapes (symbolic sizes) once, for every size (docs/dynamic_shapes.md);
-    # off: such graphs run eagerly, as before issue 19.  (GPU: not yet, they run eagerly.)
+    # Compile graphs traced with dynamic shapes (symbolic sizes): on the CPU once, for every size; on the GPU a module
+    # per size (docs/dynamic_shapes.md); off: such graphs run eagerly, as before issue 19.
     dynamic_shapes: bool = True
+    # GPU, dynamic shapes: build a size's module at the n-th call at that size; the calls before run eagerly.  A
+    # build compiles that size's kernels (~1 s), so a decoding loop - a new length every step, each seen once - runs
+    # eagerly instead of compiling at every token; sizes that come back are compiled ([Note: a GPU module per size]).
+    gpu_dynamic_build_after: int = 2
     # Run convolutions and the kernels between them channels-last (NHWC) inside a graph.  Off by default:
     # measured on ResNet-18 (1 thread) it cost 9%, on the seed model it gained under 3% (see schedule/layout.py).
     layout_optimization: bool = False
@@ -213,6 +217,7 @@ class Config:
         "library_selection": ("KILN_LIBRARY_SELECTION", bool),
         "native_calls": ("KILN_NATIVE_CALLS", bool),
         "dynamic_shapes": ("KILN_DYNAMIC_SHAPES", bool),
+        "gpu_dynamic_build_after": ("KILN_GPU_DYNAMIC_BUILD_AFTER", int),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),
         "target": ("KILN_TARGET", str),

@@ -71,9 +71,13 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
         out.append(f"--- ran eagerly: {line}")
     if r.dynamic:
         sizes = "; ".join(", ".join(f"{k}={v}" for k, v in env.items()) for env in r.dynamic["sizes"][-8:])
-        out.append(f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "
-                   f"{_builds(r.dynamic.get('builds', 1))}, a memory plan per size: "
-                   f"{r.dynamic.get('planned', len(r.dynamic['sizes']))} planned" + (f": {sizes}" if sizes else ""))
+        head = f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "
+        if "eager_calls" in r.dynamic:  # the GPU: a module per size ([Note: a GPU module per size])
+            out.append(head + f"a GPU module per size: {r.dynamic['builds']} built, {r.dynamic['eager_calls']} call(s) "
+                       f"run eagerly before their size's build was due" + (f": {sizes}" if sizes else ""))
+        else:
+            out.append(head + f"{_builds(r.dynamic.get('builds', 1))}, a memory plan per size: "
+                       f"{r.dynamic.get('planned', len(r.dynamic['sizes']))} planned" + (f": {sizes}" if sizes else ""))
     for line in r.tune_skipped:
         out.append(f"--- tuning skipped {line}")
     if r.captured is not None:

@@ -148,16 +148,38 @@ class SizedTritonGraph(SymbolicGraph):
     tuple evaluates them (``concrete_graph``) and builds the static GPU module of that graph - plan, matmul
     choices, Triton kernels with the sizes as constants, and in reduce-overhead its own CUDA graph - so every
     call runs code specialized to its sizes, at the price of a compile per new size (Triton's cache answers a
-    size seen in an earlier process).  Kernels with size arguments, shared by all sizes, are the next step
-    (docs/dynamic_shapes.md, layer 8)."""
+    size seen in an earlier process).  So that a decoding loop (a new length every step, each seen once) does not
+    compile at every token, a size's module is built at its ``build_after``-th call (``gpu_dynamic_build_after``,
+    2 by default: a size that comes back) and the calls before run the captured graph eagerly; the report counts
+    both.  Kernels with size arguments, shared by all sizes, are the next step (docs/dynamic_shapes.md, layer 8)."""
 
     def __init__(self, graph: Graph, report: CompileReport, build: Callable[[dict[str, int], CompileReport], Any],
-                 size_names: list[str], device: torch.device, capacity: int = 16, int_sizes: Sequence[str] = ()):
-        """``build(sizes, report) -> module``: the static GPU module of the graph at those sizes."""
+                 size_names: list[str], device: torch.device, capacity: int = 16, int_sizes: Sequence[str] = (),
+                 build_after: int = 1):
+        """``build(sizes, report) -> module``: the static GPU module of the graph at those sizes; ``build_after``:
+        a size's module is built at its n-th call (``ready`` says whether this call's is, or would be)."""
         self.device = device
         super().__init__(graph, report, lambda env: (graph, None), size_names, capacity, int_sizes)
         self.build = build
+        self.build_after = max(1, build_after)
+        self.sightings: collections.OrderedDict[tuple[int, ...], int] = collections.OrderedDict()
         report.dynamic["builds"] = 0
+        report.dynamic["eager_calls"] = 0
+
+    def ready(self, inputs: Sequence[torch.Tensor]) -> bool:
+        """Is this call's size compiled, or seen often enough to be built now?  If not, the caller runs the call
+        eagerly (counted in the report).  Bad inputs raise here as in a compiled call."""
+        key = tuple(self._bind(inputs)[name] for name in self.size_names)
+        if key in self.modules:
+            return True
+        seen = self.sightings.pop(key, 0) + 1
+        self.sightings[key] = seen
+        if len(self.sightings) > 1024:  # (a server sees new sizes for as long as it runs)
+            self.sightings.popitem(last=False)
+        if seen >= self.build_after:
+            return True
+        self.report.dynamic["eager_calls"] += 1
+        return False
 
     def _new_module(self, env: dict[str, int], report: CompileReport) -> Any:
         self.report.dynamic["builds"] += 1

@@ -86,7 +86,10 @@ def check(name: str, size: str = "ci", attn: str | None = None, device: str = "c
     model = model.to(device)
     inputs = tuple(x.to(device) if isinstance(x, Tensor) else x for x in inputs)
     torch._dynamo.reset()
-    compiled = torch.compile(model, backend="kiln", dynamic=True, options={"target": target})
+    # (on the GPU each size's module is built at its first call here - not its second, the default - so that
+    # every variant runs compiled code)
+    compiled = torch.compile(model, backend="kiln", dynamic=True,
+                             options={"target": target, "gpu_dynamic_build_after": 1})
     position = mark()
     result: dict[str, Any] = {"model": name, "variants": [], "error": None}
     with torch.inference_mode():

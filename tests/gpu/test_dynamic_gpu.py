@@ -26,15 +26,17 @@ def test_a_module_per_size_each_matching_eager():
         return F.softmax(h, -1) * 2
 
     torch.manual_seed(0)
-    position = mark()
-    compiled = kiln.compile(f, target="triton", dynamic=True)
     w = torch.randn(16, 16, device=DEVICE)
-    with torch.inference_mode():
-        for n in (3, 5, 9, 5):  # (5 again: its module is reused)
-            x = torch.randn(n, 16, device=DEVICE)
-            torch.testing.assert_close(compiled(x, w), f(x, w), rtol=2e-5, atol=2e-5)
-    report = _symbolic_report(position)
-    assert report.dynamic["builds"] == 3 and len(report.dynamic["sizes"]) == 3
+    for build_after, builds, eager in ((1, 3, 0), (2, 1, 3)):
+        position = mark()
+        compiled = kiln.compile(f, target="triton", dynamic=True, gpu_dynamic_build_after=build_after)
+        with torch.inference_mode():
+            for n in (3, 5, 9, 5):  # (5 again: its module is built at its second call, or reused)
+                x = torch.randn(n, 16, device=DEVICE)
+                torch.testing.assert_close(compiled(x, w), f(x, w), rtol=2e-5, atol=2e-5)
+        report = _symbolic_report(position)
+        assert report.dynamic["builds"] == builds and len(report.dynamic["sizes"]) == builds
+        assert report.dynamic["eager_calls"] == eager  # (a size's first call, before its build is due)
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
@@ -46,10 +48,11 @@ def test_gpt_over_sequence_lengths_on_the_triton_target(mode):
     with torch.inference_mode():
         for T in (5, 17, 9, 17):
             ids = torch.randint(0, 97, (1, T), device=DEVICE)
-            for _ in range(2 if HAS_CUDA else 1):  # (reduce-overhead records at a size's second call)
+            # (the first call at a size runs eagerly, the second builds; reduce-overhead records at the third)
+            for _ in range(3 if HAS_CUDA else 2):
                 torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-4, atol=1e-4)
     report = _symbolic_report(position)
-    assert report.dynamic["builds"] == 3
+    assert report.dynamic["builds"] == 3 and report.dynamic["eager_calls"] == 3
 
 
 def test_data_dependent_sizes_on_the_triton_target():
@@ -89,3 +92,15 @@ def test_zoo_models_at_other_lengths_and_batches_on_the_triton_target(name):
     result = check(name, "ci", device=DEVICE, target="triton")
     assert result["ok"], result
     assert result["symbolic"] >= 1 and len(result["variants"]) >= 2, result
+
+
+def test_the_report_counts_builds_and_eager_calls():
+    def f(x):
+        return torch.sigmoid(x) * x.sum(-1, keepdim=True)
+    position = mark()
+    compiled = kiln.compile(f, target="triton", dynamic=True)
+    with torch.inference_mode():
+        for n in (3, 4, 3, 6):
+            compiled(torch.randn(n, 8, device=DEVICE))
+    text = _symbolic_report(position).format(source=False)
+    assert "a GPU module per size: 1 built, 3 call(s) run eagerly" in text, text
