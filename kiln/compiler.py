@@ -237,12 +237,15 @@ def _sized_triton(captured: Any, optimized: Any, report: CompileReport, device: 
 def _eager_until_built(run: Callable, module: Any, positions: list[int], fx_gm: torch.fx.GraphModule) -> Callable:
     """``run``, except for calls at a size whose GPU module is not built yet and is not due to be
     (``SizedTritonGraph.ready``): those run the captured graph eagerly."""
+    from kiln.runtime.errors import InputMismatch
     eager = _eager(fx_gm)
 
     def call(args: Sequence[Any]) -> Any:
-        if module.ready([args[i] for i in positions]):
-            return run(args)
-        return eager(args)
+        try:
+            ready = module.ready([args[i] for i in positions])
+        except InputMismatch:
+            return run(args)  # (whose error names the user's argument)
+        return run(args) if ready else eager(args)
     return call
 
 
