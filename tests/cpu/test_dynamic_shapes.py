@@ -160,10 +160,8 @@ def test_plans_kept_are_bounded_and_an_evicted_size_is_planned_again():
     assert len(module.modules) == 2 and module.sizes_seen == 5
 
 
-def test_a_call_whose_sizes_disagree_with_the_graph_raises_a_clear_error():
-    """Sizes bound from one input and contradicted by another: InputMismatch naming the expected shape."""
-    from kiln.compiler import compile_aten_graph
-    from kiln.runtime.errors import InputMismatch
+def aot_graph(fn, *inputs):
+    """AOTAutograd's forward graph of ``fn`` traced with ``dynamic=True`` (what kiln's backend compiles)."""
     graphs = []
 
     def backend(gm, example_inputs):
@@ -175,9 +173,17 @@ def test_a_call_whose_sizes_disagree_with_the_graph_raises_a_clear_error():
         return aot_module_simplified(gm, example_inputs, fw_compiler=grab)
     torch._dynamo.reset()
     with torch.inference_mode():
-        torch.compile(lambda x, y: x + y.sum(0), backend=backend, dynamic=True)(torch.randn(3, 5), torch.randn(4, 5))
-    run = compile_aten_graph(graphs[0], {}, cfg=config.Config().with_options(fallback=False))
-    placeholders = [n for n in graphs[0].graph.nodes if n.op == "placeholder"]
+        torch.compile(fn, backend=backend, dynamic=True)(*inputs)
+    return graphs[0]
+
+
+def test_a_call_whose_sizes_disagree_with_the_graph_raises_a_clear_error():
+    """Sizes bound from one input and contradicted by another: InputMismatch naming the expected shape."""
+    from kiln.compiler import compile_aten_graph
+    from kiln.runtime.errors import InputMismatch
+    graph = aot_graph(lambda x, y: x + y.sum(0), torch.randn(3, 5), torch.randn(4, 5))
+    run = compile_aten_graph(graph, {}, cfg=config.Config().with_options(fallback=False))
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     tensors = iter([torch.randn(3, 5), torch.randn(4, 6)])  # y's last dimension must equal x's
     args = [next(tensors) if isinstance(p.meta["val"], torch.Tensor) else int(p.meta["val"].node.hint)
             for p in placeholders]

@@ -112,21 +112,10 @@ def test_a_call_whose_sizes_disagree_raises_a_clear_error_before_any_eager_run()
     from kiln import config
     from kiln.compiler import compile_aten_graph
     from kiln.runtime.errors import InputMismatch
-    graphs = []
-
-    def backend(gm, example_inputs):
-        from torch._functorch.aot_autograd import aot_module_simplified
-
-        def grab(g, fake_inputs):
-            graphs.append(g)
-            return g.forward
-        return aot_module_simplified(gm, example_inputs, fw_compiler=grab)
-    torch._dynamo.reset()
-    with torch.inference_mode():
-        torch.compile(lambda x, y: x + y.sum(0), backend=backend, dynamic=True)(
-            torch.randn(3, 5, device=DEVICE), torch.randn(4, 5, device=DEVICE))
-    run = compile_aten_graph(graphs[0], {}, cfg=config.Config().with_options(fallback=False, target="triton"))
-    placeholders = [n for n in graphs[0].graph.nodes if n.op == "placeholder"]
+    from tests.cpu.test_dynamic_shapes import aot_graph
+    graph = aot_graph(lambda x, y: x + y.sum(0), torch.randn(3, 5, device=DEVICE), torch.randn(4, 5, device=DEVICE))
+    run = compile_aten_graph(graph, {}, cfg=config.Config().with_options(fallback=False, target="triton"))
+    placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     tensors = iter([torch.randn(3, 5, device=DEVICE), torch.randn(4, 6, device=DEVICE)])
     args = [next(tensors) if isinstance(p.meta["val"], torch.Tensor) else int(p.meta["val"].node.hint)
             for p in placeholders]
