@@ -32,18 +32,16 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
     check_target(cfg.target, _device_of(fx_gm, frozen))
     try:
         from kiln.frontend.data_dependent import compile_split, needs_pieces
-        if needs_pieces(fx_gm):  # see [Note: data-dependent sizes]
+        if needs_pieces(fx_gm):  # see [Note: data-dependent sizes]: each piece compiles through this function
             report.target = "pieces"
             fn = compile_split(fx_gm, frozen, functools.partial(compile_aten_graph, cfg=cfg, mode=mode), name,
                                arg_names, examples, report)
-            report.compile_seconds = time.perf_counter() - start
-            fn._boxed_call = True
-            return fn
-        # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
-        from torch.utils._python_dispatch import _disable_current_modes
-        with _disable_current_modes(), torch.no_grad(), \
-                config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
-            fn = _compile(fx_gm, frozen, cfg, report, arg_names, examples)
+        else:
+            # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
+            from torch.utils._python_dispatch import _disable_current_modes
+            with _disable_current_modes(), torch.no_grad(), \
+                    config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
+                fn = _compile(fx_gm, frozen, cfg, report, arg_names, examples)
     except Exception as exc:  # never break the user's model
         if not cfg.fallback:
             raise

@@ -113,7 +113,7 @@ def compile_split(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     split = split_module(fx_gm, None, lambda n: level[n])
     placeholders = [n.name for n in fx_gm.graph.nodes if n.op == "placeholder"]
     position = {p: k for k, p in enumerate(placeholders)}
-    compiled = sorted({v for v in level.values() if v % 2 == 0})
+    compiled = sorted({v for n, v in level.items() if v % 2 == 0 and n.op == "call_function"})
     report.eager_nodes = [_describe(n) for n in binding_nodes(fx_gm)]
     report.eager_nodes += [f"{n.name} (a size check, as eager runs it): {n.args[1]!r}" if len(n.args) > 1 else
                            f"{n.name} (a size check, as eager runs it)" for n in symbolic_checks(fx_gm)

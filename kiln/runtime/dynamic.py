@@ -163,23 +163,34 @@ class SizedTritonGraph(SymbolicGraph):
         self.build = build
         self.build_after = max(1, build_after)
         self.sightings: collections.OrderedDict[tuple[int, ...], int] = collections.OrderedDict()
+        self._bound: tuple[tuple[int, ...], dict[str, int]] | None = None  # (the inputs' ids, their sizes)
         report.dynamic["builds"] = 0
         report.dynamic["eager_calls"] = 0
 
     def ready(self, inputs: Sequence[torch.Tensor]) -> bool:
         """Is this call's size compiled, or seen often enough to be built now?  If not, the caller runs the call
-        eagerly (counted in the report).  Bad inputs raise here as in a compiled call."""
-        key = tuple(self._bind(inputs)[name] for name in self.size_names)
-        if key in self.modules:
-            return True
-        seen = self.sightings.pop(key, 0) + 1
-        self.sightings[key] = seen
-        if len(self.sightings) > 1024:  # (a server sees new sizes for as long as it runs)
-            self.sightings.popitem(last=False)
+        eagerly (counted in the report).  Bad inputs raise here as in a compiled call.  Every call asks this
+        first; the sizes it binds serve the compiled call that follows (``_bind``), not bound twice."""
+        self._bound = None
+        env = super()._bind(inputs)
+        key = tuple(env[name] for name in self.size_names)
+        seen = self.build_after
+        if key not in self.modules:
+            seen = self.sightings.pop(key, 0) + 1
+            self.sightings[key] = seen
+            if len(self.sightings) > 1024:  # (a server sees new sizes for as long as it runs)
+                self.sightings.popitem(last=False)
         if seen >= self.build_after:
+            self._bound = (tuple(map(id, inputs)), env)
             return True
         self.report.dynamic["eager_calls"] += 1
         return False
+
+    def _bind(self, inputs: Sequence[Any]) -> dict[str, int]:
+        bound, self._bound = self._bound, None
+        if bound is not None and bound[0] == tuple(map(id, inputs)):
+            return bound[1]
+        return super()._bind(inputs)
 
     def _new_module(self, env: dict[str, int], report: CompileReport) -> Any:
         self.report.dynamic["builds"] += 1
