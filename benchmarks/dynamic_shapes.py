@@ -9,7 +9,8 @@ For each backend: the first pass calls the model once per length in order (compi
 first call to the last result); the second pass times each length again (median of ``--repeats`` calls, the
 backends interleaved per length) and sums over the lengths.  ``inductor``/``kiln``: ``torch.compile`` as users
 call it (automatic dynamic: the second size recompiles with the changed dimension symbolic); ``-dyn``:
-``dynamic=True``; ``-ro``: ``mode="reduce-overhead"`` (``kiln-dyn-ro``; with the flags in any order).  Reported
+``dynamic=True``; ``-ro``: ``mode="reduce-overhead"`` (``kiln-dyn-ro``; with the flags in any order); ``-static``
+(kiln): on the GPU a static module per size instead of kernels with size parameters.  Reported
 per backend: graphs compiled (Dynamo's count), graphs kiln ran eagerly (its reports),
 both passes, and the largest difference from eager's outputs at any length.
 """
@@ -50,6 +51,13 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     namespace: dict[str, Any] = {}
     exec(compile("def call(ids):\n    return model(ids)\n", f"<dynamic_shapes {backend}>", "exec"),
          {"model": model}, namespace)
+    if name == "kiln" and "static" in flags:  # the GPU: a static module per size ([Note: a GPU module per size])
+        from kiln.frontend.dynamo import kiln_backend
+        mode = kwargs.pop("mode", "default")
+
+        def per_size(gm: Any, example_inputs: Any) -> Any:
+            return kiln_backend(gm, example_inputs, mode=mode, options={"gpu_symbolic_kernels": False}, name="GPT")
+        return torch.compile(namespace["call"], backend=per_size, **kwargs)
     return torch.compile(namespace["call"], backend=name, **kwargs)
 
 
@@ -74,11 +82,19 @@ def first_pass(name: str, make: Callable[[], Callable[..., Any]], order: list[in
         err, rel = max(err, diff), max(rel, diff / reference[k].abs().max().item())
     seconds = time.perf_counter() - start
     reports = reports_since(position) if name.startswith("kiln") else []
-    return {"fn": fn, "first_pass_s": seconds, "graphs": counters["stats"]["unique_graphs"] - before,
+    return {"fn": fn, "reports": reports, "first_pass_s": seconds,
+            "graphs": counters["stats"]["unique_graphs"] - before,
             "eager_graphs": sum(r.fallback is not None for r in reports),
+            "eager_calls_first_pass": _eager_calls(reports),
             "symbolic_graphs": sum(r.dynamic is not None for r in reports),
             "ranges": [r.dynamic.get("ranges") for r in reports if r.dynamic],
             "max_abs_err": err, "max_rel_err": rel}
+
+
+def _eager_calls(reports: list[Any]) -> int:
+    """Calls kiln's symbolic GPU graphs ran eagerly so far, while a size's module was not built yet
+    (``gpu_dynamic_build_after``; [Note: a GPU module per size])."""
+    return sum((r.dynamic or {}).get("eager_calls", 0) for r in reports)
 
 
 def main() -> None:
@@ -110,15 +126,19 @@ def main() -> None:
     inputs = {T: torch.randint(0, 8192, (1, T), generator=gen).to(args.device) for T in lengths}
     results: dict[str, dict[str, Any]] = {}
     calls: dict[str, Callable[..., Any]] = {}
+    reports: dict[str, list[Any]] = {}
     with torch.inference_mode():
         reference = {T: model(x).float() for T, x in inputs.items()}
         for b in backends:
             results[b] = first_pass(b, lambda b=b: _make(b, model), lengths, inputs, reference, args.device)
             calls[b] = results[b].pop("fn")
+            reports[b] = results[b].pop("reports")
             results[b]["per_length_ms"] = {}
             first, err = results[b]["first_pass_s"], results[b]["max_abs_err"]
             print(f"{b}: first pass {first:.2f} s, {results[b]['graphs']} graph(s)"
-                  + (f", {results[b]['eager_graphs']} run eagerly by kiln" if b.startswith("kiln") else "")
+                  + (f", {results[b]['eager_graphs']} run eagerly by kiln, "
+                     f"{results[b]['eager_calls_first_pass']} call(s) eager until built" if b.startswith("kiln")
+                     else "")
                   + f", max |diff| from eager {err:.2e}", flush=True)
         for T in lengths:  # second pass, backends interleaved per length
             times: dict[str, list[float]] = {b: [] for b in backends}
@@ -131,14 +151,20 @@ def main() -> None:
                     times[b].append(time.perf_counter() - t0)
             for b in backends:
                 results[b]["per_length_ms"][T] = statistics.median(times[b]) * 1e3
-    print("\n| backend | graphs | run eagerly (kiln) | first pass s | second pass ms | vs eager | max abs diff |")
+    print("\n| backend | graphs | run eagerly (kiln: graphs; calls in pass 1 / pass 2) | first pass s "
+          "| second pass ms | vs eager | max abs diff |")
     print("|---|---|---|---|---|---|---|")
     eager = sum(results["eager"]["per_length_ms"].values()) if "eager" in results else None
     for b in backends:
         r = results[b]
         r["second_pass_ms"] = sum(r["per_length_ms"].values())
         ratio = f"{r['second_pass_ms'] / eager:.3f}" if eager else "-"
-        print(f"| {b} | {r['graphs']} | {r['eager_graphs'] if b.startswith('kiln') else '-'} | {r['first_pass_s']:.2f} "
+        if b.startswith("kiln"):
+            r["eager_calls_second_pass"] = _eager_calls(reports[b]) - r["eager_calls_first_pass"]
+            eagerly = f"{r['eager_graphs']}; {r['eager_calls_first_pass']} / {r['eager_calls_second_pass']}"
+        else:
+            eagerly = "-"
+        print(f"| {b} | {r['graphs']} | {eagerly} | {r['first_pass_s']:.2f} "
               f"| {r['second_pass_ms']:.1f} | {ratio} | {r['max_abs_err']:.2e} |")
     if args.json:
         with open(args.json, "w") as f:

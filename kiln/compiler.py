@@ -156,8 +156,8 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             int_sizes = symbol_inputs(fx_gm)
             if triton:
                 report.target = "triton"
-                module = _sized_triton(report.captured, graph, report, device, cfg,
-                                       [name for name, _ in int_sizes])
+                module = _symbolic_triton(report.captured, graph, report, device, cfg,
+                                          [name for name, _ in int_sizes])
             else:
                 module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
@@ -171,6 +171,24 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     finally:
         choices.close()
     return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
+
+
+def _symbolic_triton(captured: Any, optimized: Any, report: CompileReport, device: torch.device,
+                     cfg: config_mod.Config, int_sizes: list[str]) -> Callable:
+    """A symbolic graph's GPU module: kernels with size parameters ([Note: GPU kernels with size parameters]),
+    else - switched off, or a graph they cannot express (the report says why) - a static build per size."""
+    from kiln.ir.graph import compiling_for
+    from kiln.schedule.gpu_symbolic import build_triton_symbolic
+    why = "switched off (gpu_symbolic_kernels)"
+    if cfg.gpu_symbolic_kernels:
+        try:
+            with compiling_for(device.type):
+                return build_triton_symbolic(optimized, report, device, int_sizes)
+        except NotImplementedError as exc:
+            why = str(exc)
+    module = _sized_triton(captured, optimized, report, device, cfg, int_sizes)
+    report.dynamic["per_size"] += f" (kernels with size parameters: {why})"
+    return module
 
 
 def _sized_triton(captured: Any, optimized: Any, report: CompileReport, device: torch.device,

@@ -122,12 +122,17 @@ class Config:
     # CPU: call kiln's own GEMM, convolution and attention ops from the generated C++ between the kernels, not
     # through Python, whose code runs cache-cold after a GEMM (runtime/native.py; ``benchmarks/native_calls.py``).
     native_calls: bool = True
-    # Compile graphs traced with dynamic shapes (symbolic sizes): on the CPU once, for every size; on the GPU a module
-    # per size (docs/dynamic_shapes.md); off: such graphs run eagerly, as before issue 19.
+    # Compile graphs traced with dynamic shapes (symbolic sizes): on the CPU once, for every size; on the GPU once,
+    # with Triton kernels taking the sizes as parameters (docs/dynamic_shapes.md); off: such graphs run eagerly, as
+    # before issue 19.
     dynamic_shapes: bool = True
-    # GPU, dynamic shapes: build a size's module at the n-th call at that size; the calls before run eagerly.  A
-    # build compiles that size's kernels (~1 s), so a decoding loop - a new length every step, each seen once - runs
-    # eagerly instead of compiling at every token; sizes that come back are compiled ([Note: a GPU module per size]).
+    # GPU, dynamic shapes: one plan and kernels with size parameters for every size ([Note: GPU kernels with size
+    # parameters], schedule/gpu_symbolic.py).  Off, or where those kernels cannot express the graph: a static module
+    # built per size tuple ([Note: a GPU module per size]).
+    gpu_symbolic_kernels: bool = True
+    # GPU, dynamic shapes, a static module per size: build a size's module at the n-th call at that size; the calls
+    # before run eagerly.  A build compiles that size's kernels (~1 s), so a decoding loop - a new length every step,
+    # each seen once - runs eagerly instead of compiling at every token; sizes that come back are compiled.
     gpu_dynamic_build_after: int = 2
     # Run convolutions and the kernels between them channels-last (NHWC) inside a graph.  Off by default:
     # measured on ResNet-18 (1 thread) it cost 9%, on the seed model it gained under 3% (see schedule/layout.py).
@@ -217,6 +222,7 @@ class Config:
         "library_selection": ("KILN_LIBRARY_SELECTION", bool),
         "native_calls": ("KILN_NATIVE_CALLS", bool),
         "dynamic_shapes": ("KILN_DYNAMIC_SHAPES", bool),
+        "gpu_symbolic_kernels": ("KILN_GPU_SYMBOLIC_KERNELS", bool),
         "gpu_dynamic_build_after": ("KILN_GPU_DYNAMIC_BUILD_AFTER", int),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),

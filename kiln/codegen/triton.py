@@ -41,6 +41,7 @@ from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal
 from kiln.ir.tiling import plan_tiles
 from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
 from kiln.ir.ops import Op, contiguous_strides, numel, reduction_identity
+from kiln.ir.sym import evaluate, is_symbolic, render, render_factor
 
 PERSISTENT_MAX = 4096   # row elements kept in registers by one program
 LOOP_RBLOCK = 1024      # chunk of a looped reduction
@@ -72,6 +73,7 @@ class TritonSchedule:
     grid: int
     grid_y: int = 1    # 2-D tiled pointwise kernels: tiles along the transposed axis
     grid_z: int = 1    #   ... and the remaining (outer) loop positions
+    wide: bool = False  # a symbolic kernel at sizes whose positions pass int32: 64-bit program ids
 
     @property
     def grid3(self) -> tuple[int, int, int]:
@@ -96,8 +98,16 @@ def _warps(elements: int) -> int:
     return 1 if elements <= 128 else 2 if elements <= 512 else 4 if elements <= 2048 else 8
 
 
-def schedule_for(k: Kernel) -> TritonSchedule:
-    """Heuristic block sizes (the autotuner's starting point)."""
+def schedule_for(k: Kernel, env: dict[str, int] | None = None) -> TritonSchedule:
+    """Heuristic block sizes (the autotuner's starting point).  A symbolic kernel's at the sizes ``env``: its
+    text depends on the schedule's kind alone (pointwise, one row or several a program, persistent or looped:
+    ``TritonKernelWriter.variant``), so sizes with the same kind share one compile, and the block sizes are
+    chosen per size (a bucket: the next power of two of the row)."""
+    if k.is_symbolic():
+        assert env is not None, "a symbolic kernel's schedule needs the sizes"
+        sized = Kernel(k.name, tuple(evaluate(d, env) for d in k.outer), evaluate(k.rsize, env), [], [])
+        wide = numel(sized.outer) * max(sized.rsize, 1) >= INT32_LIMIT
+        return dataclasses.replace(schedule_for(sized), wide=wide)
     rows = max(numel(k.outer), 1)
     tiles = plan_tiles(k)
     if tiles is not None:
@@ -123,6 +133,16 @@ def schedule_for(k: Kernel) -> TritonSchedule:
     return TritonSchedule(1, LOOP_RBLOCK, False, _warps(LOOP_RBLOCK), rows)
 
 
+def _size(x: object) -> str:
+    """An extent or count as kernel text: an int, or a size expression over the kernel's size parameters."""
+    return str(x) if type(x) is int else render(x, "py")
+
+
+def _factor(x: object) -> str:
+    """``_size`` as one operand of ``//`` or ``%`` (a product parenthesized)."""
+    return str(x) if type(x) is int else render_factor(x, "py")
+
+
 def _init(kind: Op, dtype: torch.dtype) -> str:
     return literal(reduction_identity(kind, dtype), dtype)
 
@@ -145,6 +165,15 @@ class TritonKernelWriter:
         self._text: str | None = None
         self._args: list[str] = []
 
+    @property
+    def symbolic(self) -> bool:
+        return self.k.is_symbolic()
+
+    def size_params(self) -> list[str]:
+        """A symbolic kernel's size parameters (the symbols it reads), after its buffers: the launch passes each
+        size's value (Triton specializes them as it does any int: 1, and divisibility by 16)."""
+        return sorted(s.name for s in self.k.symbols())
+
     def args(self) -> list[str]:
         """The kernel's buffer parameters, in the order the body first uses them: kernels that differ only in
         which buffer comes first by number (a layer whose residual was allocated before its matmul's output, the
@@ -156,7 +185,7 @@ class TritonKernelWriter:
         if self._text is not None:
             return self._text
         k = self.k
-        big = numel(k.outer) * max(k.rsize, 1) >= INT32_LIMIT
+        big = self.s.wide if self.symbolic else numel(k.outer) * max(k.rsize, 1) >= INT32_LIMIT
         pid = "tl.program_id(0).to(tl.int64)" if big else "tl.program_id(0)"
         if k.is_reduction:
             self._reduction(pid)
@@ -169,7 +198,8 @@ class TritonKernelWriter:
             m = re.search(rf"\b{re.escape(b)}\b", body)
             return (m.start() if m else len(body), int(b[3:]) if b[3:].isdigit() else -1, b)
         self._args = sorted(reads | writes, key=first_use)
-        head = ["@triton.jit", f"def {k.name}({', '.join(self._args)}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
+        params = self._args + self.size_params()
+        head = ["@triton.jit", f"def {k.name}({', '.join(params)}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
         self._text = "\n".join(head + self.lines) + "\n"
         return self._text
 
@@ -181,9 +211,9 @@ class TritonKernelWriter:
         """Loop variables ``<prefix>d`` from a flat position over ``k.outer`` (row-major)."""
         sizes = self.k.outer
         for d, (size, st) in enumerate(zip(sizes, contiguous_strides(sizes))):
-            v = flat if st == 1 else f"({flat} // {st})"
+            v = flat if st == 1 else f"({flat} // {_factor(st)})"
             if d > 0:
-                v = f"({v} % {size})"
+                v = f"({v} % {_factor(size)})"
             self._emit(indent, f"{prefix}{d} = {v}")
 
     def _store(self, p: TritonPrinter, st: Store, mask: str, indent: str) -> None:
@@ -198,13 +228,13 @@ class TritonKernelWriter:
 
     # ------------------------------------------------------------------ pointwise
     def _pointwise(self, pid: str) -> None:
-        if self.s.grid_y > 1 or plan_tiles(self.k) is not None:
+        if not self.symbolic and (self.s.grid_y > 1 or plan_tiles(self.k) is not None):
             self._tiled_pointwise()
             return
         ind = "    "
         rows = numel(self.k.outer)
         self._emit(ind, f"x = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
-        self._emit(ind, f"xmask = x < {rows}")
+        self._emit(ind, f"xmask = x < {_size(rows)}")
         self._unflatten("x", "i", ind)
         p = TritonPrinter(self.lines, ind, "xmask")
         for phase in self.k.phases:
@@ -258,7 +288,8 @@ class TritonKernelWriter:
             self._emit(ind, f"xr = {pid} + tl.zeros([1], tl.int32)")
         else:
             self._emit(ind, f"xr = {pid} * XBLOCK + tl.arange(0, XBLOCK)[:, None]")
-        self._emit(ind, f"xmask = xr < {max(numel(k.outer), 1)}")
+        rows = numel(k.outer)
+        self._emit(ind, f"xmask = xr < {_size(rows if is_symbolic(rows) else max(rows, 1))}")
         self._unflatten("xr", "o", ind)
         self._emit(ind, "rb = tl.arange(0, RBLOCK)" + ("" if self.one_row else "[None, :]"))
         # row scratch is written by a reduction pass or first thing in the final loop (a stored member that the
@@ -268,7 +299,7 @@ class TritonKernelWriter:
         row = TritonPrinter(self.lines, ind, "xmask", scratch)
         if self.s.persistent:
             self._emit(ind, "r = rb")
-            self._emit(ind, f"xrmask = xmask & (r < {k.rsize})")
+            self._emit(ind, f"xrmask = xmask & (r < {_size(k.rsize)})")
             body = row.child(self.lines, ind, "xrmask")
         for phase in k.phases:
             if isinstance(phase, ReduceLoop):
@@ -291,6 +322,7 @@ class TritonKernelWriter:
                 for st in phase.stores:
                     if st.buf not in k.scratch:
                         self._store(chunk, st, "xrmask", ind + "    ")
+                self._close_chunk_loop(ind)
 
     def _value(self, p: TritonPrinter, a: Acc) -> str:
         v = p.expr(a.value)
@@ -325,9 +357,21 @@ class TritonKernelWriter:
                 f"keep_dims=True), {fn}({masked}, {ax}, keep_dims=True)).to(tl.int64)")
 
     def _open_chunk_loop(self, ind: str) -> None:
-        self._emit(ind, f"for r0 in range(0, {self.k.rsize}, RBLOCK):")
+        """The loop over a row's chunks (closed by ``_close_chunk_loop``).  Over a symbolic row a ``while``: the
+        same loop for Triton's compiler, and Triton's interpreter (CI) cannot take a size parameter as a
+        ``range`` bound (it holds ints as one-element arrays, which NumPy 2 no longer converts with ``int``)."""
+        rsize = _size(self.k.rsize)
+        if type(self.k.rsize) is int:
+            self._emit(ind, f"for r0 in range(0, {rsize}, RBLOCK):")
+        else:
+            self._emit(ind, "r0 = 0")
+            self._emit(ind, f"while r0 < {rsize}:")
         self._emit(ind + "    ", "r = r0 + rb")
-        self._emit(ind + "    ", f"xrmask = xmask & (r < {self.k.rsize})")
+        self._emit(ind + "    ", f"xrmask = xmask & (r < {rsize})")
+
+    def _close_chunk_loop(self, ind: str) -> None:
+        if type(self.k.rsize) is not int:
+            self._emit(ind + "    ", "r0 += RBLOCK")
 
     def _looped_reduce(self, phase: ReduceLoop, row: TritonPrinter, ind: str) -> None:
         if any(a.kind in (Op.ARGMAX, Op.ARGMIN) for a in phase.accs):
@@ -341,6 +385,7 @@ class TritonKernelWriter:
         for a in phase.accs:
             v = f"tl.where(xrmask, {self._value(chunk, a)}, {_init(a.kind, compute_dtype(a.dtype))})"
             self._emit(inner, f"{a.name}_b = " + _COMBINE[a.kind].format(a=f"{a.name}_b", v=v))
+        self._close_chunk_loop(ind)
         for a in phase.accs:
             self._emit(ind, f"{a.name} = " + _REDUCE[a.kind].format(v=f"{a.name}_b", axis=1))
 

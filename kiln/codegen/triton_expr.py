@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from kiln.ir.index import Dyn, Lin, render
+from kiln.ir.sym import SizeExpr, Symbol, is_symbolic, render as render_size
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar, subexprs
 from kiln.codegen.printing import OpTable, Rule, Temporaries
 from kiln.ir.ops import HALF, Op, compute_dtype  # noqa: F401  (re-exported for triton.py)
@@ -172,6 +173,11 @@ class TritonPrinter(Temporaries):
         if (e, None) in self.names:  # computed without a guard: valid under any guard
             return self.names[(e, None)]
         if isinstance(e, KConst):
+            if is_symbolic(e.value):  # a size used as a value: the kernel's size parameters (ints)
+                if not isinstance(e.value, (int, SizeExpr, Symbol)):
+                    raise NotImplementedError(f"Triton codegen: a float computed from sizes ({e.value})")
+                text = f"({render_size(e.value, 'py')})"
+                return f"({text} * 1.0)" if e.dtype.is_floating_point else text  # (1.0: a constexpr size too)
             return literal(e.value, e.dtype)
         if isinstance(e, KVar):
             return e.name

@@ -22,7 +22,9 @@ The op's semantics (torch's ``transformer_encoder_layer_forward`` and ``native_m
 ``mask_type`` says how ``mask`` broadcasts over the ``[B, H, T, T]`` scores: 0 ``[T, T]`` (attention mask),
 1 ``[B, T]`` (key padding), 2 any shape that broadcasts.  A query whose keys are all masked comes out NaN from
 the native op (its whole row, through the residual and the norms); SDPA gives zeros there, so such rows are
-set to NaN explicitly.
+set to NaN explicitly - after the output projection, not before: a row with a NaN gives a NaN row through any
+linear map (NaN times any weight, zero included, is NaN), so the result is the same, and the fill fuses into
+the residual add's kernel instead of costing a pass (and a kernel compile) over the attention output.
 """
 from __future__ import annotations
 
@@ -48,6 +50,7 @@ def transformer_encoder_layer(src: Tensor, embed_dim: int, num_heads: int, qkv_w
     x = F.layer_norm(src, (width,), norm_weight_1, norm_bias_1, eps) if norm_first else src
     qkv = F.linear(x, qkv_weight, qkv_bias).view(batch, seq, 3, num_heads, head).permute(2, 0, 3, 1, 4)
     q, k, v = qkv[0], qkv[1], qkv[2]
+    no_key = None
     if mask is None:
         attn = F.scaled_dot_product_attention(q, k, v)
     else:
@@ -55,8 +58,11 @@ def transformer_encoder_layer(src: Tensor, embed_dim: int, num_heads: int, qkv_w
         if mask_type == 1:  # key padding [B, T]
             masked = masked.view(batch, 1, 1, seq)
         attn = F.scaled_dot_product_attention(q, k, v, attn_mask=~masked)
-        attn = attn.masked_fill(masked.all(-1, keepdim=True), float("nan"))  # no key left: NaN, as the op
-    x = F.linear(attn.transpose(1, 2).reshape(batch, seq, width), proj_weight, proj_bias) + src
+        no_key = _queries_without_keys(masked)
+    x = F.linear(attn.transpose(1, 2).reshape(batch, seq, width), proj_weight, proj_bias)
+    if no_key is not None:  # no key left: NaN, as the op (module docstring: filled after the projection)
+        x = x.masked_fill(no_key, float("nan"))
+    x = x + src
     if not norm_first:
         x = F.layer_norm(x, (width,), norm_weight_1, norm_bias_1, eps)
     residual = x
@@ -68,6 +74,17 @@ def transformer_encoder_layer(src: Tensor, embed_dim: int, num_heads: int, qkv_w
     if not norm_first:
         x = F.layer_norm(x, (width,), norm_weight_2, norm_bias_2, eps)
     return x
+
+
+def _queries_without_keys(masked: Tensor) -> Tensor:
+    """``[b, t, 1]`` (each dim 1 or the batch's and sequence's size): True where some head of query ``t`` has
+    every key masked.  ``masked`` (True: masked) broadcasts over the ``[B, H, T, T]`` scores."""
+    full = masked.all(-1)  # [..., T_query]: the last three of [B, H, T_query] that the mask has
+    while full.dim() < 3:
+        full = full.unsqueeze(0)
+    if full.shape[1] != 1:  # a mask per head: one head with no key is enough for NaN in the merged row
+        full = full.any(1, keepdim=True)
+    return full.view(full.shape[0], full.shape[2], 1)
 
 
 def fused_layer_decompositions() -> dict[Any, Any]:

@@ -1,5 +1,5 @@
 """Algebraic simplification: identity ops, view chains, x*1, x+0, x-0, x/1, -(-x), cast to the same dtype, a
-reduction over size-1 axes.
+reduction over size-1 axes, and the round trips of boolean masks through float ones (``_mask_rule``).
 
 Before::                                              After::
 
@@ -12,6 +12,8 @@ Before::                                              After::
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
@@ -57,6 +59,48 @@ def _identity(n: Node, inputs: tuple[Node, ...]) -> Node | None:
 _SIZE_ONE_REDUCTIONS = (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN)
 
 
+def _compare_scalars(op: Op, a: Any, a_dtype: torch.dtype, c: Any, c_dtype: torch.dtype) -> bool:
+    """``a op c`` as the kernel computes it: each scalar in its node's dtype, compared in the promoted one."""
+    common = torch.promote_types(a_dtype, c_dtype)
+    x, y = torch.tensor(a, dtype=a_dtype).to(common), torch.tensor(c, dtype=c_dtype).to(common)
+    return bool(torch.eq(x, y) if op is Op.EQ else torch.ne(x, y))
+
+
+def _mask_rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
+    """A boolean mask that went through a float one and back (a padding mask made additive by the model, then
+    compared with 0 by a decomposition that wants booleans again) is the boolean mask::
+
+        %f = where(%m, -inf, 0.0) : f32           %f = where(%m, -inf, 0.0) : f32   (dead unless read elsewhere)
+        %k = ne(%f, 0.0) : b8            ->       %n = logical_not(%m)
+        %n = logical_not(%k) : b8                 %g = where(%m, -inf, 0.0)         (CSE merges it with %f)
+        %g = where(%n, 0.0, -inf) : f32
+
+    ``eq``/``ne`` of ``where(p, a, c)`` and a scalar, all three scalars, is ``p``, ``not p`` or a constant;
+    ``not not p`` is ``p``; ``where(not p, x, y)`` is ``where(p, y, x)``."""
+    if n.op is Op.LOGICAL_NOT and inputs[0].op is Op.LOGICAL_NOT and inputs[0].inputs[0].shape == n.shape:
+        return inputs[0].inputs[0]
+    if n.op is Op.WHERE and inputs[0].op is Op.LOGICAL_NOT:
+        return b.add(Op.WHERE, (inputs[0].inputs[0], inputs[2], inputs[1]), dtype=n.dtype)
+    if n.op not in (Op.EQ, Op.NE):
+        return None
+    w, other = inputs
+    if w.op is not Op.WHERE:
+        w, other = other, w
+    c = scalar_value(other)
+    if w.op is not Op.WHERE or c is None:
+        return None
+    p, a, z = w.inputs
+    a, z = scalar_value(a), scalar_value(z)
+    if a is None or z is None or p.dtype is not torch.bool:
+        return None
+    if_true = _compare_scalars(n.op, a, w.dtype, c, other.dtype)
+    if_false = _compare_scalars(n.op, z, w.dtype, c, other.dtype)
+    if if_true == if_false:
+        return b.add(Op.EXPAND, (b.add(Op.FULL, (), shape=(), dtype=torch.bool, value=if_true),), shape=n.shape)
+    out = p if if_true else b.add(Op.LOGICAL_NOT, (p,), dtype=torch.bool)
+    return out if out.shape == n.shape else b.add(Op.EXPAND, (out,), shape=n.shape)
+
+
 def simplify(graph: Graph, log: RewriteLog | None = None) -> Graph:
     def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         same = _identity(n, inputs)
@@ -65,6 +109,10 @@ def simplify(graph: Graph, log: RewriteLog | None = None) -> Graph:
                 log.hit(f"identity {n.op.value}")
             return same
         x = inputs[0] if inputs else None
+        if n.op in (Op.EQ, Op.NE, Op.LOGICAL_NOT, Op.WHERE) and (mask := _mask_rule(n, inputs, b)) is not None:
+            if log:
+                log.hit(f"boolean mask {n.op.value}")
+            return mask
         if n.op is Op.RESHAPE and x.op is Op.RESHAPE:
             if log:
                 log.hit("reshape chain")

@@ -151,7 +151,9 @@ class SizedTritonGraph(SymbolicGraph):
     size seen in an earlier process).  So that a decoding loop (a new length every step, each seen once) does not
     compile at every token, a size's module is built at its ``build_after``-th call (``gpu_dynamic_build_after``,
     2 by default: a size that comes back) and the calls before run the captured graph eagerly; the report counts
-    both.  Kernels with size arguments, shared by all sizes, are the next step (docs/dynamic_shapes.md, layer 8)."""
+    both.  The same class serves the default path, kernels with size parameters shared by all sizes
+    ([Note: GPU kernels with size parameters], schedule/gpu_symbolic.py), where a size's build is a plan and
+    launches, not compiles, and ``build_after`` is 1."""
 
     def __init__(self, graph: Graph, report: CompileReport, build: Callable[[dict[str, int], CompileReport], Any],
                  size_names: list[str], device: torch.device, capacity: int = 16, int_sizes: Sequence[str] = (),

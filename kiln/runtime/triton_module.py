@@ -65,9 +65,16 @@ def import_file(path: Path | str) -> Any:
 
 class TritonGraph(CompiledGraph):
 
-    def __init__(self, graph: Graph, program: Any, report: CompileReport, device: torch.device):
-        """``program``: without an arena (buffers from the caching allocator, each kernel its own step)."""
+    sizes: dict[str, int] | None = None  # the size symbols' values of a symbolic plan's module (``__init__``)
+
+    def __init__(self, graph: Graph, program: Any, report: CompileReport, device: torch.device,
+                 sizes: dict[str, int] | None = None):
+        """``program``: without an arena (buffers from the caching allocator, each kernel its own step);
+        ``sizes``: the size symbols' values where the plan's kernels are symbolic (one size's module of a
+        symbolic graph, [Note: GPU kernels with size parameters] in schedule/gpu_symbolic.py): each launch
+        passes them after the buffers."""
         self.device = device
+        self.sizes = sizes
         super().__init__(graph, program, report)
         # not in default mode: its memory stays at eager's, and measured algorithms may take workspace that the
         # heuristic's choice does not (ResNet-18 b1: +0.5 MiB of peak in the 512-channel layers)
@@ -141,8 +148,14 @@ class TritonGraph(CompiledGraph):
             steps = []
             for name in names:
                 k = by_name[name]
-                args = [node_of[b] for b in TritonKernelWriter(k, dtype_of).args()]
-                steps.append((getattr(module, name), args, k.schedule))
+                writer = TritonKernelWriter(k, dtype_of)
+                args = [node_of[b] for b in writer.args()]
+                fn = getattr(module, name)
+                if writer.size_params():
+                    if self.sizes is None:
+                        raise ValueError(f"kernel {name} has size parameters and the module no sizes")
+                    fn = SizedKernel(fn, tuple(self.sizes[p] for p in writer.size_params()))
+                steps.append((fn, args, k.schedule))
             self._launches.append(steps)
         if self.device.type == "cuda":
             start = time.perf_counter()
@@ -156,7 +169,7 @@ class TritonGraph(CompiledGraph):
         unique: dict[tuple, tuple[int, int]] = {}  # aliased kernels (same text) compile once
         for i, j in jobs:
             fn, args, s = self._launches[i][j]
-            unique.setdefault((id(fn), tuple(n.dtype for n in args), s), (i, j))
+            unique.setdefault(_compile_key(fn, args, s), (i, j))
 
         static = config.get().gpu_static_launch and gpu_launch.available()
 
@@ -173,10 +186,10 @@ class TritonGraph(CompiledGraph):
         functions: dict[int, Any] = {}  # kernels loaded by kiln, by id of the compiled kernel
         for i, j in jobs:
             fn, args, s = self._launches[i][j]
-            ck = compiled[(id(fn), tuple(n.dtype for n in args), s)]
+            ck = compiled[_compile_key(fn, args, s)]
             if getattr(type(ck), "run", None) is None or not hasattr(ck, "metadata"):
                 continue  # not a compiled CUDA kernel: launched through the JIT entry
-            launcher = _Launcher(ck, s, fn)
+            launcher = _Launcher(ck, s, fn, getattr(fn, "sizes", ()))
             if static:  # kiln's own launch of the same compiled kernel (see [Note: static launch])
                 if id(ck) not in functions:
                     functions[id(ck)] = gpu_launch.load_function(ck, self.device)
@@ -234,7 +247,7 @@ class TritonGraph(CompiledGraph):
                     return
                 finish(key)
 
-        pool = compile_pool.get() if len(keys) > 1 else None
+        pool = compile_pool.get() if len(keys) > 1 and not self.sizes else None  # (jobs name no sizes)
         feeders: list[threading.Thread] = []
         start = time.perf_counter()
         if pool is not None:
@@ -291,22 +304,56 @@ def build_launcher(compiled: Any) -> None:
     Triton builds it (a C file through the host compiler, once per argument signature) at the kernel's
     first launch, one kernel after the other on the calling thread: with empty caches that was most of a
     graph's kernel compile time (GPT: 10 launchers).  Built here, in parallel, the first launch only loads
-    it.  Best effort: on another Triton version the launch builds it as before."""
+    it.  Best effort: on another Triton version the launch builds it as before.  Once per compiled kernel: a
+    symbolic graph's modules per size share their kernels ([Note: GPU kernels with size parameters])."""
+    if id(compiled) in _launchers_built:
+        return
     try:
         from triton.backends.nvidia.driver import CudaLauncher
         CudaLauncher(compiled.src, compiled.metadata)
+        _launchers_built.add(id(compiled))  # (Triton's cache holds compiled kernels for the process's life)
     except Exception:  # noqa: BLE001 - only an optimisation
         pass
+
+
+_launchers_built: set[int] = set()
+
+
+def _compile_key(fn: Any, args: list[Node], s: Any) -> tuple:
+    """What a launch's compiled kernel depends on: the kernel (aliases of one text are one function), the buffers'
+    dtypes, the schedule, and for a kernel with size parameters how Triton specializes their values."""
+    if isinstance(fn, SizedKernel):
+        return (id(fn.fn), tuple(n.dtype for n in args), s, fn.specialization)
+    return (id(fn), tuple(n.dtype for n in args), s)
+
+
+class SizedKernel:
+    """A Triton kernel with size parameters bound to one size tuple's values: launched and compiled as the plain
+    kernel is (``fn[grid](*buffers, ...)``, ``fn.warmup(*dtypes, ...)``), the sizes passed after the buffers."""
+
+    def __init__(self, fn: Any, sizes: tuple[int, ...]):
+        self.fn = fn
+        self.sizes = sizes
+        # Triton's own specialization of int arguments: 1 is a constant, a multiple of 16 is marked so
+        self.specialization = tuple((v == 1, v % 16 == 0) for v in sizes)
+
+    def __getitem__(self, grid: Any) -> Callable:
+        launch, sizes = self.fn[grid], self.sizes
+        return lambda *tensors, **constants: launch(*tensors, *sizes, **constants)
+
+    def warmup(self, *dtypes: Any, **options: Any) -> Any:
+        return self.fn.warmup(*dtypes, *self.sizes, **options)
 
 
 class _Launcher:
     """Launch a kernel compiled ahead for 16-byte aligned buffers directly: Triton's JIT entry re-derives the
     specialization key from every argument on every call (tens of microseconds).  A buffer that is not so
-    aligned (a caller's sliced input) goes through the JIT entry instead, which specializes for it."""
+    aligned (a caller's sliced input) goes through the JIT entry instead, which specializes for it.  ``sizes``:
+    the values of a symbolic kernel's size parameters, passed after the buffers."""
 
-    def __init__(self, compiled: Any, s: Any, jit: Any):
+    def __init__(self, compiled: Any, s: Any, jit: Any, sizes: tuple[int, ...] = ()):
         self.compiled = compiled
-        self.constants = (s.xblock, max(s.rblock, 1))
+        self.constants = (*sizes, s.xblock, max(s.rblock, 1))
         self.jit = jit
         self.s = s
         self.static: gpu_launch.Launch | None = None  # kiln's launch of the same kernel, where it can describe it

@@ -17,7 +17,7 @@ stay the same for every size: a symbolic graph's library ops are called through 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from kiln.ir.graph import Graph, Node
 from kiln.ir.kernel import Kernel
@@ -102,8 +102,12 @@ class Specializer:
     """The concrete graph and its Program for the sizes ``env`` ([Note: a Program per size]) of one symbolic graph
     and plan, with what does not depend on the sizes found once: ``specializer(env) -> (graph, Program)``."""
 
-    def __init__(self, graph: Graph, plan: Plan):
+    def __init__(self, graph: Graph, plan: Plan, arena: bool = True,
+                 kernel_at: Callable[[Kernel, dict[str, int]], Kernel] | None = None):
+        """``arena``: as ``build_program``'s (False on a GPU); ``kernel_at(kernel, env)``: the kernel a size's plan
+        takes (default: the shared one; a GPU's: a copy with the launch schedule of those sizes)."""
         self.graph, self.plan = graph, plan
+        self.arena, self.kernel_at = arena, kernel_at
         self.static = static_nodes(graph)
         self.sized_attrs = {n for n in graph.nodes if n not in self.static and holds_size(n.attrs)}
         for k in plan.kernels:  # (planned once; every size's program asks them again)
@@ -112,4 +116,8 @@ class Specializer:
     def __call__(self, env: dict[str, int]) -> tuple[Graph, Program]:
         graph, node_map = concrete_graph(self.graph, env, self.static, self.sized_attrs)
         plan = concrete_plan(self.plan, node_map, env)
-        return graph, build_program(graph, plan, arena=True)
+        if self.kernel_at is not None:
+            at = {id(k): self.kernel_at(k, env) for k in plan.kernels}
+            plan.steps = [at.get(id(s), s) if isinstance(s, Kernel) else s for s in plan.steps]
+            plan.kernels = [at[id(k)] for k in plan.kernels]
+        return graph, build_program(graph, plan, arena=self.arena)

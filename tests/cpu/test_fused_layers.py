@@ -52,3 +52,26 @@ def test_encoder_layer_fast_path_matches_eager(norm_first, activation, kind):
     torch.testing.assert_close(got, expected, rtol=1.3e-5, atol=2e-5, equal_nan=True)
     externs = [name for report in reports_since(position) for name in report.externs]
     assert externs and not any("transformer_encoder" in name for name in externs), externs
+
+
+@pytest.mark.parametrize("mask_shape,mask_type", [((3, 4, 9, 9), 2), ((9, 9), 0), ((3, 9), 1)])
+def test_decomposition_fills_queries_without_keys_in_any_head(mask_shape, mask_type):
+    """Every ``mask_type``: one mask per head (2), where a single head of one query has no key (the merged
+    row - every head's output through the projection - is NaN in the native op), one shared by the batch (0),
+    and a key padding mask (1)."""
+    from kiln.frontend.fused_layers import transformer_encoder_layer
+    layer = _layer(False, "gelu")
+    gen = torch.Generator().manual_seed(2)
+    x = torch.randn(3, 9, 32, generator=gen)
+    mask = torch.rand(mask_shape, generator=gen) < 0.3
+    mask[..., 0] = False
+    mask[{2: (1, 2, 4), 0: (4,), 1: (1,)}[mask_type]] = True  # that query (of that head) has no key
+    attn, ffn = layer.self_attn, (layer.linear1, layer.linear2)
+    args = (x, 32, 4, attn.in_proj_weight, attn.in_proj_bias, attn.out_proj.weight, attn.out_proj.bias, False,
+            False, layer.norm1.eps, layer.norm1.weight, layer.norm1.bias, layer.norm2.weight, layer.norm2.bias,
+            ffn[0].weight, ffn[0].bias, ffn[1].weight, ffn[1].bias, mask, mask_type)
+    with torch.inference_mode():
+        expected = torch.ops.aten._transformer_encoder_layer_fwd(*args)
+        got = transformer_encoder_layer(*args)
+    assert expected.isnan().any()
+    torch.testing.assert_close(got, expected, rtol=1.3e-5, atol=2e-5, equal_nan=True)

@@ -1,5 +1,7 @@
-"""Graphs traced with dynamic shapes on the Triton target: a static GPU module per size tuple ([Note: a GPU module
-per size] in kiln/runtime/dynamic.py), each size checked against eager; nothing runs eagerly.
+"""Graphs traced with dynamic shapes on the Triton target, built as a static GPU module per size tuple ([Note: a
+GPU module per size] in kiln/runtime/dynamic.py: ``gpu_symbolic_kernels=False``, or a graph the kernels with size
+parameters cannot express), each size checked against eager.  The default path, kernels with size parameters, is
+tests/gpu/test_symbolic_kernels.py.
 
 Runs on the GPU when there is one, else under Triton's interpreter on CPU tensors (CI); sizes are small."""
 import pytest
@@ -29,7 +31,8 @@ def test_a_module_per_size_each_matching_eager():
     w = torch.randn(16, 16, device=DEVICE)
     for build_after, builds, eager in ((1, 3, 0), (2, 1, 3)):
         position = mark()
-        compiled = kiln.compile(f, target="triton", dynamic=True, gpu_dynamic_build_after=build_after)
+        compiled = kiln.compile(f, target="triton", dynamic=True, gpu_dynamic_build_after=build_after,
+                                gpu_symbolic_kernels=False)
         with torch.inference_mode():
             for n in (3, 5, 9, 5):  # (5 again: its module is built at its second call, or reused)
                 x = torch.randn(n, 16, device=DEVICE)
@@ -44,7 +47,7 @@ def test_gpt_over_sequence_lengths_on_the_triton_target(mode):
     torch.manual_seed(0)
     model = _GPT().eval().to(DEVICE)
     position = mark()
-    compiled = kiln.compile(model, target="triton", mode=mode, dynamic=True)
+    compiled = kiln.compile(model, target="triton", mode=mode, dynamic=True, gpu_symbolic_kernels=False)
     with torch.inference_mode():
         for T in (5, 17, 9, 17):
             ids = torch.randint(0, 97, (1, T), device=DEVICE)
@@ -98,7 +101,7 @@ def test_the_report_counts_builds_and_eager_calls():
     def f(x):
         return torch.sigmoid(x) * x.sum(-1, keepdim=True)
     position = mark()
-    compiled = kiln.compile(f, target="triton", dynamic=True)
+    compiled = kiln.compile(f, target="triton", dynamic=True, gpu_symbolic_kernels=False)
     with torch.inference_mode():
         for n in (3, 4, 3, 6):
             compiled(torch.randn(n, 8, device=DEVICE))
@@ -114,7 +117,8 @@ def test_a_call_whose_sizes_disagree_raises_a_clear_error_before_any_eager_run()
     from kiln.runtime.errors import InputMismatch
     from tests.cpu.test_dynamic_shapes import aot_graph
     graph = aot_graph(lambda x, y: x + y.sum(0), torch.randn(3, 5, device=DEVICE), torch.randn(4, 5, device=DEVICE))
-    run = compile_aten_graph(graph, {}, cfg=config.Config().with_options(fallback=False, target="triton"))
+    run = compile_aten_graph(graph, {}, cfg=config.Config().with_options(fallback=False, target="triton",
+                                                                         gpu_symbolic_kernels=False))
     placeholders = [n for n in graph.graph.nodes if n.op == "placeholder"]
     tensors = iter([torch.randn(3, 5, device=DEVICE), torch.randn(4, 6, device=DEVICE)])
     args = [next(tensors) if isinstance(p.meta["val"], torch.Tensor) else int(p.meta["val"].node.hint)

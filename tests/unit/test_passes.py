@@ -608,6 +608,36 @@ graph(%in0: f32[8, 4], %in1: f32[4, 8]):
   return (%2)""")
 
 
+def test_simplify_boolean_mask_round_trips():
+    """A boolean mask made additive (where(m, -inf, 0)) and compared back is the mask; ``not not m`` is ``m``;
+    ``where(not m, x, y)`` swaps its branches; a comparison both branches answer alike is a constant, with each
+    scalar rounded to its node's dtype (bf16's 0.1 is not f32's 0.1)."""
+    b = GraphBuilder()
+    m = inp(b, (2, 6), torch.bool)
+    ninf, zero = (b.add(Op.EXPAND, (full(b, v),), shape=(2, 6)) for v in (float("-inf"), 0.0))
+    additive = b.add(Op.WHERE, (m, ninf, zero))
+    back = b.add(Op.LOGICAL_NOT, (b.add(Op.NE, (additive, zero)),))
+    again = b.add(Op.WHERE, (back, zero, ninf))                       # == additive
+    twice = b.add(Op.LOGICAL_NOT, (b.add(Op.LOGICAL_NOT, (m,)),))     # == m
+    tenth = b.add(Op.EXPAND, (full(b, 0.1, torch.bfloat16),), shape=(2, 6))
+    nought = b.add(Op.EXPAND, (full(b, 0.0, torch.bfloat16),), shape=(2, 6))
+    never = b.add(Op.EQ, (b.add(Op.WHERE, (m, tenth, nought)), b.add(Op.EXPAND, (full(b, 0.1),), shape=(2, 6))))
+    g = b.finish([again, twice, never])
+    out = cse(dce(simplify(g)))
+    assert format_graph(out) == """\
+graph(%in0: b8[2, 6]):
+  %0 = full(value=-inf) : f32[]
+  %1 = expand(%0, shape=(2, 6)) : f32[2, 6]
+  %2 = full(value=0.0) : f32[]
+  %3 = expand(%2, shape=(2, 6)) : f32[2, 6]
+  %4 = where(%in0, %1, %3) : f32[2, 6]
+  %5 = full(value=False) : b8[]
+  %6 = expand(%5, shape=(2, 6)) : b8[2, 6]
+  return (%4, %in0, %6)"""
+    mask = torch.rand(2, 6, generator=_gen) < 0.5
+    assert_same_results(g, out, [mask])
+
+
 def test_simplify_permute_chain_composes():
     b = GraphBuilder()
     x = inp(b, (2, 3, 4))

@@ -1,0 +1,93 @@
+"""A symbolic graph on the GPU: one plan, Triton kernels with size parameters, a launch plan per size.
+
+[Note: GPU kernels with size parameters] (docs/dynamic_shapes.md, layer 8.)  A graph traced with dynamic shapes
+is partitioned into kernels once, with size expressions, as on the CPU ([Note: a Program per size]); each
+kernel's Triton text takes the size symbols it reads as int parameters after its buffers (``s27``, ``s77``:
+extents, masks, index strides and sizes used as values are expressions over them).  What a size decides is
+made per size tuple: the concrete graph and plan (``Specializer``: buffers, views' strides, the extern calls'
+sizes), and each kernel's launch schedule (``codegen.triton.schedule_for(kernel, env)``: block sizes from the
+evaluated extents - the size bucket - and a grid).  The text depends on the schedule's *kind* alone (pointwise;
+a reduction of one row or several a program, persistent or looped; 64-bit positions), so sizes of one kind share
+one module and one compile per Triton specialization (an int of 1, a multiple of 16), and a new size costs a
+plan (~ms) and a cache lookup, not a compile::
+
+    symbolic graph --make_plan--> kernels over s0 (text with size parameters)
+        size s0=37 --Specializer--> graph, buffers, launches (XBLOCK=64, grid 37, s0=37) -- TritonGraph
+        size s0=90 --Specializer--> graph, buffers, launches (XBLOCK=128, grid 90, s0=90) -- TritonGraph
+                                    (one kernel text, compiled once per specialization)
+
+Left static-only for now, so not used here: the matmul template with its epilogue (``Operator.plan_gpu``: a
+symbolic graph's matmuls are ATen's cuBLAS calls, the epilogue a kernel of ours), the copy kernels for library
+operands no view can give (``relayout_copies``: such an operand is copied by ATen's ``reshape`` in the call),
+transposed 2-D tiles, kiln's static launcher (its records hold pointers only: these kernels launch through
+Triton's compiled-kernel runner).  A graph these kernels cannot express (a float computed from sizes) raises
+``NotImplementedError`` at compile time, and the caller builds a static module per size instead
+([Note: a GPU module per size]).
+"""
+from __future__ import annotations
+
+import copy
+import time
+from typing import Any, Callable
+
+import torch
+
+from kiln import config
+from kiln.ir.graph import Graph
+from kiln.ir.kernel import Kernel
+from kiln.ir.sym import size_hint, symbols_of
+from kiln.report import CompileReport
+from kiln.schedule.plan import make_plan
+from kiln.schedule.specialize import Specializer
+
+
+def kernel_at(kernel: Kernel, env: dict[str, int]) -> Kernel:
+    """The kernel as a size's plan takes it: a copy with the launch schedule of the sizes ``env`` (the shared
+    kernel keeps none: each size's launches have their own block sizes and grid)."""
+    from kiln.codegen.triton import schedule_for
+    out = copy.copy(kernel)
+    out.schedule = schedule_for(kernel, env) if kernel.is_symbolic() else schedule_for(kernel)
+    return out
+
+
+def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.device,
+                          int_sizes: list[str]) -> Any:
+    """The GPU module of symbolic ``graph`` ([Note: GPU kernels with size parameters]): a
+    ``runtime.dynamic.SizedTritonGraph`` whose per-size builds share the plan and the kernels' code."""
+    from kiln.codegen.triton import TritonKernelWriter
+    from kiln.runtime.dynamic import SizedTritonGraph
+    from kiln.runtime.triton_module import TritonGraph, with_cuda_graph
+    start = time.perf_counter()
+    # (GPU layouts: convolutions and the kernels between them channels-last, as ``plan.triton_graph``)
+    with config.scope(layout_optimization=True):
+        plan = make_plan(graph)
+    symbols = {s for n in graph.nodes for d in n.shape for s in symbols_of(d)}
+    for k in plan.kernels:
+        symbols |= k.symbols()
+    hints = {s.name: size_hint(s) for s in symbols}
+    dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
+    for k in plan.kernels:  # every kernel written once now: what the generator cannot express fails the compile
+        TritonKernelWriter(kernel_at(k, hints), dtype_of).write()
+    specializer = Specializer(graph, plan, arena=False, kernel_at=kernel_at)
+    report.phases["gpu_plan"] = time.perf_counter() - start
+    options = {k: getattr(config.get(), k) for k in config.Config.option_names()}
+    sources: set[str] = set()  # the kernel modules the sizes took (one per combination of schedule kinds)
+
+    def build(env: dict[str, int], size_report: CompileReport) -> Callable:
+        begin = time.perf_counter()
+        with config.scope(**options):
+            size_graph, program = specializer(env)
+            module = TritonGraph(size_graph, program, size_report, device, sizes=env)
+        sources.add(size_report.source)
+        report.dynamic["kernel_sources"] = len(sources)
+        size_report.target = "triton"
+        size_report.phases["size_build"] = time.perf_counter() - begin
+        return with_cuda_graph(module, size_report, size_report.mode)
+
+    ordered = sorted(symbols, key=lambda s: s.name)
+    module = SizedTritonGraph(graph, report, build, [s.name for s in ordered], device, int_sizes=int_sizes)
+    report.dynamic["ranges"] = ", ".join(f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]"
+                                         for s in ordered)
+    report.dynamic["per_size"] = "one plan, Triton kernels with size parameters, launches per size"
+    report.dynamic["kernel_sources"] = 0
+    return module

@@ -1,0 +1,114 @@
+"""Graphs traced with dynamic shapes on the Triton target: one plan, Triton kernels with size parameters, a launch
+plan per size ([Note: GPU kernels with size parameters] in kiln/schedule/gpu_symbolic.py).  Every size checked
+against eager; nothing runs eagerly; sizes of one kind of schedule share one kernel module.
+
+Runs on the GPU when there is one, else under Triton's interpreter on CPU tensors (CI); sizes are small."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+import kiln
+from kiln.report import mark, reports_since
+from tests.cpu.test_dynamic_shapes import _GPT
+from tests.gpu.conftest import DEVICE, HAS_CUDA
+
+
+def _symbolic_report(position):
+    reports = reports_since(position)
+    assert reports and all(r.fallback is None for r in reports), [r.fallback for r in reports]
+    symbolic = [r for r in reports if r.dynamic]
+    assert len(symbolic) == 1 and symbolic[0].target == "triton", [(r.name, r.target) for r in reports]
+    return symbolic[0]
+
+
+def _check(compiled, f, *args, tol=2e-5):
+    got, want = compiled(*args), f(*args)
+    for g, w in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+        torch.testing.assert_close(g, w, rtol=tol, atol=tol)
+
+
+def test_one_kernel_module_serves_every_size_of_a_kind():
+    """Pointwise, a row reduction (softmax) and a column one (sum over the symbolic axis), a matmul between:
+    sizes that are and are not multiples of 16 (Triton specializes those), one kernel text for all."""
+    def f(x, w):
+        h = torch.relu(x @ w) + x.sum(-1, keepdim=True)
+        return F.softmax(h, -1) * 2, h.sum(0)
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=DEVICE)
+    position = mark()
+    compiled = kiln.compile(f, target="triton", dynamic=True)
+    with torch.inference_mode():
+        for n in (3, 5, 16, 9, 32, 5):
+            _check(compiled, f, torch.randn(n, 16, device=DEVICE), w)
+    report = _symbolic_report(position)
+    dynamic = report.dynamic
+    assert dynamic["eager_calls"] == 0 and dynamic["builds"] == 5, dynamic  # (5 again: its plan is kept)
+    assert dynamic["kernel_sources"] == 1, dynamic
+    text = report.format(source=False)
+    assert "Triton kernels with size parameters: 5 size(s) planned, 1 kernel module(s)" in text, text
+
+
+def test_a_row_that_outgrows_one_block_takes_the_looped_kernel():
+    """A reduction over a symbolic row: persistent while the row fits one block, looped past it
+    (``PERSISTENT_MAX``): two kinds of schedule, two kernel modules, both right."""
+    from kiln.codegen.triton import PERSISTENT_MAX
+
+    def f(x):
+        return torch.log_softmax(x, -1) + x.amax(-1, keepdim=True)
+
+    position = mark()
+    compiled = kiln.compile(f, target="triton", dynamic=True)
+    with torch.inference_mode():
+        for n in (7, 100, PERSISTENT_MAX + 37):
+            _check(compiled, f, torch.randn(3, n, device=DEVICE) * 4)
+    dynamic = _symbolic_report(position).dynamic
+    assert dynamic["eager_calls"] == 0 and dynamic["kernel_sources"] == 2, dynamic
+
+
+def test_sizes_used_as_values():
+    """A size in the arithmetic (``x * x.shape[1]``, a mean over a symbolic count): the kernel reads its size
+    parameter as a value."""
+    def f(x):
+        return x * x.shape[1] + x.mean(0), (x.shape[0] - x).exp()
+
+    position = mark()
+    compiled = kiln.compile(f, target="triton", dynamic=True)
+    with torch.inference_mode():
+        for n, m in ((3, 4), (6, 10), (6, 4)):
+            _check(compiled, f, torch.rand(n, m, device=DEVICE))
+    assert _symbolic_report(position).dynamic["eager_calls"] == 0
+
+
+def test_a_float_from_sizes_takes_a_static_module_per_size_and_says_why():
+    """A scale computed from a symbolic size (``x.shape[-1] ** -0.5``: a float the kernels would compute from
+    their size parameters) is not expressed yet: the graph gets a static module per size, still right, and the
+    report names the reason."""
+    def f(x):
+        return torch.softmax(x * x.shape[-1] ** -0.5, -1)
+
+    position = mark()
+    compiled = kiln.compile(f, target="triton", dynamic=True, gpu_dynamic_build_after=1)
+    with torch.inference_mode():
+        for n in (4, 9):
+            _check(compiled, f, torch.randn(3, n, device=DEVICE))
+    report = _symbolic_report(position)
+    if "kernel_sources" not in report.dynamic:  # (a float Dynamo specialized leaves nothing to express)
+        assert "kernels with size parameters: Triton codegen: a float computed from sizes" in \
+            report.dynamic["per_size"], report.dynamic
+
+
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_gpt_over_sequence_lengths_compiles_once_and_runs_no_call_eagerly(mode):
+    torch.manual_seed(0)
+    model = _GPT().eval().to(DEVICE)
+    position = mark()
+    compiled = kiln.compile(model, target="triton", mode=mode, dynamic=True)
+    with torch.inference_mode():
+        for T in (5, 17, 9, 17, 33):
+            ids = torch.randint(0, 97, (1, T), device=DEVICE)
+            for _ in range(3 if HAS_CUDA else 1):  # (reduce-overhead records a size at its second call)
+                torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-4, atol=1e-4)
+    dynamic = _symbolic_report(position).dynamic
+    assert dynamic["eager_calls"] == 0 and dynamic["builds"] == 4, dynamic
+    assert dynamic["kernel_sources"] <= 2, dynamic
