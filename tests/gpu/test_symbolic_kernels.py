@@ -8,17 +8,10 @@ import torch
 import torch.nn.functional as F
 
 import kiln
-from kiln.report import mark, reports_since
+from kiln.report import mark
 from tests.cpu.test_dynamic_shapes import _GPT
 from tests.gpu.conftest import DEVICE, HAS_CUDA
-
-
-def _symbolic_report(position):
-    reports = reports_since(position)
-    assert reports and all(r.fallback is None for r in reports), [r.fallback for r in reports]
-    symbolic = [r for r in reports if r.dynamic]
-    assert len(symbolic) == 1 and symbolic[0].target == "triton", [(r.name, r.target) for r in reports]
-    return symbolic[0]
+from tests.gpu.test_dynamic_gpu import _symbolic_report
 
 
 def _check(compiled, f, *args, tol=2e-5):
