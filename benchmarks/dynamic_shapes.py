@@ -51,13 +51,15 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     namespace: dict[str, Any] = {}
     exec(compile("def call(ids):\n    return model(ids)\n", f"<dynamic_shapes {backend}>", "exec"),
          {"model": model}, namespace)
-    if name == "kiln" and "static" in flags:  # the GPU: a static module per size ([Note: a GPU module per size])
+    if name == "kiln":  # (kiln's backend function itself: no need of the installed package's entry point)
         from kiln.frontend.dynamo import kiln_backend
         mode = kwargs.pop("mode", "default")
+        # -static: the GPU's static module per size ([Note: a GPU module per size])
+        options = {"gpu_symbolic_kernels": False} if "static" in flags else {}
 
-        def per_size(gm: Any, example_inputs: Any) -> Any:
-            return kiln_backend(gm, example_inputs, mode=mode, options={"gpu_symbolic_kernels": False}, name="GPT")
-        return torch.compile(namespace["call"], backend=per_size, **kwargs)
+        def backend(gm: Any, example_inputs: Any) -> Any:
+            return kiln_backend(gm, example_inputs, mode=mode, options=options, name="GPT")
+        return torch.compile(namespace["call"], backend=backend, **kwargs)
     return torch.compile(namespace["call"], backend=name, **kwargs)
 
 

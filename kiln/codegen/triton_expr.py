@@ -106,7 +106,9 @@ TRITON_OPS = OpTable("Triton", _INFIX, {
     Op.FLOORDIV: _floordiv,
     Op.REM: _rem,
     Op.FMOD: lambda a, d, ad: f"km.fmod({a[0]}, {a[1]})" if ad.is_floating_point else f"({a[0]} % {a[1]})",
-    Op.POW: lambda a, d, ad: f"km.pow({a[0]}, {a[1]})",
+    # (float64: libdevice's pow takes two doubles, and a literal exponent is fp32 - broadcast it to the base's type)
+    Op.POW: lambda a, d, ad: f"km.pow({a[0]}, {a[1]} + tl.zeros_like({a[0]}))" if ad == torch.float64
+    else f"km.pow({a[0]}, {a[1]})",
     Op.MAXIMUM: _extremum("tl.maximum"),
     Op.MINIMUM: _extremum("tl.minimum"),
     Op.WHERE: lambda a, d, ad: f"tl.where({a[0]}, {a[1]}, {a[2]})",
