@@ -100,8 +100,8 @@ def _warps(elements: int) -> int:
 
 def schedule_for(k: Kernel, env: dict[str, int] | None = None) -> TritonSchedule:
     """Heuristic block sizes (the autotuner's starting point).  A symbolic kernel's at the sizes ``env``: its
-    text depends on the schedule's kind alone (pointwise, one row or several a program, persistent or looped:
-    ``TritonKernelWriter.variant``), so sizes with the same kind share one compile, and the block sizes are
+    text depends on the schedule's kind alone (pointwise, one row or several a program, persistent or looped,
+    64-bit positions: ``wide``), so sizes with the same kind share one compile, and the block sizes are
     chosen per size (a bucket: the next power of two of the row)."""
     if k.is_symbolic():
         assert env is not None, "a symbolic kernel's schedule needs the sizes"
@@ -164,15 +164,14 @@ class TritonKernelWriter:
         self.lines: list[str] = []
         self._text: str | None = None
         self._args: list[str] = []
-
-    @property
-    def symbolic(self) -> bool:
-        return self.k.is_symbolic()
+        # (found once: walking the kernel's indices for its symbols is not free, and every size's module asks)
+        self._size_params = sorted(s.name for s in kernel.symbols())
+        self.symbolic = bool(self._size_params)
 
     def size_params(self) -> list[str]:
         """A symbolic kernel's size parameters (the symbols it reads), after its buffers: the launch passes each
         size's value (Triton specializes them as it does any int: 1, and divisibility by 16)."""
-        return sorted(s.name for s in self.k.symbols())
+        return self._size_params
 
     def args(self) -> list[str]:
         """The kernel's buffer parameters, in the order the body first uses them: kernels that differ only in
