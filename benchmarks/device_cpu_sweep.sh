@@ -15,6 +15,8 @@
 #   COMPILE_EXTRA="--cprofile --top 45" COMPILE_LINES=400: each measured first call under cProfile too;
 #   COMPILE_WORKERS=8: kiln's Triton compile workers on, started by the warm-up model - the A/B for making them
 #   the default, see kiln/config.py compile_workers; COMPILE_TAG names the logs of a second run in the call)
+#   DYN_BACKENDS=eager,inductor-dyn,kiln-dyn DYN_EXTRA="--breakdown 32,256" bash benchmarks/device_cpu_sweep.sh dynamic
+#   (issue 19's GPT over 15 lengths, benchmarks/dynamic_shapes.py; $OUT/dyn.{log,json})
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
 #   ZOO_EXTRA="--tf32" passes runner options, ZOO_TAG names the output files - several zoo runs in one call;
@@ -24,7 +26,8 @@
 # expecttest; .whl in .git/info/exclude).  Results come back as $OUT/fuzz.tgz and $OUT/opinfo.tgz (only 8 files
 # come back from a call); RESULTS.md "session 12" has the first run.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
+export PYTHONPATH=$PWD  # (the working tree's kiln, whether or not the editable install below takes)
+[ -d .whl ] && python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PWD
 python3 -m pip install -q --no-deps --no-build-isolation --no-index -e . > /tmp/pip_e.log 2>&1 || tail -3 /tmp/pip_e.log
 export PYTHONUNBUFFERED=1 KILN_CACHE_DIR=/tmp/kiln-cache
 start=$(date +%s)
@@ -47,6 +50,8 @@ for what in "$@"; do
     for m in ${COMPILE_MODELS:-encoder_fast}; do
       KILN_COMPILE_WORKERS=${COMPILE_WORKERS:-0} timeout $(left) python3 -m benchmarks.compile_profile --model $m --device cuda --dtype ${COMPILE_DTYPE:-bf16} --breakdown --warm ${COMPILE_WARM:-mha_self} ${COMPILE_EXTRA:-} > $OUT/compile_$m${COMPILE_TAG:-}.log 2>&1; echo "compile $m${COMPILE_TAG:-} rc=$?"; grep -v -i warn $OUT/compile_$m${COMPILE_TAG:-}.log | tail -${COMPILE_LINES:-30}
     done;;
+  dynamic)  # issue 19's GPT over 15 lengths: DYN_BACKENDS, DYN_EXTRA (e.g. "--breakdown 32,256"), DYN_TAG
+    timeout $(left) python3 -m benchmarks.dynamic_shapes --device cuda --dtype ${DYN_DTYPE:-bf16} --backends ${DYN_BACKENDS:-eager,inductor-dyn,kiln-dyn,kiln-dyn-static} --repeats 5 ${DYN_EXTRA:-} --json $OUT/dyn${DYN_TAG:-}.json > $OUT/dyn${DYN_TAG:-}.log 2>&1; echo "dynamic${DYN_TAG:-} rc=$?"; grep -v -i warn $OUT/dyn${DYN_TAG:-}.log | tail -${DYN_LINES:-40};;
   ab)  # AB_MODELS, AB_B (kiln options of B, e.g. "disabled_passes=merge_linears"), AB_MODE, AB_DTYPE
     timeout $(left) python3 -m benchmarks.ab_options --device cuda --dtype ${AB_DTYPE:-bf16} --mode ${AB_MODE:-default} --models ${AB_MODELS:-gpt2} --b "${AB_B}" --rounds 9 --calls 20 > $OUT/ab.log 2>&1; echo "ab rc=$?"; grep -v -i warn $OUT/ab.log | tail -8;;
   fuzz)

@@ -93,6 +93,21 @@ def first_pass(name: str, make: Callable[[], Callable[..., Any]], order: list[in
             "max_abs_err": err, "max_rel_err": rel}
 
 
+def breakdown(calls: dict[str, Callable[..., Any]], inputs: dict[int, Any], lengths: list[int],
+              results: dict[str, dict[str, Any]]) -> None:
+    """Per backend and length: the host's time to issue a call while the GPU is busy, the kernels' time per call
+    and their number (``benchmarks.host_time``): is the call bound by the host or the device?"""
+    from benchmarks.host_time import device_us, host_us
+    print("\n| length | backend | host us | kernels us | launches |\n|---|---|---|---|---|")
+    for T in lengths:
+        for b, fn in calls.items():
+            kernels_us, launches = device_us(fn, (inputs[T],))
+            host = host_us(fn, (inputs[T],), launches)
+            results[b].setdefault("breakdown", {})[T] = {"host_us": host, "kernels_us": kernels_us,
+                                                         "launches": launches}
+            print(f"| {T} | {b} | {host:.0f} | {kernels_us:.0f} | {launches} |", flush=True)
+
+
 def _eager_calls(reports: list[Any]) -> int:
     """Calls kiln's symbolic GPU graphs ran eagerly so far, while a size's module was not built yet
     (``gpu_dynamic_build_after``; [Note: a GPU module per size])."""
@@ -108,6 +123,12 @@ def main() -> None:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--lengths", default=",".join(map(str, LENGTHS)))
     ap.add_argument("--json", default=None)
+    ap.add_argument("--breakdown", default="",
+                    help="GPU: lengths at which to split each backend's call into host time (the GPU kept busy), "
+                         "kernel time and launches (benchmarks.host_time)")
+    ap.add_argument("--cprofile", action="store_true",
+                    help="with --breakdown: where each kiln backend's host time goes at the first of those lengths")
+    ap.add_argument("--dump", default="", help="a folder: each kiln backend's generated call (its first size's)")
     ap.add_argument("--fresh-caches", action="store_true",
                     help="empty Inductor and kiln caches (new temporary directories): first passes compile cold")
     args = ap.parse_args()
@@ -123,6 +144,9 @@ def main() -> None:
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float32
     lengths = [int(v) for v in args.lengths.split(",")]
     backends = args.backends.split(",")
+    split_at = [int(v) for v in args.breakdown.split(",")] if args.breakdown else []
+    if set(split_at) - set(lengths):
+        ap.error(f"--breakdown lengths must be among --lengths ({lengths})")
     model, _ = gpt(seq=lengths[0], device=args.device, dtype=dtype)
     gen = torch.Generator().manual_seed(0)
     inputs = {T: torch.randint(0, 8192, (1, T), generator=gen).to(args.device) for T in lengths}
@@ -153,6 +177,20 @@ def main() -> None:
                     times[b].append(time.perf_counter() - t0)
             for b in backends:
                 results[b]["per_length_ms"][T] = statistics.median(times[b]) * 1e3
+        if args.breakdown and args.device == "cuda":
+            breakdown(calls, inputs, split_at, results)
+            if args.cprofile:
+                from benchmarks.host_time import host_profile
+                for b in backends:
+                    if b.startswith("kiln"):
+                        print(f"{b} at length {split_at[0]}:")
+                        host_profile(calls[b], (inputs[split_at[0]],), top=30)
+        if args.dump:
+            for b in backends:
+                wrappers = [r.wrapper for r in reports.get(b, []) if getattr(r, "wrapper", "")]
+                if wrappers:
+                    with open(f"{args.dump}/{b}_wrapper.py", "w") as f:
+                        f.write(wrappers[0])
     print("\n| backend | graphs | run eagerly (kiln: graphs; calls in pass 1 / pass 2) | first pass s "
           "| second pass ms | vs eager | max abs diff |")
     print("|---|---|---|---|---|---|---|")

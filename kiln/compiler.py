@@ -71,8 +71,12 @@ def _devices(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> li
 
 
 def _device_of(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> torch.device:
-    """The device kiln generates code for: its inputs', else its frozen weights'; CPU when it has no tensors."""
-    return next(iter(_devices(fx_gm, frozen)), torch.device("cpu"))
+    """The device kiln generates code for: its inputs', else its frozen weights'; CPU when it has no tensors.  A
+    0-d CPU tensor, which ATen lets meet tensors of any device, decides only where there is nothing else."""
+    placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
+    values = [n.meta.get("val") for k, n in enumerate(placeholders) if k not in frozen] + list(frozen.values())
+    beside = [t.device for t in values if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu")]
+    return next(iter(beside), next(iter(_devices(fx_gm, frozen)), torch.device("cpu")))
 
 
 def _check_devices(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> None:
@@ -164,13 +168,43 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs))
             run = _runner(module, positions, arg_names, fixes)
             run = _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
-            return _eager_until_built(run, module, positions, fx_gm) if triton else run
+            if triton:
+                return _host_scalars_moved(_eager_until_built(run, module, positions, fx_gm), fx_gm, device, report)
+            return run
         else:
             module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
                                 _example_inputs(graph, examples), choices)
     finally:
         choices.close()
-    return _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
+    run = _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
+    return _host_scalars_moved(run, fx_gm, device, report) if triton else run
+
+
+def _host_scalars_moved(run: Callable, fx_gm: torch.fx.GraphModule, device: torch.device,
+                        report: CompileReport) -> Callable:
+    """``run``, with the graph's 0-d CPU tensor inputs copied to the GPU graph's ``device`` first.
+
+    ATen lets a 0-d CPU tensor meet CUDA tensors, and TorchDynamo passes one where a graph reads a Python float it
+    does not specialize (``dynamic=True``: a module's ``self.scale = 0.125`` becomes a float64 input); kiln's
+    kernels read every input from the device, so the value is copied there at each call (8 bytes, no wait for the
+    device) and the report says so."""
+    if device.type != "cuda":
+        return run
+    placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
+    host = [k for k, n in enumerate(placeholders)
+            if isinstance(v := n.meta.get("val"), torch.Tensor) and v.device.type == "cpu" and v.dim() == 0]
+    if not host:
+        return run
+    report.host_inputs = (f"{len(host)} 0-d CPU tensor(s) (arguments {host}: Python floats TorchDynamo passes as "
+                          f"tensors) copied to {device} at each call")
+
+    def call(args: Sequence[Any]) -> Any:
+        args = list(args)
+        for k in host:
+            if isinstance(args[k], torch.Tensor) and args[k].device.type == "cpu":
+                args[k] = args[k].to(device, non_blocking=True)
+        return run(args)
+    return call
 
 
 def _symbolic_triton(captured: Any, optimized: Any, report: CompileReport, device: torch.device,

@@ -45,6 +45,7 @@ class CompileReport:
     tuning: Any = None            # CPU: kernel schedules measured or found (kiln.tune.cpu.TuneStats)
     dynamic: dict[str, Any] | None = None  # a symbolic graph: its size symbols and the sizes planned so far
     eager_nodes: list[str] = dataclasses.field(default_factory=list)  # nodes run eagerly in a compiled graph, why
+    host_inputs: str = ""         # GPU graph: 0-d CPU inputs copied to the device at each call (compiler.py)
 
     def format(self, *, source: bool = True) -> str:
         return format_report(self, source=source)
@@ -69,6 +70,8 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
         out.append(f"!!! fell back to eager: {r.fallback}")
     for line in r.eager_nodes:
         out.append(f"--- ran eagerly: {line}")
+    if r.host_inputs:
+        out.append(f"--- host inputs: {r.host_inputs}")
     if r.dynamic:
         sizes = "; ".join(", ".join(f"{k}={v}" for k, v in env.items()) for env in r.dynamic["sizes"][-8:])
         head = f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "

@@ -38,6 +38,7 @@ import torch
 from kiln.ir.extern import build_extern, extern_args
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import HALF, Op
+from kiln.ir.sym import size_hint
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.tune import timing
 from kiln.tune.choices import Choices, Kind, measuring_s
@@ -51,18 +52,19 @@ MIN_FLOPS = 1 << 18  # below this a call's overhead, not its arithmetic, decides
 
 
 def _flops(packet: Any, args: list[Any], out_shape: tuple[int, ...]) -> int:
-    """Multiply-adds x 2 of one call (the product's output elements times its reduction length)."""
+    """Multiply-adds x 2 of one call (the product's output elements times its reduction length); a symbolic size
+    counts at its traced value (the choice is made once for every size, as kiln's other choices are)."""
     out = 1
     for s in out_shape:
-        out *= s
+        out *= size_hint(s)
     if packet is aten.convolution:
         w = args[1]
         red = 1
         for s in w.shape[1:]:
-            red *= s
+            red *= size_hint(s)
         return 2 * out * red
     a = args[-2]  # the first factor of the product: [.., m, k]
-    return 2 * out * a.shape[-1]
+    return 2 * out * size_hint(a.shape[-1])
 
 
 def _is_weight(n: Node) -> bool:
@@ -82,7 +84,7 @@ def _sample(n: Node, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
     what the library sees)."""
     if n.op is Op.PERMUTE:
         return _sample(n.inputs[0], dtype, gen).permute(n.attr("dims"))
-    return torch.randn(n.shape, generator=gen).to(dtype)
+    return torch.randn([size_hint(d) for d in n.shape], generator=gen).to(dtype)  # (symbolic: at its traced size)
 
 
 def _key(packet: Any, args: list[Any], dtype: torch.dtype) -> tuple[int, ...]:
@@ -90,7 +92,7 @@ def _key(packet: Any, args: list[Any], dtype: torch.dtype) -> tuple[int, ...]:
     key = [TARGETS.index(packet), HALF.index(dtype), torch.get_num_threads()]
     for a in args:
         if isinstance(a, Node):
-            key += [len(a.shape), *a.shape, int(a.op is Op.PERMUTE), int(_is_weight(a))]
+            key += [len(a.shape), *map(size_hint, a.shape), int(a.op is Op.PERMUTE), int(_is_weight(a))]
         elif isinstance(a, (list, tuple)):
             key += [len(a), *(int(v) for v in a)]
         elif isinstance(a, (bool, int)):

@@ -21,7 +21,9 @@ Measured on the H200 machine (host time per launch of a small kernel, GPU kept b
 --launches``, one run): Triton's JIT entry 10.8 us, Triton's compiled runner 9.6 us, this launcher 4.9 us (4.2 us
 per kernel when ten go in one call).
 
-Kernels a record cannot describe (a scalar argument, thread-block clusters, cooperative or PDL launches, a
+A kernel with size parameters ([Note: GPU kernels with size parameters]) gets a record per size: its int
+parameters are fixed values of the record, as its grid is.  Kernels a record cannot describe (a float argument,
+thread-block clusters, cooperative or PDL launches, a
 scratch buffer Triton allocates per launch) keep Triton's launcher.  The driver is reached through the
 ``cuLaunchKernel`` found in ``libcuda.so.1``; a launch recorded into a CUDA graph
 works as any other (stream capture sees driver calls).
@@ -52,7 +54,8 @@ struct KilnLaunch {
   uint32_t grid_x, grid_y, grid_z;
   uint32_t threads, shared;        // threads per block (32 x warps), dynamic shared memory in bytes
   int32_t nargs;                   // kernel parameters, Triton's scratch pointers included
-  int32_t slot[KILN_MAX_ARGS];     // parameter i: the slot[i]-th tensor's data, or a null pointer when negative
+  int32_t slot[KILN_MAX_ARGS];     // parameter i: the slot[i]-th tensor's data, or value[i] when negative
+  uint64_t value[KILN_MAX_ARGS];   // a parameter's fixed value: an int size (read as its i32/i64 low bytes), 0
 };
 
 // launch(records, count, stream, *tensors): launch `count` recorded kernels in order on `stream`, each pointer
@@ -82,7 +85,7 @@ static PyObject* launch(PyObject* self, PyObject* const* args, Py_ssize_t nargs)
     uint64_t values[KILN_MAX_ARGS];
     void* params[KILN_MAX_ARGS];
     for (int32_t i = 0; i < l.nargs; ++i) {
-      values[i] = l.slot[i] >= 0 ? table[l.slot[i]] : 0;
+      values[i] = l.slot[i] >= 0 ? table[l.slot[i]] : l.value[i];
       params[i] = &values[i];
     }
     int err = cu_launch(l.function, l.grid_x, l.grid_y, l.grid_z, l.threads, 1, 1, l.shared, stream, params, 0);
@@ -114,7 +117,7 @@ PyMODINIT_FUNC PyInit_kiln_gpu_launch(void) {
 class KilnLaunch(ctypes.Structure):
     _fields_ = [("function", ctypes.c_void_p), ("grid_x", ctypes.c_uint32), ("grid_y", ctypes.c_uint32),
                 ("grid_z", ctypes.c_uint32), ("threads", ctypes.c_uint32), ("shared", ctypes.c_uint32),
-                ("nargs", ctypes.c_int32), ("slot", ctypes.c_int32 * MAX_ARGS)]
+                ("nargs", ctypes.c_int32), ("slot", ctypes.c_int32 * MAX_ARGS), ("value", ctypes.c_uint64 * MAX_ARGS)]
 
 
 @functools.lru_cache(maxsize=None)
@@ -164,8 +167,12 @@ def describable(compiled: Any) -> bool:
             or getattr(md, "profile_scratch_size", 0):
         return False
     kinds = [t for t in compiled.src.signature.values() if t != "constexpr"]
-    # a scalar argument (or a tensor descriptor): Triton's launcher passes it
-    return all(isinstance(t, str) and t.startswith("*") for t in kinds) and len(kinds) + 2 <= MAX_ARGS
+    # a float argument (or a tensor descriptor): Triton's launcher passes it
+    return all(isinstance(t, str) and (t.startswith("*") or t in _INTS) for t in kinds) \
+        and len(kinds) + 2 <= MAX_ARGS
+
+
+_INTS = ("i32", "i64")  # the int parameters a record passes: a size's value, fixed per launch record
 
 
 def load_function(compiled: Any, device: torch.device) -> Any:
@@ -191,25 +198,45 @@ def load_function(compiled: Any, device: torch.device) -> Any:
         return None
 
 
-def record(compiled: Any, grid: tuple[int, int, int], slots: list[int], function: Any = None) -> KilnLaunch | None:
+def record(compiled: Any, grid: tuple[int, int, int], slots: list[int], function: Any = None,
+           scalars: dict[str, int] | None = None) -> KilnLaunch | None:
     """The launch record of Triton ``compiled`` kernel over ``grid``, its pointer parameters read from table
-    entries ``slots`` (in the kernel's parameter order, constexprs left out); ``function`` is its loaded
+    entries ``slots`` (in the kernel's parameter order, constexprs left out), its int parameters the values of
+    ``scalars`` by parameter name (a kernel with size parameters, [Note: GPU kernels with size parameters]: one
+    record per size; a size Triton specialized to a constant is no parameter); ``function`` is its loaded
     CUfunction (default: the one Triton loaded, ``compiled.function``).  None where the record cannot
     describe the launch."""
     md = compiled.metadata
     function = function if function is not None else getattr(compiled, "function", None)
-    kinds = [t for t in compiled.src.signature.values() if t != "constexpr"]
-    if function is None or not describable(compiled) or len(kinds) != len(slots):
+    if function is None or not describable(compiled):
         return None
-    params = list(slots) + [-1, -1]  # Triton 3.x appends the global and profile scratch pointers, null here
+    scalars = scalars or {}
+    params: list[tuple[int, int]] = []  # (slot, fixed value)
+    pointers = iter(slots)
+    for name, kind in compiled.src.signature.items():
+        if kind == "constexpr":
+            continue
+        if kind.startswith("*"):
+            slot = next(pointers, None)
+            if slot is None:
+                return None
+            params.append((slot, 0))
+        elif name in scalars:
+            params.append((-1, scalars[name]))
+        else:
+            return None
+    if next(pointers, None) is not None:
+        return None
+    params += [(-1, 0), (-1, 0)]  # Triton 3.x appends the global and profile scratch pointers, null here
     out = KilnLaunch()
     out.function = function
     out.grid_x, out.grid_y, out.grid_z = grid
     out.threads = 32 * md.num_warps
     out.shared = md.shared
     out.nargs = len(params)
-    for i, slot in enumerate(params):
+    for i, (slot, value) in enumerate(params):
         out.slot[i] = slot
+        out.value[i] = value & 0xFFFFFFFFFFFFFFFF  # (a negative i64 as its two's complement)
     return out
 
 

@@ -154,7 +154,7 @@ class TritonGraph(CompiledGraph):
                 if writer.size_params():
                     if self.sizes is None:
                         raise ValueError(f"kernel {name} has size parameters and the module no sizes")
-                    fn = SizedKernel(fn, tuple(self.sizes[p] for p in writer.size_params()))
+                    fn = SizedKernel(fn, {p: self.sizes[p] for p in writer.size_params()})
                 steps.append((fn, args, k.schedule))
             self._launches.append(steps)
         if self.device.type == "cuda":
@@ -193,7 +193,8 @@ class TritonGraph(CompiledGraph):
             if static:  # kiln's own launch of the same compiled kernel (see [Note: static launch])
                 if id(ck) not in functions:
                     functions[id(ck)] = gpu_launch.load_function(ck, self.device)
-                record = gpu_launch.record(ck, s.grid3, list(range(len(args))), functions[id(ck)])
+                record = gpu_launch.record(ck, s.grid3, list(range(len(args))), functions[id(ck)],
+                                           getattr(fn, "by_name", None))
                 if record is not None:
                     jit = functools.partial(_launch_jit, fn, s)
                     launcher.static = gpu_launch.Launch([record], [self.segments[i][j]],
@@ -331,11 +332,13 @@ class SizedKernel:
     """A Triton kernel with size parameters bound to one size tuple's values: launched and compiled as the plain
     kernel is (``fn[grid](*buffers, ...)``, ``fn.warmup(*dtypes, ...)``), the sizes passed after the buffers."""
 
-    def __init__(self, fn: Any, sizes: tuple[int, ...]):
+    def __init__(self, fn: Any, sizes: dict[str, int]):
+        """``sizes``: the kernel's size parameters' values by name, in the kernel's parameter order."""
         self.fn = fn
-        self.sizes = sizes
+        self.by_name = sizes
+        self.sizes = tuple(sizes.values())
         # Triton's own specialization of int arguments: 1 is a constant, a multiple of 16 is marked so
-        self.specialization = tuple((v == 1, v % 16 == 0) for v in sizes)
+        self.specialization = tuple((v == 1, v % 16 == 0) for v in self.sizes)
 
     def __getitem__(self, grid: Any) -> Callable:
         launch, sizes = self.fn[grid], self.sizes

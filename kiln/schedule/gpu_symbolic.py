@@ -19,8 +19,8 @@ plan (~ms) and a cache lookup, not a compile::
 Left static-only for now, so not used here: the matmul template with its epilogue (``Operator.plan_gpu``: a
 symbolic graph's matmuls are ATen's cuBLAS calls, the epilogue a kernel of ours), the copy kernels for library
 operands no view can give (``relayout_copies``: such an operand is copied by ATen's ``reshape`` in the call),
-transposed 2-D tiles, kiln's static launcher (its records hold pointers only: these kernels launch through
-Triton's compiled-kernel runner).  A graph these kernels cannot express (a float computed from sizes) raises
+transposed 2-D tiles.  Each size's launches go through kiln's static launcher, the size values fixed in its
+records ([Note: static launch]).  A graph these kernels cannot express (a float computed from sizes) raises
 ``NotImplementedError`` at compile time, and the caller builds a static module per size instead
 ([Note: a GPU module per size]).
 """

@@ -126,3 +126,41 @@ def test_sdpa_on_the_cpu_becomes_kiln_attention(causal):
     report = reports_since(position)[-1]
     assert "attention" in report.native_externs and "_scaled_dot_product_flash_attention_for_cpu" \
         not in report.externs, report.externs
+
+
+class _HalfSoftmax(Attn):
+    """Attention in bf16 whose softmax runs in fp32 between two casts: written so (transformers' ``softmax(...,
+    dtype=torch.float32).to(q.dtype)``), or ATen's own half softmax as the decomposition lowers it."""
+
+    def __init__(self, upcast: bool):
+        super().__init__(mask="causal")
+        self.upcast = upcast
+
+    def forward(self, x):
+        b, t, c = x.shape
+        q, k, v = self.qkv(x).split(c, dim=2)
+        q, k, v = (z.view(b, t, self.h, c // self.h).transpose(1, 2) for z in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(c // self.h))
+        att = att.masked_fill(self.mask[:, :, :t, :t] == 0, float("-inf"))
+        p = F.softmax(att, dim=-1, dtype=torch.float32).to(q.dtype) if self.upcast else F.softmax(att, dim=-1)
+        return self.proj((p @ v).transpose(1, 2).contiguous().view(b, t, c))
+
+
+@pytest.mark.parametrize("upcast", [True, False])
+def test_half_attention_with_its_softmax_in_fp32_is_one_call(upcast):
+    """The casts around a half model's softmax do not hide the pattern: one SDPA call, as close to the fp32 model
+    as eager's bf16 result is (SDPA too keeps the softmax in fp32)."""
+    torch.manual_seed(0)
+    model = _HalfSoftmax(upcast).eval()
+    x = torch.randn(2, 16, 64)
+    half = _HalfSoftmax(upcast).eval()
+    half.load_state_dict(model.state_dict())
+    half = half.to(torch.bfloat16)
+    position = mark()
+    with torch.inference_mode():
+        want = model(x)
+        got = kiln.compile(half, fallback=False)(x.bfloat16()).float()
+        eager_error = (half(x.bfloat16()).float() - want).abs().max().item()
+    assert (got - want).abs().max().item() <= 2 * eager_error + 1e-2
+    report = reports_since(position)[-1]
+    assert "scaled_dot_product_attention" in report.externs and "bmm" not in report.externs, report.externs

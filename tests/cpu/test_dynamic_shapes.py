@@ -438,3 +438,22 @@ def test_diagonals_of_a_symbolic_square_matrix():
         _check(fn, compiled, torch.randn(3, n, n))
     report = _one_symbolic_report(position)
     assert len(report.dynamic["sizes"]) == 3
+
+
+def test_half_precision_products_over_symbolic_rows():
+    """A bf16 model traced with dynamic shapes: the choice between the half product and its fp32 form
+    (passes/half_in_fp32.py) is made once at the traced sizes, not refused for a symbolic row count."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32)).eval().to(torch.bfloat16)
+    position = mark()
+    compiled = torch.compile(model, backend="kiln", dynamic=True, options={"fallback": False})
+    with torch.inference_mode():
+        for n in (5, 17, 40):
+            x = torch.randn(n, 64, dtype=torch.bfloat16)
+            want = model.float()(x.float())
+            model.to(torch.bfloat16)
+            got = compiled(x).float()
+            eager = model(x).float()
+            assert (got - want).abs().max() <= 2 * (eager - want).abs().max() + 1e-2
+    reports = reports_since(position)
+    assert reports and all(r.fallback is None for r in reports) and any(r.dynamic for r in reports)

@@ -125,3 +125,31 @@ def test_a_call_whose_sizes_disagree_raises_a_clear_error_before_any_eager_run()
             for p in placeholders]
     with pytest.raises(InputMismatch, match="expected torch.float32 of shape"):
         run(args)
+
+
+def test_a_float_attribute_dynamo_passes_as_a_cpu_tensor():
+    """``dynamic=True``: TorchDynamo passes a module's float attribute it does not specialize as a 0-d float64 CPU
+    tensor beside the GPU inputs (transformers' rotary ``attention_scaling``); kiln copies it to the device at
+    each call, and a changed value is read, not baked in."""
+    class Scaled(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.scale = 0.5
+
+        def forward(self, x):
+            return torch.tanh(x) * self.scale + x.sum(-1, keepdim=True) * self.scale
+
+    torch._dynamo.reset()
+    model = Scaled()
+    position = mark()
+    compiled = torch.compile(model, backend="kiln", dynamic=True, options={"target": "triton"})
+    with torch.inference_mode():
+        for n, scale in ((5, 0.5), (9, 0.5), (9, 1.25)):
+            model.scale = scale
+            x = torch.randn(n, 16, device=DEVICE)
+            torch.testing.assert_close(compiled(x), model(x), rtol=2e-5, atol=2e-5)
+    reports = reports_since(position)
+    assert reports and all(r.fallback is None for r in reports), [r.fallback for r in reports]
+    if HAS_CUDA:
+        assert any(r.host_inputs for r in reports), [r.format(source=False) for r in reports]
+    torch._dynamo.reset()

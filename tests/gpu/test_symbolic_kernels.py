@@ -105,3 +105,41 @@ def test_gpt_over_sequence_lengths_compiles_once_and_runs_no_call_eagerly(mode):
     dynamic = _symbolic_report(position).dynamic
     assert dynamic["eager_calls"] == 0 and dynamic["builds"] == 4, dynamic
     assert dynamic["kernel_sources"] <= 2, dynamic
+
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="kiln's launcher launches on a GPU")
+def test_every_size_launches_through_kilns_launcher():
+    """Each size's launches are records of kiln's static launcher with that size's values fixed in them
+    ([Note: static launch]): no kernel goes through Triton's runner, and the results are bit for bit those of
+    the same kernels launched by Triton."""
+    from kiln import config
+    from kiln.report import CompileReport
+    from kiln.schedule.gpu_symbolic import build_triton_symbolic
+
+    def f(x, w):
+        h = torch.relu(x @ w) + x.sum(-1, keepdim=True)
+        return F.softmax(h, -1) * 2, h.sum(0)
+
+    torch.manual_seed(0)
+    w = torch.randn(16, 16, device=DEVICE)
+    position = mark()
+    device = torch.device(DEVICE)
+    with torch.inference_mode():
+        kiln.compile(f, target="triton", dynamic=True)(torch.randn(5, 16, device=DEVICE), w)
+        graph = _symbolic_report(position).optimized
+        module = build_triton_symbolic(graph, CompileReport(name="kiln's launcher"), device, [])
+        with config.scope(gpu_static_launch=False):
+            by_triton = build_triton_symbolic(graph, CompileReport(name="Triton's launcher"), device, [])
+        for n in (3, 16, 37, 3):
+            x = torch.randn(n, 16, device=DEVICE)
+            got = module([x, w])
+            for g, want in zip(got, f(x, w)):
+                torch.testing.assert_close(g, want, rtol=2e-5, atol=2e-5)
+            for g, want in zip(got, by_triton([x, w])):
+                torch.testing.assert_close(g, want, rtol=0, atol=0)
+    assert len(module.modules) == 3
+    for sized, plain in zip(module.modules.values(), by_triton.modules.values()):
+        launches = sum(len(steps) for steps in sized._launches)
+        assert launches > 0 and sized.static_launches == launches, (sized.static_launches, launches)
+        assert plain.static_launches == 0

@@ -188,6 +188,27 @@ def test_no_reuse_when_other_elements_are_read():
         torch.testing.assert_close(module([x])[0], f(x), rtol=1e-4, atol=1e-5)
 
 
+def test_a_buffer_takes_the_memory_of_a_dead_buffer_of_its_size():
+    """[Note: buffers reused by size]: ``a`` (a kernel's buffer) dies at the first matmul; the second matmul's
+    result, allocated after, takes its memory - a view in the generated call, not an allocation - and ``a`` is
+    released there instead.  (The tanh kernels write over the products in place.)"""
+    def body(x, w):
+        a = torch.sin(x) * 2.0
+        return torch.tanh(torch.tanh(a @ w) @ w)
+
+    f = _Weighted(24, 24, body)
+    x = torch.randn(6, 24, device=DEVICE)
+    module, report = _module_for(f, x)
+    sin = next(n for n in report.optimized.nodes if n.op is Op.MUL and n.inputs[0].op is Op.SIN)
+    [taking] = [k for k, step in enumerate(module.alloc_before) if any(a.reuse is sin for a in step)]
+    assert sin not in module.drop_after[taking - 1] and sin in module.drop_after[taking]
+    assert sum(sin in d for d in module.drop_after) == 1
+    for _ in range(2):
+        with torch.inference_mode():
+            torch.testing.assert_close(module([x])[0], f(x), rtol=1e-4, atol=1e-4)
+    assert report.wrapper.count("torch.empty_strided(") == 2, report.wrapper  # a and the first product
+
+
 class _FakeGraph:
     """Stands in for a CUDA graph (CI has no GPU): a replay writes ``fill`` into the recording's outputs."""
 

@@ -133,9 +133,11 @@ def test_kernels_launch_through_kilns_launcher_and_match_tritons(net):
             torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_launch_records_describe_pointer_only_kernels():
+def test_launch_records_describe_pointer_and_size_parameters():
     """A record holds the grid, threads, shared memory and each parameter's pointer-table slot (Triton's two
-    scratch pointers null); a kernel with a scalar argument or a per-launch scratch buffer gets none."""
+    scratch pointers null); an int size parameter is a fixed value of the record (one record per size), found by
+    name among the kernel's parameters.  A kernel with a float argument, an int the record was not given, or a
+    per-launch scratch buffer gets none."""
     from types import SimpleNamespace
     from kiln.runtime import gpu_launch
     md = SimpleNamespace(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, global_scratch_size=0,
@@ -144,9 +146,17 @@ def test_launch_records_describe_pointer_only_kernels():
                              src=SimpleNamespace(signature={"a": "*bf16", "b": "*fp32", "XBLOCK": "constexpr"}))
     r = gpu_launch.record(kernel, (7, 1, 1), [3, 0])
     assert (r.grid_x, r.grid_y, r.grid_z, r.threads, r.shared, r.nargs) == (7, 1, 1, 128, 1024, 4)
-    assert list(r.slot[:4]) == [3, 0, -1, -1]
-    scalar = SimpleNamespace(metadata=md, function=1, src=SimpleNamespace(signature={"a": "*fp32", "n": "i32"}))
-    assert gpu_launch.record(scalar, (1, 1, 1), [0, 1]) is None
+    assert list(r.slot[:4]) == [3, 0, -1, -1] and list(r.value[:4]) == [0, 0, 0, 0]
+    # s1 == 1 was specialized by Triton into a constant: no parameter
+    sized = SimpleNamespace(metadata=md, function=1, src=SimpleNamespace(
+        signature={"a": "*fp32", "b": "*fp32", "s0": "i32", "s1": "constexpr", "s2": "i64", "XBLOCK": "constexpr"}))
+    r = gpu_launch.record(sized, (5, 1, 1), [1, 0], scalars={"s0": 37, "s1": 1, "s2": 2**40})
+    assert r.nargs == 6 and list(r.slot[:6]) == [1, 0, -1, -1, -1, -1]
+    assert list(r.value[:6]) == [0, 0, 37, 2**40, 0, 0]
+    assert gpu_launch.record(sized, (5, 1, 1), [1, 0], scalars={"s0": 37}) is None  # s2 unknown
+    assert gpu_launch.record(sized, (5, 1, 1), [1], scalars={"s0": 37, "s2": 3}) is None  # a pointer short
+    scalar = SimpleNamespace(metadata=md, function=1, src=SimpleNamespace(signature={"a": "*fp32", "x": "fp32"}))
+    assert gpu_launch.record(scalar, (1, 1, 1), [0], scalars={"x": 1}) is None
     scratch = SimpleNamespace(metadata=SimpleNamespace(**{**vars(md), "global_scratch_size": 64}), function=1,
                               src=kernel.src)
     assert gpu_launch.record(scratch, (1, 1, 1), [0, 1]) is None

@@ -151,7 +151,9 @@ def test_program_building_plans_the_memory_of_each_step():
     """Program building (schedule/program.py), Plan in, Program out: with an arena (the CPU) each buffer gets an
     offset, and a buffer takes the slot of one that died before it is written (buf5 in buf3's, buf6 in buf4's);
     the matmuls write their arena slots through ``.out``; the graph's output is a per-call tensor.  Without an
-    arena (the GPU) each buffer is allocated before its first writer, the exp in place of the product it reads."""
+    arena (the GPU) each buffer is allocated before its first writer, the exp in place of the product it reads,
+    the second product in the memory of the ReLU's buffer, dead since the first product ([Note: buffers reused by
+    size])."""
     from kiln.schedule.program import build_program
     b = GraphBuilder()
     x, w1, w2 = _input(b, (64, 32), 0), _input(b, (32, 32), 1), _input(b, (32, 32), 2)
@@ -174,7 +176,7 @@ def test_program_building_plans_the_memory_of_each_step():
         "buf7: per call (graph output), 8 KiB"])
     assert build_program(g, plan, arena=False).format() == program(False, [
         "buf3: allocated, 8 KiB", "buf4: allocated, 8 KiB", "buf5: allocated in buf4's memory, 8 KiB",
-        "buf6: allocated, 8 KiB", "buf7: per call (graph output), 8 KiB"])
+        "buf6: allocated in buf3's memory, 8 KiB", "buf7: per call (graph output), 8 KiB"])
     inputs = random_inputs(g)
     with torch.inference_mode():
         for arena in (True, False):

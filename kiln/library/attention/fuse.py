@@ -37,7 +37,7 @@ import torch
 from kiln.ir.extern import build_extern, substitute
 from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
 from kiln.ir.interp import eval_node
-from kiln.ir.ops import Op
+from kiln.ir.ops import HALF, Op
 from kiln.ir.sym import is_symbolic, size_hint
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
@@ -94,7 +94,15 @@ def _const_eval(n: Node, memo: dict[Node, torch.Tensor | None]) -> torch.Tensor 
 
 
 def _softmax_input(p: Node) -> Node | None:
-    """L for P = softmax(L) over the last axis (as lowered: amax, sub, exp, sum, div)."""
+    """L for P = softmax(L) over the last axis (as lowered: amax, sub, exp, sum, div); in half precision also
+    P = cast(softmax(cast(L to fp32)) back to L's dtype), how models and ATen's half softmax compute it (SDPA's
+    kernels too keep the softmax in fp32)."""
+    if p.op is Op.CAST and p.inputs[0].op is Op.DIV and p.dtype in HALF:
+        up = _softmax_input(p.inputs[0])
+        if up is None or up.op is not Op.CAST or up.inputs[0].dtype != p.dtype \
+                or p.inputs[0].dtype != torch.float32:
+            return None
+        return up.inputs[0]
     if p.op is not Op.DIV:
         return None
     e, denom = p.inputs
@@ -183,7 +191,7 @@ def _causal_for_every_length(cond: Node, t: Any) -> bool:
     value = values[cond]
     if value.dtype != torch.bool or tuple(value.shape[-2:]) != (length, length):
         return False
-    upper = torch.ones(length, length, dtype=torch.bool).triu(1)
+    upper = torch.ones(length, length, dtype=torch.bool, device=value.device).triu(1)  # (a GPU model's constant)
     return bool((value == upper).all())
 
 
