@@ -223,6 +223,12 @@ class TritonKernelWriter:
         offset = p.index(st.index)
         if st.index.is_const():  # a 0-d result: the pointer is made a block of the mask's shape
             offset += f" + 0 * ({mask}).to(tl.int32)"
+        elif mask == "xrmask" and not re.search(r"\br\b", offset):
+            # a row's element stored in the reduction's loop without the reduction position in its index (a
+            # reduction of extent 1, whose position simplified away): the pointer is made a block of the value's
+            # [rows, RBLOCK] shape (tl.store broadcasts the value to the pointer, not the pointer to the value);
+            # the mask keeps the one position r < 1 (fuzz seed 149 of fuzz_symbolic --target triton)
+            offset += " + 0 * r"
         self._emit(indent, f"tl.store({st.buf} + ({offset}), {value}, mask={mask})")
 
     # ------------------------------------------------------------------ pointwise

@@ -16,7 +16,7 @@ from typing import Any
 
 import torch
 
-from kiln.ir.index import Dyn, Lin, render
+from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, Var, render
 from kiln.ir.sym import SizeExpr, Symbol, is_symbolic, render as render_size
 from kiln.ir.kernel import KConst, KExpr, KIndex, KLoad, KOp, KVar, subexprs
 from kiln.codegen.printing import OpTable, Rule, Temporaries
@@ -191,7 +191,13 @@ class TritonPrinter(Temporaries):
             if e.index.is_const():  # one element for the whole block (a 0-d buffer): a scalar load, in bounds
                 text = f"tl.load({e.buf} + ({self.index(e.index, guard)}))"
             else:
-                text = f"tl.load({e.buf} + ({self.index(e.index, guard)}), mask={self.load_mask(guard)}, other=0)"
+                offset = self.index(e.index, guard)
+                if not _has_position(e.index):
+                    # positions from loaded values alone (a gather whose index is one element): the pointer may be
+                    # a scalar, which tl.load takes with no block mask; made a block of the mask's shape (fuzz
+                    # seed 247 of fuzz_symbolic --target triton)
+                    offset += f" + 0 * ({self.load_mask(guard)}).to(tl.int32)"
+                text = f"tl.load({e.buf} + ({offset}), mask={self.load_mask(guard)}, other=0)"
             if e.dtype in HALF:
                 text += ".to(tl.float32)"
         elif isinstance(e, KOp) and e.op is Op.WHERE:
@@ -212,3 +218,9 @@ class TritonPrinter(Temporaries):
         self.lines.append(f"{self.indent}{name} = {text}")
         self.names[key] = name
         return name
+
+
+def _has_position(index: Lin) -> bool:
+    """Does ``index`` depend on a loop position (a block), not only on loaded values (``Dyn``) and constants?"""
+    return any(isinstance(a, Var) or (isinstance(a, (FloorDiv, Mod)) and _has_position(a.arg))
+               for a in index.atoms())

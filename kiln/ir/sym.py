@@ -472,6 +472,13 @@ def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | 
         a, k = render(x.arg, lang, name), render_factor(x.k, lang, name)
         if lang == "cpp" and _bounds(x.arg)[0] < 0:  # (C's / and % truncate: the prelude's floor versions)
             return f"kiln_{'floordivi' if isinstance(x, SymFloorDiv) else 'remi'}<int64_t>({a}, {k})"
+        if lang == "py" and _bounds(x.arg)[0] < 0:
+            # Triton's // and % truncate as C's do (Python's floor): a possibly negative numerator gets the floor
+            # remainder ((a % k) + k) % k, the same in both languages, and an exact division by k after it
+            # (``(2*s1 - s0) // 2`` kept as ``s1 + (-s0 // 2)``: a convolution's output size; fuzz_symbolic
+            # --target triton seed 251 wrote past its buffers)
+            rem = f"((({a}) % {k} + {k}) % {k})"
+            return rem if isinstance(x, SymMod) else f"((({a}) - {rem}) // {k})"
         return f"({a} {div if isinstance(x, SymFloorDiv) else '%'} {k})"
     parts = []
     for m, c in x.terms:

@@ -284,12 +284,14 @@ def _allocations(p: Program, node_of: dict[str, Node]) -> list[list[Allocation]]
     live = _live_bytes(p, alloc)
     peak = max(live, default=0)
     aliased = _aliased_by_library(p, p.plan.buffer_of)
-    free: dict[int, list[tuple[Node, int]]] = {}  # bytes -> (dead buffer of ours, the step after which it died)
+    # (bytes, element size) -> (dead buffer of ours, the step after which it died); one element size, so that the
+    # memory's view in the new dtype keeps its shape (``view(dtype)`` of another size needs a divisible last dim)
+    free: dict[tuple[int, int], list[tuple[Node, int]]] = {}
     moved: list[tuple[Node, int]] = []  # (pooled buffer, the step that takes it)
     for step in range(len(p.steps)):
         for a in alloc[step]:
             size = _nbytes(a.node)
-            dead = free.get(size, []) if a.reuse is None else []
+            dead = free.get((size, a.dtype.itemsize), []) if a.reuse is None else []
             for k in range(len(dead) - 1, -1, -1):  # (the most recently dead first)
                 m, died = dead[k]
                 if max(live[died + 1:step], default=0) + size <= peak:
@@ -302,7 +304,7 @@ def _allocations(p: Program, node_of: dict[str, Node]) -> list[list[Allocation]]
         for m in p.drop_after[step]:
             if m in p.planned and m not in taken and m not in p.escaping and m not in aliased \
                     and m.op not in (Op.INPUT, Op.CONSTANT) and m.op not in VIEW:
-                free.setdefault(_nbytes(m), []).append((m, step))
+                free.setdefault((_nbytes(m), m.dtype.itemsize), []).append((m, step))
     for m, step in moved:  # a pooled buffer is released by the step that takes its memory
         for drops in p.drop_after:
             if m in drops:

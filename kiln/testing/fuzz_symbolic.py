@@ -5,11 +5,14 @@ sizes and optimizing it compute what eager computes (at the traced size - other 
 which ``tests/unit/test_symbolic_lowering.py`` covers by hand).  A graph the symbolic lowering refuses
 (``LoweringError``: a size kiln has no form for, a lowering that would specialize) is counted, not failed.
 
-    python -m kiln.testing.fuzz_symbolic --seeds 0:300 [--dtype all] [--size full] [--compile]
+    python -m kiln.testing.fuzz_symbolic --seeds 0:300 [--dtype all] [--size full] [--compile [--target triton]]
 
 ``--compile``: through kiln's own backend instead (``torch.compile(backend="kiln", dynamic=True)``): the symbolic
 graph compiled to C++ with its sizes read at run time and a Program planned for the call's sizes (layers 3-6);
 a graph kiln ran eagerly counts as ``fallback`` with the report's reason (a refusal, or a failure to look at).
+``--target triton``: the GPU's code generator instead - Triton kernels with size parameters, one plan
+([Note: GPU kernels with size parameters]) - run by Triton's interpreter on the CPU tensors (``TRITON_INTERPRET=1``
+is set before Triton is imported) or on the GPU's where there is one (``--device cuda``).
 """
 from __future__ import annotations
 
@@ -52,15 +55,19 @@ def _symbolic_backend(refused: list[str]) -> Any:
     return backend
 
 
-def check(seed: int, dtype: str, size: str, compile: bool = False) -> tuple[str, str]:
+def check(seed: int, dtype: str, size: str, compile: bool = False, target: str = "auto",
+          device: str = "cpu") -> tuple[str, str]:
     """(status, detail) of one program: ok, mismatch, crash, refused (fallback with ``compile``), or eager_error
-    (an invalid program)."""
+    (an invalid program).  ``target``: kiln's (with ``compile``); ``device``: where the inputs live."""
     from kiln.report import mark, reports_since
     from kiln.testing.fuzz_gen import generate
     from kiln.testing.fuzz_run import compare, short_error
     program = generate(seed, dtype, size)
     ns = program.namespace()
-    fn, make_inputs = ns["fn"], ns["make_inputs"]
+    fn, make = ns["fn"], ns["make_inputs"]
+
+    def make_inputs() -> list[Any]:
+        return [x.to(device) if isinstance(x, torch.Tensor) else x for x in make()]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         try:
@@ -71,8 +78,11 @@ def check(seed: int, dtype: str, size: str, compile: bool = False) -> tuple[str,
         torch._dynamo.reset()
         position = mark()
         try:
-            backend = "kiln" if compile else _symbolic_backend(refused)
-            out = torch.compile(fn, backend=backend, dynamic=True)(*make_inputs())
+            if compile:
+                compiled = torch.compile(fn, backend="kiln", dynamic=True, options={"target": target})
+            else:
+                compiled = torch.compile(fn, backend=_symbolic_backend(refused), dynamic=True)
+            out = compiled(*make_inputs())
         except Exception as exc:  # noqa: BLE001 - kiln (or Dynamo) raised
             return "crash", ": ".join(short_error(exc))
         finally:
@@ -92,13 +102,19 @@ def main() -> None:
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "half", "all"])
     ap.add_argument("--size", default="full", choices=["ci", "full"])
     ap.add_argument("--compile", action="store_true", help="through kiln's backend (C++), not the interpreter")
+    ap.add_argument("--target", default="auto", choices=["auto", "cpu", "triton"],
+                    help="kiln's target with --compile (triton: the GPU's code generator)")
+    ap.add_argument("--device", default="cpu", help="where the programs' inputs live (cuda: the GPU)")
     args = ap.parse_args()
+    if args.target == "triton" and args.device == "cpu":
+        import os
+        os.environ.setdefault("TRITON_INTERPRET", "1")  # (before Triton is imported: its interpreter on CPU tensors)
     torch.set_num_threads(1)
     lo, hi = (int(v) for v in args.seeds.split(":"))
     counts: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
     for seed in range(lo, hi):
-        status, detail = check(seed, args.dtype, args.size, args.compile)
+        status, detail = check(seed, args.dtype, args.size, args.compile, args.target, args.device)
         counts[status] += 1
         if status in ("mismatch", "crash"):
             print(f"seed {seed}: {status}: {detail[:300]}", flush=True)

@@ -20,20 +20,22 @@ def _check(compiled, f, *args, tol=2e-5):
         torch.testing.assert_close(g, w, rtol=tol, atol=tol)
 
 
+def _mixed(x, w):
+    """Pointwise, a row reduction (softmax), a column one (sum over the symbolic axis) and a matmul."""
+    h = torch.relu(x @ w) + x.sum(-1, keepdim=True)
+    return F.softmax(h, -1) * 2, h.sum(0)
+
+
 def test_one_kernel_module_serves_every_size_of_a_kind():
     """Pointwise, a row reduction (softmax) and a column one (sum over the symbolic axis), a matmul between:
     sizes that are and are not multiples of 16 (Triton specializes those), one kernel text for all."""
-    def f(x, w):
-        h = torch.relu(x @ w) + x.sum(-1, keepdim=True)
-        return F.softmax(h, -1) * 2, h.sum(0)
-
     torch.manual_seed(0)
     w = torch.randn(16, 16, device=DEVICE)
     position = mark()
-    compiled = kiln.compile(f, target="triton", dynamic=True)
+    compiled = kiln.compile(_mixed, target="triton", dynamic=True)
     with torch.inference_mode():
         for n in (3, 5, 16, 9, 32, 5):
-            _check(compiled, f, torch.randn(n, 16, device=DEVICE), w)
+            _check(compiled, _mixed, torch.randn(n, 16, device=DEVICE), w)
     report = _symbolic_report(position)
     dynamic = report.dynamic
     assert dynamic["eager_calls"] == 0 and dynamic["builds"] == 5, dynamic  # (5 again: its plan is kept)
@@ -117,16 +119,12 @@ def test_every_size_launches_through_kilns_launcher():
     from kiln.report import CompileReport
     from kiln.schedule.gpu_symbolic import build_triton_symbolic
 
-    def f(x, w):
-        h = torch.relu(x @ w) + x.sum(-1, keepdim=True)
-        return F.softmax(h, -1) * 2, h.sum(0)
-
     torch.manual_seed(0)
     w = torch.randn(16, 16, device=DEVICE)
     position = mark()
     device = torch.device(DEVICE)
     with torch.inference_mode():
-        kiln.compile(f, target="triton", dynamic=True)(torch.randn(5, 16, device=DEVICE), w)
+        kiln.compile(_mixed, target="triton", dynamic=True)(torch.randn(5, 16, device=DEVICE), w)
         graph = _symbolic_report(position).optimized
         module = build_triton_symbolic(graph, CompileReport(name="kiln's launcher"), device, [])
         with config.scope(gpu_static_launch=False):
@@ -134,7 +132,7 @@ def test_every_size_launches_through_kilns_launcher():
         for n in (3, 16, 37, 3):
             x = torch.randn(n, 16, device=DEVICE)
             got = module([x, w])
-            for g, want in zip(got, f(x, w)):
+            for g, want in zip(got, _mixed(x, w)):
                 torch.testing.assert_close(g, want, rtol=2e-5, atol=2e-5)
             for g, want in zip(got, by_triton([x, w])):
                 torch.testing.assert_close(g, want, rtol=0, atol=0)
@@ -143,3 +141,24 @@ def test_every_size_launches_through_kilns_launcher():
         launches = sum(len(steps) for steps in sized._launches)
         assert launches > 0 and sized.static_launches == launches, (sized.static_launches, launches)
         assert plain.static_launches == 0
+
+
+def test_a_convolutions_output_size_with_a_negative_term():
+    """A strided convolution whose input height equals its channels (Dynamo gives both one symbol, ``2*s79``):
+    the output height ``(2*s79 - s18) // 2 + 1`` is kept as ``s79 + (-s18 // 2) + 1``, whose floor division of
+    a negative numerator the kernel text must floor (Triton's ``//`` truncates: the reduction over channels read
+    and wrote past its buffers; fuzz_symbolic --target triton, seed 251)."""
+    def f(x, w):
+        return torch.min(F.conv2d(x, w, stride=2, groups=2), dim=1)
+
+    torch.manual_seed(0)
+    x, w = torch.randn(2, 8, 8, 5, device=DEVICE), torch.randn(6, 4, 3, 3, device=DEVICE)
+    torch._dynamo.reset()
+    position = mark()
+    with torch.inference_mode():
+        got = torch.compile(f, backend="kiln", dynamic=True, options={"target": "triton", "fallback": False})(x, w)
+        want = f(x, w)
+    torch.testing.assert_close(got[0], want[0], rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(got[1], want[1])
+    assert _symbolic_report(position).dynamic["eager_calls"] == 0
+    torch._dynamo.reset()

@@ -274,3 +274,18 @@ def test_kernels_that_differ_only_in_buffer_numbering_compile_once():
                  torch.randn(32), torch.randn(32), rtol=5e-5, atol=5e-5)
     assert report.source.count("@triton.jit") == 1, report.source
     assert report.source.count("# the same kernel as") == 1, report.source
+
+
+def test_a_gather_whose_index_is_one_element():
+    """``x.gather(-1, idx)`` with a one-element index, then pointwise: the gathered position comes from a loaded
+    scalar alone, so the masked load's pointer is made a block of the mask's shape (tl.load refuses a block mask
+    with a scalar pointer; fuzz_symbolic --target triton, seed 247)."""
+    def fn(x, idx):
+        v = x.gather(-1, idx)
+        return F.log_softmax(v, dim=-2), F.pad(torch.softmax(v, dim=0), (1, 1, 0, 1), value=-0.5)
+
+    x, idx = torch.randn(1, 1, device=DEVICE), torch.zeros(1, 1, dtype=torch.long, device=DEVICE)
+    with torch.inference_mode():
+        got = kiln.compile(fn, target="triton", fallback=False)(x, idx)
+    for g, e in zip(got, fn(x, idx)):
+        torch.testing.assert_close(g, e)

@@ -209,6 +209,18 @@ def test_a_buffer_takes_the_memory_of_a_dead_buffer_of_its_size():
     assert report.wrapper.count("torch.empty_strided(") == 2, report.wrapper  # a and the first product
 
 
+def test_a_dead_buffer_of_another_element_size_is_not_taken():
+    """24 bytes of fp32 [2, 3] and an int64 [3] result: the same size, but the memory's view in the other dtype
+    would need an even last dimension (fuzz_symbolic --target triton, seed 153): allocated apart."""
+    f = _Weighted(3, 3, lambda x, w: (torch.sin(x) * 2.0 @ w).argmax(0))
+    x = torch.randn(2, 3, device=DEVICE)
+    module, _ = _module_for(f, x)
+    assert all(a.dtype.itemsize == t.dtype.itemsize for a, t in ((a, a.reuse) for step in module.alloc_before
+                                                                 for a in step if a.reuse is not None))
+    with torch.inference_mode():
+        torch.testing.assert_close(module([x])[0], f(x))
+
+
 class _FakeGraph:
     """Stands in for a CUDA graph (CI has no GPU): a replay writes ``fill`` into the recording's outputs."""
 

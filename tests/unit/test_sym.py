@@ -88,6 +88,54 @@ def test_cpp_text():
     assert render(B, name=lambda s: f"kiln_sizes[{s.name[1:]}]") == "kiln_sizes[77]"
 
 
+def test_python_and_triton_text_floor_a_negative_numerator():
+    """Kernel text for Triton (``lang="py"``): Triton's ``//`` and ``%`` truncate as C's do, so a numerator that
+    may be negative (``-s27 // 2``, what a convolution's output size ``(2*s77 - s27) // 2 + 1`` simplifies to)
+    is written so that truncating and flooring division both give the floor.  Checked by evaluating the text
+    under both semantics."""
+    def trunc_div(a, b):
+        q = abs(a) // abs(b)
+        return q if (a >= 0) == (b > 0) else -q
+
+    class Trunc(int):  # an int whose // and % truncate, as Triton's
+        def _wrap(self, v):
+            return Trunc(v)
+
+        def __floordiv__(self, o):
+            return Trunc(trunc_div(int(self), int(o)))
+
+        def __mod__(self, o):
+            return Trunc(int(self) - trunc_div(int(self), int(o)) * int(o))
+
+        def __neg__(self):
+            return Trunc(-int(self))
+
+        def __add__(self, o):
+            return Trunc(int(self) + int(o))
+
+        __radd__ = __add__
+
+        def __sub__(self, o):
+            return Trunc(int(self) - int(o))
+
+        def __rsub__(self, o):
+            return Trunc(int(o) - int(self))
+
+        def __mul__(self, o):
+            return Trunc(int(self) * int(o))
+
+        __rmul__ = __mul__
+
+    for expr in (floordiv(-T, 2), mod(-T, 3), floordiv(2 * B - T, 2) + 1, floordiv(B - 3 * T, T) * 2):
+        text = render(expr, "py")
+        for t in range(2, 9):
+            for b in range(2, 9):
+                want = evaluate(expr, {"s27": t, "s77": b})
+                assert eval(text, {"s27": t, "s77": b}) == want, (text, t, b)
+                assert int(eval(text, {"s27": Trunc(t), "s77": Trunc(b)})) == want, (text, t, b)
+    assert render(floordiv(B + T, 2), "py") == "((s27 + s77) // 2)"  # (a non-negative numerator: plain)
+
+
 def test_dynamo_expressions_convert_and_evaluate():
     """Every placeholder size and view size of a graph traced with dynamic=True, converted and evaluated against
     the sizes of the call that traced it."""
