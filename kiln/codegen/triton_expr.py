@@ -11,6 +11,8 @@ must be masked by it, or it would read out of bounds.  The printer therefore key
 """
 from __future__ import annotations
 
+import os
+
 import math
 from typing import Any
 
@@ -94,7 +96,16 @@ def _extremum(fn: str) -> Rule:
     return rule
 
 
+_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # (as runtime/triton_math.INTERPRET)
+
+
 def _cast(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
+    if d in HALF and ad == torch.bool:  # 0 and 1 are exact (and Triton's interpreter made a bool's bf16 zero:
+        return f"{a[0]}.to(tl.float32)"   # fuzz_symbolic --target triton, seed 594)
+    if d == torch.bfloat16 and not ad.is_floating_point and _INTERPRET:
+        # Triton 3.6's interpreter converts an int to bf16 by its bits (1 -> 9.2e-41): through fp32 there, which
+        # rounds twice only past 2**24 (the GPU's text converts directly)
+        return f"{a[0]}.to(tl.float32).to(tl.bfloat16).to(tl.float32)"
     if d in HALF:  # round to the half type, keep computing in fp32
         return f"{a[0]}.to({tl_type(d)}).to(tl.float32)"
     return f"{a[0]}.to({tl_type(d)})"

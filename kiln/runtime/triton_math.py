@@ -101,8 +101,11 @@ else:
 
     @triton.jit
     def pow(x, y):
-        if isinstance(y, (int, float)):  # (interpreted: a literal exponent as a block, so '&' of its tests works)
+        # (interpreted: a literal or one-element base or exponent made a block of the other's shape, so '&' of
+        # its tests works; fuzz_symbolic --target triton, seeds 319 and 535)
+        if isinstance(y, (int, float)):
             y = tl.full(x.shape, y, tl.float32)
+        x, y = tl.broadcast(x, y)
         r = tl.exp(y * tl.log(tl.abs(x)))
         odd = (tl.floor(y) == y) & (tl.floor(y * 0.5) * 2.0 != y)
         r = tl.where((x < 0) & odd, -r, r)

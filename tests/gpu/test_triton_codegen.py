@@ -289,3 +289,32 @@ def test_a_gather_whose_index_is_one_element():
         got = kiln.compile(fn, target="triton", fallback=False)(x, idx)
     for g, e in zip(got, fn(x, idx)):
         torch.testing.assert_close(g, e)
+
+
+def test_pow_with_a_one_element_base_or_exponent():
+    """``torch.pow`` where the base or the exponent is one gathered element (a scalar in the kernel) and the other
+    a block (fuzz_symbolic --target triton, seeds 319 and 535: the interpreter's pow combined their tests)."""
+    def fn(x, idx):
+        one = torch.gather(x, 1, idx) * 0.5
+        base, exponent = x.abs() + 0.5, x.clamp(-2.0, 2.0)
+        return torch.pow(base, one.clamp(-2.0, 2.0)), torch.pow(one.abs() + 0.5, exponent)
+
+    x, idx = torch.randn(3, 7, device=DEVICE), torch.zeros(1, 1, dtype=torch.long, device=DEVICE)
+    with torch.inference_mode():
+        got = kiln.compile(fn, target="triton", fallback=False)(x, idx)
+    for g, e in zip(got, fn(x, idx)):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=["bf16", "fp16"])
+def test_bool_and_small_int_casts_to_half_are_exact(dtype):
+    """A bool or a small int cast to a half type is exact (fuzz_symbolic --target triton, seeds 402 and 594)."""
+    def fn(b, i):
+        return b.to(dtype) * 1, i.to(dtype) + 0
+
+    b = torch.rand(2, 4, 4, device=DEVICE) < 0.5
+    i = torch.randint(-200, 200, (2, 4, 4), device=DEVICE)
+    with torch.inference_mode():
+        got = kiln.compile(fn, target="triton", fallback=False)(b, i)
+    for g, e in zip(got, fn(b, i)):
+        assert torch.equal(g, e)
