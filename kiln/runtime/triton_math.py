@@ -105,7 +105,10 @@ else:
         # its tests works; fuzz_symbolic --target triton, seeds 319 and 535)
         if isinstance(y, (int, float)):
             y = tl.full(x.shape, y, tl.float32)
-        x, y = tl.broadcast(x, y)
+        elif isinstance(x, (int, float)):
+            x = tl.full(y.shape, x, tl.float32)
+        else:
+            x, y = tl.broadcast(x, y)
         r = tl.exp(y * tl.log(tl.abs(x)))
         odd = (tl.floor(y) == y) & (tl.floor(y * 0.5) * 2.0 != y)
         r = tl.where((x < 0) & odd, -r, r)

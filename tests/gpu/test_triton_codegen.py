@@ -318,3 +318,14 @@ def test_bool_and_small_int_casts_to_half_are_exact(dtype):
         got = kiln.compile(fn, target="triton", fallback=False)(b, i)
     for g, e in zip(got, fn(b, i)):
         assert torch.equal(g, e)
+
+
+def test_pow_of_a_literal_base():
+    """``2.0 ** x`` (bloom's ALiBi slopes): a literal base with a block exponent."""
+    def fn(x):
+        return torch.pow(2.0, x) + torch.pow(x.abs() + 0.5, 3.0)
+
+    x = torch.randn(3, 7, device=DEVICE)
+    with torch.inference_mode():
+        got = kiln.compile(fn, target="triton", fallback=False)(x)
+    torch.testing.assert_close(got, fn(x), rtol=1e-5, atol=1e-5)
