@@ -39,9 +39,10 @@ import torch
 from kiln import config
 from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
 from kiln.ir.tiling import plan_tiles
-from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store
+from kiln.ir.kernel import Acc, FullLoop, KConst, Kernel, ReduceLoop, RowAssign, RowStore, Store, phase_exprs, \
+    subexprs
 from kiln.ir.ops import Op, contiguous_strides, numel, reduction_identity
-from kiln.ir.sym import evaluate, is_symbolic, render, render_factor
+from kiln.ir.sym import FloatSize, evaluate, is_symbolic, render, render_factor
 
 PERSISTENT_MAX = 4096   # row elements kept in registers by one program
 LOOP_RBLOCK = 1024      # chunk of a looped reduction
@@ -167,11 +168,36 @@ class TritonKernelWriter:
         # (found once: walking the kernel's indices for its symbols is not free, and every size's module asks)
         self._size_params = sorted(s.name for s in kernel.symbols())
         self.symbolic = bool(self._size_params)
+        # floats computed from sizes (``x.shape[-1] ** -0.5``): fp32 parameters after the sizes, each size's value
+        # computed on the host in double precision (``float_params``)
+        self._floats: dict[KConst, str] = {}
+        if self.symbolic:
+            for phase in kernel.phases:
+                for e in phase_exprs(phase):
+                    for x in subexprs(e):
+                        if isinstance(x, KConst) and isinstance(x.value, FloatSize) and x not in self._floats:
+                            if x.dtype == torch.float64:  # (Triton passes a Python float as fp32)
+                                raise NotImplementedError("Triton codegen: a float64 computed from sizes")
+                            self._floats[x] = f"f{len(self._floats)}"
 
     def size_params(self) -> list[str]:
         """A symbolic kernel's size parameters (the symbols it reads), after its buffers: the launch passes each
         size's value (Triton specializes them as it does any int: 1, and divisibility by 16)."""
         return self._size_params
+
+    def float_params(self) -> list[tuple[str, FloatSize]]:
+        """A symbolic kernel's float parameters (after its size parameters): (name, the float's expression over
+        the sizes).  The launch passes each size's value, computed on the host in double precision and rounded
+        to fp32 by the launch, as a static kernel's literal is by Triton."""
+        return [(name, c.value) for c, name in self._floats.items()]
+
+    def float_values(self, env: dict[str, int]) -> dict[str, float]:
+        """The float parameters' values at the sizes ``env``."""
+        return {name: float(evaluate(expr, env)) for name, expr in self.float_params()}
+
+    def _names(self) -> dict:
+        """The printer's names for the float parameters (a fresh dict: a printer adds its temporaries to it)."""
+        return {(c, None): name for c, name in self._floats.items()}
 
     def args(self) -> list[str]:
         """The kernel's buffer parameters, in the order the body first uses them: kernels that differ only in
@@ -197,7 +223,7 @@ class TritonKernelWriter:
             m = re.search(rf"\b{re.escape(b)}\b", body)
             return (m.start() if m else len(body), int(b[3:]) if b[3:].isdigit() else -1, b)
         self._args = sorted(reads | writes, key=first_use)
-        params = self._args + self.size_params()
+        params = self._args + self.size_params() + [name for name, _ in self.float_params()]
         head = ["@triton.jit", f"def {k.name}({', '.join(params)}, XBLOCK: tl.constexpr, RBLOCK: tl.constexpr):"]
         self._text = "\n".join(head + self.lines) + "\n"
         return self._text
@@ -241,7 +267,7 @@ class TritonKernelWriter:
         self._emit(ind, f"x = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
         self._emit(ind, f"xmask = x < {_size(rows)}")
         self._unflatten("x", "i", ind)
-        p = TritonPrinter(self.lines, ind, "xmask")
+        p = TritonPrinter(self.lines, ind, "xmask", names=self._names())
         for phase in self.k.phases:
             assert isinstance(phase, FullLoop)
             for st in phase.stores:
@@ -273,7 +299,7 @@ class TritonKernelWriter:
         for name, size in reversed(others):
             self._emit(ind, f"{name} = (z // {stride}) % {size}")
             stride *= size
-        p = TritonPrinter(self.lines, ind, "xmask")
+        p = TritonPrinter(self.lines, ind, "xmask", names=self._names())
         for phase in self.k.phases:
             for st in phase.stores:
                 self._store(p, st, "xmask", ind)
@@ -301,7 +327,7 @@ class TritonKernelWriter:
         # final loop reads, kernel_build's [Note: row scratch]); either way recomputed where read, never stored
         scratch = {st.buf: st.value for ph in k.phases if isinstance(ph, (ReduceLoop, FullLoop)) for st in ph.stores
                    if st.buf in k.scratch}
-        row = TritonPrinter(self.lines, ind, "xmask", scratch)
+        row = TritonPrinter(self.lines, ind, "xmask", scratch, names=self._names())
         if self.s.persistent:
             self._emit(ind, "r = rb")
             self._emit(ind, f"xrmask = xmask & (r < {_size(k.rsize)})")

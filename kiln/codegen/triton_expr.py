@@ -188,6 +188,7 @@ class TritonPrinter(Temporaries):
         if isinstance(e, KConst):
             if is_symbolic(e.value):  # a size used as a value: the kernel's size parameters (ints)
                 if not isinstance(e.value, (int, SizeExpr, Symbol)):
+                    # (the writer names each float computed from sizes as a parameter: reaching here is a bug)
                     raise NotImplementedError(f"Triton codegen: a float computed from sizes ({e.value})")
                 text = f"({render_size(e.value, 'py')})"
                 return f"({text} * 1.0)" if e.dtype.is_floating_point else text  # (1.0: a constexpr size too)

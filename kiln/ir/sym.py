@@ -577,9 +577,9 @@ def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
         return FloatSize("float", (args[0],))
     if kind in ("FloatPow", "PowByNatural") and len(args) == 2 and _is_float(args[0]):
         return FloatSize("pow", tuple(args))
-    if kind == "FloatTrueDiv" and len(args) == 2:
+    if kind in ("FloatTrueDiv", "IntTrueDiv") and len(args) == 2:  # (IntTrueDiv: ``n / 3`` of int sizes, a float)
         return FloatSize("truediv", tuple(args))
-    if kind in ("FloorDiv", "CleanDiv", "IntTrueDiv") and len(args) == 2:
+    if kind in ("FloorDiv", "CleanDiv") and len(args) == 2:
         return floordiv(args[0], args[1])
     if kind == "ModularIndexing" and len(args) == 3:
         return mod(floordiv(args[0], args[1]), args[2])

@@ -22,8 +22,8 @@ Measured on the H200 machine (host time per launch of a small kernel, GPU kept b
 per kernel when ten go in one call).
 
 A kernel with size parameters ([Note: GPU kernels with size parameters]) gets a record per size: its int
-parameters are fixed values of the record, as its grid is.  Kernels a record cannot describe (a float argument,
-thread-block clusters, cooperative or PDL launches, a
+parameters (and fp32 ones, floats computed from sizes) are fixed values of the record, as its grid is.  Kernels
+a record cannot describe (a scalar it was not given, thread-block clusters, cooperative or PDL launches, a
 scratch buffer Triton allocates per launch) keep Triton's launcher.  The driver is reached through the
 ``cuLaunchKernel`` found in ``libcuda.so.1``; a launch recorded into a CUDA graph
 works as any other (stream capture sees driver calls).
@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import struct
 from typing import Any, Callable
 
 import torch
@@ -167,12 +168,13 @@ def describable(compiled: Any) -> bool:
             or getattr(md, "profile_scratch_size", 0):
         return False
     kinds = [t for t in compiled.src.signature.values() if t != "constexpr"]
-    # a float argument (or a tensor descriptor): Triton's launcher passes it
+    # another scalar (or a tensor descriptor): Triton's launcher passes it
     return all(isinstance(t, str) and (t.startswith("*") or t in _INTS) for t in kinds) \
         and len(kinds) + 2 <= MAX_ARGS
 
 
-_INTS = ("i32", "i64")  # the int parameters a record passes: a size's value, fixed per launch record
+_INTS = ("i32", "i64", "fp32")  # the scalar parameters a record passes: a size's value or a float computed
+# from sizes, fixed per launch record
 
 
 def load_function(compiled: Any, device: torch.device) -> Any:
@@ -222,7 +224,10 @@ def record(compiled: Any, grid: tuple[int, int, int], slots: list[int], function
                 return None
             params.append((slot, 0))
         elif name in scalars:
-            params.append((-1, scalars[name]))
+            value = scalars[name]
+            if kind == "fp32":  # (a float computed from sizes: its fp32 bits)
+                value = struct.unpack("<I", struct.pack("<f", float(value)))[0]
+            params.append((-1, int(value)))
         else:
             return None
     if next(pointers, None) is not None:

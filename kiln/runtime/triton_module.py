@@ -154,7 +154,8 @@ class TritonGraph(CompiledGraph):
                 if writer.size_params():
                     if self.sizes is None:
                         raise ValueError(f"kernel {name} has size parameters and the module no sizes")
-                    fn = SizedKernel(fn, {p: self.sizes[p] for p in writer.size_params()})
+                    fn = SizedKernel(fn, {**{p: self.sizes[p] for p in writer.size_params()},
+                                          **writer.float_values(self.sizes)})
                 steps.append((fn, args, k.schedule))
             self._launches.append(steps)
         if self.device.type == "cuda":
@@ -332,13 +333,15 @@ class SizedKernel:
     """A Triton kernel with size parameters bound to one size tuple's values: launched and compiled as the plain
     kernel is (``fn[grid](*buffers, ...)``, ``fn.warmup(*dtypes, ...)``), the sizes passed after the buffers."""
 
-    def __init__(self, fn: Any, sizes: dict[str, int]):
-        """``sizes``: the kernel's size parameters' values by name, in the kernel's parameter order."""
+    def __init__(self, fn: Any, sizes: dict[str, int | float]):
+        """``sizes``: the kernel's size parameters' values by name, in the kernel's parameter order (ints, then
+        the floats computed from them)."""
         self.fn = fn
         self.by_name = sizes
         self.sizes = tuple(sizes.values())
-        # Triton's own specialization of int arguments: 1 is a constant, a multiple of 16 is marked so
-        self.specialization = tuple((v == 1, v % 16 == 0) for v in self.sizes)
+        # Triton's own specialization of int arguments: 1 is a constant, a multiple of 16 is marked so (floats are
+        # not specialized)
+        self.specialization = tuple((v == 1, v % 16 == 0) if isinstance(v, int) else None for v in self.sizes)
 
     def __getitem__(self, grid: Any) -> Callable:
         launch, sizes = self.fn[grid], self.sizes

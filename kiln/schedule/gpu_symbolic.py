@@ -20,9 +20,10 @@ Left static-only for now, so not used here: the matmul template with its epilogu
 symbolic graph's matmuls are ATen's cuBLAS calls, the epilogue a kernel of ours), the copy kernels for library
 operands no view can give (``relayout_copies``: such an operand is copied by ATen's ``reshape`` in the call),
 transposed 2-D tiles.  Each size's launches go through kiln's static launcher, the size values fixed in its
-records ([Note: static launch]).  A graph these kernels cannot express (a float computed from sizes) raises
-``NotImplementedError`` at compile time, and the caller builds a static module per size instead
-([Note: a GPU module per size]).
+records ([Note: static launch]).  A float computed from sizes (``n / 3``, ``n ** 0.5``) is an fp32 parameter
+after the sizes, its value per size computed on the host in double precision (``TritonKernelWriter.float_params``).
+A graph these kernels cannot express (a float64 computed from sizes) raises ``NotImplementedError`` at compile
+time, and the caller builds a static module per size instead ([Note: a GPU module per size]).
 """
 from __future__ import annotations
 

@@ -277,6 +277,16 @@ def test_a_float_computed_from_sizes_is_evaluated_per_call():
     assert reports and all(r.fallback is None and r.dynamic for r in reports)
 
 
+def test_true_division_of_a_size_is_a_float():
+    """``n / 3`` of an int size is a float (sympy's ``IntTrueDiv`` in Dynamo's expression), not ``n // 3``: at
+    n = 5 the result was off by 2/3."""
+    def fn(x):
+        return x + x.shape[0] / 3, x * (x.shape[1] / 4)
+    compiled = _compiled(fn, dynamic=True)
+    for n, d in ((3, 4), (5, 6), (7, 9)):
+        _check(fn, compiled, torch.randn(n, d))
+
+
 def test_an_int_argument_and_a_size_output():
     """A symbol only an int argument gives (``x[:n]``) is bound from that argument; a size the graph returns
     (``x.shape[0] + n``) is evaluated per call."""

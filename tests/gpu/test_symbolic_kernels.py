@@ -3,6 +3,8 @@ plan per size ([Note: GPU kernels with size parameters] in kiln/schedule/gpu_sym
 against eager; nothing runs eagerly; sizes of one kind of schedule share one kernel module.
 
 Runs on the GPU when there is one, else under Triton's interpreter on CPU tensors (CI); sizes are small."""
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,22 +77,24 @@ def test_sizes_used_as_values():
     assert _symbolic_report(position).dynamic["eager_calls"] == 0
 
 
-def test_a_float_from_sizes_takes_a_static_module_per_size_and_says_why():
-    """A scale computed from a symbolic size (``x.shape[-1] ** -0.5``: a float the kernels would compute from
-    their size parameters) is not expressed yet: the graph gets a static module per size, still right, and the
-    report names the reason."""
+def test_a_float_from_sizes_is_a_kernel_parameter():
+    """Floats computed from symbolic sizes (``n / 3``, ``n ** 0.5``, a clamp's bound ``n / 2``): the kernels take
+    each as an fp32 parameter after their size parameters, its value per size computed on the host in double
+    precision; one kernel text for every size, nothing eager."""
     def f(x):
-        return torch.softmax(x * x.shape[-1] ** -0.5, -1)
+        n = x.shape[0]
+        return x + n / 3, torch.full_like(x, n ** 0.5) * x, x.clamp(max=n / 2)
 
+    torch._dynamo.reset()
     position = mark()
-    compiled = kiln.compile(f, target="triton", dynamic=True, gpu_dynamic_build_after=1)
+    compiled = torch.compile(f, backend="kiln", dynamic=True, options={"target": "triton", "fallback": False})
     with torch.inference_mode():
-        for n in (4, 9):
-            _check(compiled, f, torch.randn(3, n, device=DEVICE))
+        for n in (3, 5, 7, 16):
+            _check(compiled, f, torch.randn(n, 4, device=DEVICE) * n)
     report = _symbolic_report(position)
-    if "kernel_sources" not in report.dynamic:  # (a float Dynamo specialized leaves nothing to express)
-        assert "kernels with size parameters: Triton codegen: a float computed from sizes" in \
-            report.dynamic["per_size"], report.dynamic
+    assert report.dynamic["eager_calls"] == 0 and report.dynamic.get("kernel_sources") == 1, report.dynamic
+    assert re.search(r", f0(, f\d)*, XBLOCK", report.source), report.source
+    torch._dynamo.reset()
 
 
 @pytest.mark.parametrize("mode", ["default", "reduce-overhead"])

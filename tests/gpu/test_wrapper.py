@@ -136,8 +136,8 @@ def test_kernels_launch_through_kilns_launcher_and_match_tritons(net):
 def test_launch_records_describe_pointer_and_size_parameters():
     """A record holds the grid, threads, shared memory and each parameter's pointer-table slot (Triton's two
     scratch pointers null); an int size parameter is a fixed value of the record (one record per size), found by
-    name among the kernel's parameters.  A kernel with a float argument, an int the record was not given, or a
-    per-launch scratch buffer gets none."""
+    name among the kernel's parameters, and an fp32 one (a float computed from sizes) as its bits.  A kernel with
+    a scalar the record was not given or cannot pass (fp64), or a per-launch scratch buffer gets none."""
     from types import SimpleNamespace
     from kiln.runtime import gpu_launch
     md = SimpleNamespace(num_ctas=1, launch_cooperative_grid=False, launch_pdl=False, global_scratch_size=0,
@@ -156,7 +156,11 @@ def test_launch_records_describe_pointer_and_size_parameters():
     assert gpu_launch.record(sized, (5, 1, 1), [1, 0], scalars={"s0": 37}) is None  # s2 unknown
     assert gpu_launch.record(sized, (5, 1, 1), [1], scalars={"s0": 37, "s2": 3}) is None  # a pointer short
     scalar = SimpleNamespace(metadata=md, function=1, src=SimpleNamespace(signature={"a": "*fp32", "x": "fp32"}))
-    assert gpu_launch.record(scalar, (1, 1, 1), [0], scalars={"x": 1}) is None
+    assert gpu_launch.record(scalar, (1, 1, 1), [0]) is None  # (a float it was not given)
+    r = gpu_launch.record(scalar, (1, 1, 1), [0], scalars={"x": 0.125})  # a float computed from sizes: its bits
+    assert list(r.value[:2]) == [0, 0x3E000000]
+    odd = SimpleNamespace(metadata=md, function=1, src=SimpleNamespace(signature={"a": "*fp32", "x": "fp64"}))
+    assert gpu_launch.record(odd, (1, 1, 1), [0], scalars={"x": 0.125}) is None
     scratch = SimpleNamespace(metadata=SimpleNamespace(**{**vars(md), "global_scratch_size": 64}), function=1,
                               src=kernel.src)
     assert gpu_launch.record(scratch, (1, 1, 1), [0, 1]) is None
