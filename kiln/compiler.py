@@ -169,7 +169,9 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             run = _runner(module, positions, arg_names, fixes)
             run = _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
             if triton:
-                return _host_scalars_moved(_eager_until_built(run, module, positions, fx_gm), fx_gm, device, report)
+                if getattr(module, "build_after", 1) > 1:  # (a size's first calls run eagerly until it is built)
+                    run = _eager_until_built(run, module, positions, fx_gm)
+                return _host_scalars_moved(run, fx_gm, device, report)
             return run
         else:
             module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
