@@ -28,9 +28,11 @@ from kiln.passes.fold_affine import copy_weights
 from kiln.passes.rewrite import RewriteLog, rewrite
 
 def _is_scalar_broadcast(n: Node) -> bool:
+    """A constant scalar broadcast (a FULL of a number: one of a size expression - ``x.shape[-2] ** 0.5`` under
+    dynamic shapes - is the call's value, not a constant)."""
     while n.op in (Op.EXPAND, Op.RESHAPE):
         n = n.inputs[0]
-    return n.op is Op.FULL
+    return n.op is Op.FULL and not is_symbolic(n.attr("value"))
 
 
 def _known(n: Node) -> bool:

@@ -196,6 +196,25 @@ def cast(g: Any) -> Stmt | None:
     return Stmt(f"{out} = {x.name}.to(FT)", (out,), (x.name,), "cast_to_float")
 
 
+SIZE_FORMS = ("{a} * ({n} / 3)", "{a} + {n} ** 0.5", "{a} / ({n} + 1)", "{a} * ({n} // 2 + 1)",
+              "{a} - {a}.numel() / 64", "{a}.clamp(max={n} / 2)", "torch.full_like({a}, {n} / 4) + {a}",
+              "{a} * ({n} % 3 + 0.5)")
+
+
+def size_arith(g: Any) -> Stmt | None:
+    """Arithmetic on a value's own sizes (Python ints and floats from ``shape`` and ``numel()``: true and floor
+    division, powers, remainders).  Static programs see constants; under dynamic shapes (fuzz_symbolic) they are
+    expressions over the size symbols, which the lowering must keep exact (``n / 3`` is not ``n // 3``)."""
+    a = g.pick("float", lambda v: len(v.shape) > 0)
+    if a is None:
+        return None
+    d = g.rng.randrange(len(a.shape))
+    n = f"{a.name}.shape[{d - len(a.shape) if g.rng.random() < 0.5 else d}]"
+    (out,) = g.names(1)
+    form = g.choice(SIZE_FORMS).format(a=a.name, n=n)
+    return Stmt(f"{out} = {form}", (out,), (a.name,), "size_arith", noise="pw", weight=1)
+
+
 def int_op(g: Any) -> Stmt | None:
     """Integer arithmetic (exact): +, *, %, //, abs, clamp, maximum."""
     a = g.pick("int64")

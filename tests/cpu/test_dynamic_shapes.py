@@ -467,3 +467,15 @@ def test_half_precision_products_over_symbolic_rows():
             assert (got - want).abs().max() <= 2 * (eager - want).abs().max() + 1e-2
     reports = reports_since(position)
     assert reports and all(r.fallback is None for r in reports) and any(r.dynamic for r in reports)
+
+
+def test_a_scalar_from_sizes_is_not_folded_as_a_constant():
+    """``v.shape[-2] ** 0.5`` of a pooled value's height (an expression Dynamo computes with tensor ops: a FULL of
+    the size, a cast, a pow): constant folding took the FULL of a size expression for a number and the compile
+    failed (fuzz_symbolic seed 75, from the fuzzer's statements on sizes)."""
+    def fn(x):
+        v = F.log_softmax(F.avg_pool2d(x, 3, stride=3, ceil_mode=True), dim=1)
+        return v + v.shape[-2] ** 0.5
+    compiled = _compiled(fn, dynamic=True, options={"fallback": False})
+    for h, w in ((7, 8), (10, 5)):
+        _check(fn, compiled, torch.randn(2, 3, h, w), rtol=1e-4, atol=1e-5)
