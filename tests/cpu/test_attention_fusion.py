@@ -164,3 +164,38 @@ def test_half_attention_with_its_softmax_in_fp32_is_one_call(upcast):
     assert (got - want).abs().max().item() <= 2 * eager_error + 1e-2
     report = reports_since(position)[-1]
     assert "scaled_dot_product_attention" in report.externs and "bmm" not in report.externs, report.externs
+
+
+class _Cross(nn.Module):
+    """Cross attention: 6 queries over 9 keys and values of another sequence (value head size ``dv``)."""
+
+    def __init__(self, d=32, heads=4, dv=8):
+        super().__init__()
+        self.h, self.dv = heads, dv
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, heads * dv)
+
+    def forward(self, x, mem):
+        b, t, c = x.shape
+        s = mem.shape[1]
+        q = self.q(x).view(b, t, self.h, c // self.h).transpose(1, 2)
+        k = self.k(mem).view(b, s, self.h, c // self.h).transpose(1, 2)
+        v = self.v(mem).view(b, s, self.h, self.dv).transpose(1, 2)
+        att = F.softmax((q @ k.transpose(-2, -1)) * 0.35, dim=-1)
+        return (att @ v).transpose(1, 2).reshape(b, t, self.h * self.dv)
+
+
+@pytest.mark.parametrize("kernel", ["aten", "kiln"])
+@pytest.mark.parametrize("dv", [8, 5])
+def test_cross_attention_with_other_key_count_is_one_call(kernel, dv):
+    """Queries and keys of different lengths (no causal mask then): one attention call; kiln's kernel where the
+    value head size is the query's, ATen's SDPA otherwise."""
+    torch.manual_seed(0)
+    model = _Cross(dv=dv).eval()
+    x, mem = torch.randn(2, 6, 32), torch.randn(2, 9, 32)
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(model, fallback=False, choices=f"attention={kernel}")(x, mem)
+        torch.testing.assert_close(got, model(x, mem), rtol=1e-5, atol=1e-5)
+    report = reports_since(position)[-1]
+    want = "attention" if kernel == "kiln" and dv == 8 else "scaled_dot_product_attention"
+    assert want in report.externs and "bmm" not in report.externs, report.externs

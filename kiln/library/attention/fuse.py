@@ -225,16 +225,17 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
         s3 = _strip(s4, Op.RESHAPE)
         if s3 is None or not _is_bmm(s3):
             return None
-        b, h, t, t2 = p4.shape
+        b, h, t, s = p4.shape  # (t queries, s keys: cross attention has s != t, and no causal mask then)
         q4, kt4, v4 = _heads(s3.inputs[0], b, h), _heads(s3.inputs[1], b, h), _heads(v3, b, h)
-        if q4 is None or kt4 is None or v4 is None or t != t2 or q4.shape[2] != t or v4.shape[2] != t \
-                or kt4.shape[3] != t or q4.shape[3] != kt4.shape[2] or not _on(q4, devices):
+        if q4 is None or kt4 is None or v4 is None or (causal and t != s) or q4.shape[2] != t \
+                or v4.shape[2] != s or kt4.shape[3] != s or q4.shape[3] != kt4.shape[2] or not _on(q4, devices):
             return None
         k4 = bld.add(Op.PERMUTE, (kt4,), dims=(0, 1, 3, 2))
-        shape = tuple(v4.shape[:3]) + (v4.shape[3],)
+        shape = (b, h, t, v4.shape[3])
         # (symbolic sizes: chosen at the traced sizes; kiln's op takes its sizes from the tensors of each call)
-        hb, hh, ht, hd = (size_hint(x) for x in (b, h, t, q4.shape[3]))
-        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and choose(choices, hb, hh, ht, ht, hd, causal):
+        hb, hh, ht, hs, hd = (size_hint(x) for x in (b, h, t, s, q4.shape[3]))
+        if node.dtype == torch.float32 and _on(q4, ("cpu",)) and v4.shape[3] == q4.shape[3] \
+                and choose(choices, hb, hh, ht, hs, hd, causal):  # (kiln's kernel: one head size for Q, K and V)
             out4 = build_extern(bld, torch.ops.kiln.attention.default, [q4, k4, v4, None, scale, causal, False], {},
                                 shape, node.dtype)
             what = "kiln attention"
