@@ -62,21 +62,24 @@ def _eager(fx_gm: torch.fx.GraphModule) -> Callable:
     return run
 
 
-def _devices(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> list[torch.device]:
-    """The devices of the graph's tensors, each once: the inputs' first, then the frozen weights'."""
+def _tensors(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> list[torch.Tensor]:
+    """The graph's tensor values: its inputs' (traced), then its frozen weights."""
     placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
     inputs = [n.meta.get("val") for k, n in enumerate(placeholders) if k not in frozen]
-    found = [t.device for t in inputs if isinstance(t, torch.Tensor)] + [t.device for t in frozen.values()]
-    return list(dict.fromkeys(found))
+    return [t for t in inputs if isinstance(t, torch.Tensor)] + list(frozen.values())
+
+
+def _devices(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> list[torch.device]:
+    """The devices of the graph's tensors, each once: the inputs' first, then the frozen weights'."""
+    return list(dict.fromkeys(t.device for t in _tensors(fx_gm, frozen)))
 
 
 def _device_of(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> torch.device:
     """The device kiln generates code for: its inputs', else its frozen weights'; CPU when it has no tensors.  A
     0-d CPU tensor, which ATen lets meet tensors of any device, decides only where there is nothing else."""
-    placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
-    values = [n.meta.get("val") for k, n in enumerate(placeholders) if k not in frozen] + list(frozen.values())
-    beside = [t.device for t in values if isinstance(t, torch.Tensor) and not (t.dim() == 0 and t.device.type == "cpu")]
-    return next(iter(beside), next(iter(_devices(fx_gm, frozen)), torch.device("cpu")))
+    tensors = _tensors(fx_gm, frozen)
+    beside = [t.device for t in tensors if not (t.dim() == 0 and t.device.type == "cpu")]
+    return next(iter(beside), next((t.device for t in tensors), torch.device("cpu")))
 
 
 def _check_devices(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor]) -> None:

@@ -169,11 +169,11 @@ def describable(compiled: Any) -> bool:
         return False
     kinds = [t for t in compiled.src.signature.values() if t != "constexpr"]
     # another scalar (or a tensor descriptor): Triton's launcher passes it
-    return all(isinstance(t, str) and (t.startswith("*") or t in _INTS) for t in kinds) \
+    return all(isinstance(t, str) and (t.startswith("*") or t in _SCALARS) for t in kinds) \
         and len(kinds) + 2 <= MAX_ARGS
 
 
-_INTS = ("i32", "i64", "fp32")  # the scalar parameters a record passes: a size's value or a float computed
+_SCALARS = ("i32", "i64", "fp32")  # the scalar parameters a record passes: a size's value or a float computed
 # from sizes, fixed per launch record
 
 
@@ -201,10 +201,10 @@ def load_function(compiled: Any, device: torch.device) -> Any:
 
 
 def record(compiled: Any, grid: tuple[int, int, int], slots: list[int], function: Any = None,
-           scalars: dict[str, int] | None = None) -> KilnLaunch | None:
+           scalars: dict[str, int | float] | None = None) -> KilnLaunch | None:
     """The launch record of Triton ``compiled`` kernel over ``grid``, its pointer parameters read from table
-    entries ``slots`` (in the kernel's parameter order, constexprs left out), its int parameters the values of
-    ``scalars`` by parameter name (a kernel with size parameters, [Note: GPU kernels with size parameters]: one
+    entries ``slots`` (in the kernel's parameter order, constexprs left out), its int and fp32 parameters the
+    values of ``scalars`` by parameter name (a kernel with size parameters, [Note: GPU kernels with size parameters]: one
     record per size; a size Triton specialized to a constant is no parameter); ``function`` is its loaded
     CUfunction (default: the one Triton loaded, ``compiled.function``).  None where the record cannot
     describe the launch."""
