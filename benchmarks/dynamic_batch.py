@@ -114,6 +114,7 @@ def main() -> None:
             results[name] = first_pass(name, lambda name=name: Backend(name, model), sizes, inputs, reference,
                                        args.device)
             backends[name] = results[name].pop("fn")
+            results[name].pop("reports")  # (kiln's CompileReports: not for the JSON)
             results[name]["ms"] = {}
             first, err = results[name]["first_pass_s"], results[name]["max_rel_err"]
             print(f"{name}: first pass {first:.2f} s, {results[name]['graphs']} graph(s)"

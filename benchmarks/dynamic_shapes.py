@@ -10,7 +10,8 @@ first call to the last result); the second pass times each length again (median 
 backends interleaved per length) and sums over the lengths.  ``inductor``/``kiln``: ``torch.compile`` as users
 call it (automatic dynamic: the second size recompiles with the changed dimension symbolic); ``-dyn``:
 ``dynamic=True``; ``-ro``: ``mode="reduce-overhead"`` (``kiln-dyn-ro``; with the flags in any order); ``-static``
-(kiln): on the GPU a static module per size instead of kernels with size parameters.  Reported
+(kiln): on the GPU a static module per size instead of kernels with size parameters; ``+option=value`` after a
+kiln backend's name: that kiln option (an A/B in one process: ``kiln-dyn+gpu_attention_entry=composite``).  Reported
 per backend: graphs compiled (Dynamo's count), graphs kiln ran eagerly (its reports),
 both passes, and the largest difference from eager's outputs at any length.
 """
@@ -42,6 +43,7 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     already symbolic)."""
     if backend == "eager":
         return model
+    backend, *extra = backend.split("+")  # kiln options after "+": "kiln-dyn+gpu_attention_entry=composite"
     name, *flags = backend.split("-")
     kwargs: dict[str, Any] = {"dynamic": True} if "dyn" in flags else {}
     if "ro" in flags:  # reduce-overhead (CUDA graphs; kiln records one per size)
@@ -55,7 +57,8 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
         from kiln.frontend.dynamo import kiln_backend
         mode = kwargs.pop("mode", "default")
         # -static: the GPU's static module per size ([Note: a GPU module per size])
-        options = {"gpu_symbolic_kernels": False} if "static" in flags else {}
+        options: dict[str, Any] = {"gpu_symbolic_kernels": False} if "static" in flags else {}
+        options.update(option.split("=", 1) for option in extra)
 
         def backend(gm: Any, example_inputs: Any) -> Any:
             return kiln_backend(gm, example_inputs, mode=mode, options=options, name="GPT")
@@ -94,10 +97,18 @@ def first_pass(name: str, make: Callable[[], Callable[..., Any]], order: list[in
 
 
 def breakdown(calls: dict[str, Callable[..., Any]], inputs: dict[int, Any], lengths: list[int],
-              results: dict[str, dict[str, Any]]) -> None:
+              results: dict[str, dict[str, Any]], kernels: int = 0) -> None:
     """Per backend and length: the host's time to issue a call while the GPU is busy, the kernels' time per call
-    and their number (``benchmarks.host_time``): is the call bound by the host or the device?"""
-    from benchmarks.host_time import device_us, host_us
+    and their number (``benchmarks.host_time``): is the call bound by the host or the device?  ``kernels``: also
+    list each backend's that many longest kernels at each length."""
+    from benchmarks.host_time import device_kernels, device_us, host_us
+    if kernels:
+        for T in lengths:
+            for b, fn in calls.items():
+                rows = device_kernels(fn, (inputs[T],))
+                print(f"{b} at length {T}: {sum(r[1] for r in rows):.0f} us in {sum(r[2] for r in rows)} kernels")
+                for name, us, count in rows[:kernels]:
+                    print(f"  {us:8.1f} us {count:3d}x  {name[:110]}")
     print("\n| length | backend | host us | kernels us | launches |\n|---|---|---|---|---|")
     for T in lengths:
         for b, fn in calls.items():
@@ -126,6 +137,8 @@ def main() -> None:
     ap.add_argument("--breakdown", default="",
                     help="GPU: lengths at which to split each backend's call into host time (the GPU kept busy), "
                          "kernel time and launches (benchmarks.host_time)")
+    ap.add_argument("--kernels", type=int, default=0,
+                    help="with --breakdown: list each backend's N longest kernels at those lengths")
     ap.add_argument("--cprofile", action="store_true",
                     help="with --breakdown: where each kiln backend's host time goes at the first of those lengths")
     ap.add_argument("--dump", default="", help="a folder: each kiln backend's generated call (its first size's)")
@@ -178,7 +191,7 @@ def main() -> None:
             for b in backends:
                 results[b]["per_length_ms"][T] = statistics.median(times[b]) * 1e3
         if args.breakdown and args.device == "cuda":
-            breakdown(calls, inputs, split_at, results)
+            breakdown(calls, inputs, split_at, results, args.kernels)
             if args.cprofile:
                 from benchmarks.host_time import host_profile
                 for b in backends:

@@ -1,12 +1,15 @@
 """Decoding with Hugging Face ``generate`` (issue 19, point 7): time per token, eager and compiled backends in one
 process, on the same prompt.
 
-    python -m benchmarks.hf_decode [--backends kiln,inductor] [--layers 4] [--tokens 32] [--cache dynamic|static]
+    python -m benchmarks.hf_decode [--backends kiln,inductor,kiln-ro] [--layers 4] [--tokens 32]
+                                   [--cache dynamic|static] [--device cpu|cuda] [--dtype fp32|bf16]
 
 A GPT-2 (random weights, d=768, vocab 8192) greedy-decodes ``--tokens`` tokens after a 32-token prompt; each
 backend compiles ``model.forward`` (torch's default ``dynamic=None``: the decode steps' growing cache makes the
 second step's graph symbolic), is warmed up by one ``generate``, then timed over ``--repeats`` generates (median).
-Tokens are checked against eager's.  CPU only for now (one thread by default).
+Tokens are checked against eager's.  ``-ro`` after a backend's name: ``mode="reduce-overhead"``.  On the CPU one
+thread by default; on the GPU the time of a generate includes its synchronization (``generate`` reads each
+step's token on the host anyway).
 """
 from __future__ import annotations
 
@@ -26,13 +29,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
     args = ap.parse_args()
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     from transformers import GPT2Config, GPT2LMHeadModel
     torch.manual_seed(0)
     torch.set_num_threads(args.threads)
     config = GPT2Config(n_layer=args.layers, n_embd=768, n_head=12, vocab_size=8192, n_positions=512)
-    model = GPT2LMHeadModel(config).eval()
-    prompt = torch.randint(0, 8192, (1, 32))
+    model = GPT2LMHeadModel(config).eval().to(device=args.device, dtype=dtype)
+    prompt = torch.randint(0, 8192, (1, 32)).to(args.device)
+    sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
     extra = {"cache_implementation": "static"} if args.cache == "static" else {}
     forward = model.forward
 
@@ -42,24 +49,28 @@ def main() -> None:
             model.generate(prompt, max_new_tokens=8, do_sample=False, **extra)  # (compiles)
             times = []
             for _ in range(args.repeats):
+                sync()
                 start = time.perf_counter()
                 out = model.generate(prompt, max_new_tokens=args.tokens, do_sample=False, **extra)
+                sync()
                 times.append(time.perf_counter() - start)
         return statistics.median(times) * 1e3 / args.tokens, out
 
     eager_ms, want = run(forward)
     print(f"eager: {eager_ms:.2f} ms per token", flush=True)
-    for backend in args.backends.split(","):
+    for label in args.backends.split(","):
+        backend, *flags = label.split("-")
+        kwargs = {"mode": "reduce-overhead"} if "ro" in flags else {}
         if backend == "kiln":
             import kiln  # noqa: F401  (registers the backend)
         torch._dynamo.reset()
         from torch._dynamo.utils import counters
         from kiln.report import mark, reports_since
         position, before = mark(), counters["stats"]["unique_graphs"]
-        ms, got = run(torch.compile(forward, backend=backend))
+        ms, got = run(torch.compile(forward, backend=backend, **kwargs))
         graphs = counters["stats"]["unique_graphs"] - before
         eager = sum(r.fallback is not None for r in reports_since(position))  # (kiln's: graphs it ran eagerly)
-        print(f"{backend}: {ms:.2f} ms per token ({eager_ms / ms:.2f}x eager), same tokens: {torch.equal(got, want)}, "
+        print(f"{label}: {ms:.2f} ms per token ({eager_ms / ms:.2f}x eager), same tokens: {torch.equal(got, want)}, "
               f"{graphs} graph(s)" + (f", {eager} run eagerly" if backend == "kiln" else ""), flush=True)
     model.forward = forward
 

@@ -226,8 +226,44 @@ def externs(dtype: torch.dtype) -> None:
         "t.view(shape)": lambda: buf.view(257, 768),
         "t.stride() != (...)": lambda: buf.stride() != (1,),
     }
+    paths.update(_attention_paths(dtype))
     print(f"\nhost time per library call and per tensor op (GPU kept busy), {dtype}:")
     _host_each(paths)
+
+
+def _attention_paths(dtype: torch.dtype, T: int = 37) -> dict[str, Callable[[], Any]]:
+    """Causal attention as the suite's GPT calls it (batch 1, 12 heads, ``T`` queries, head size 64, Q/K/V strided
+    views of one QKV product), through each entry ATen has: the composite (which picks a backend per call) and
+    the backends' own ops."""
+    from kiln.ir.extern import attention_efficient_first
+    aten = torch.ops.aten
+    qkv = torch.randn(T, 3 * 768, device="cuda", dtype=dtype)
+    q, k, v = (qkv.as_strided((1, 12, T, 64), (T * 2304, 64, 2304, 1), i * 768) for i in range(3))
+    chosen = torch._fused_sdp_choice(q, k, v, is_causal=True, scale=0.125)
+    paths = {
+        f"aten.scaled_dot_product_attention.default (composite; picks backend #{chosen})":
+            lambda: aten.scaled_dot_product_attention.default(q, k, v, is_causal=True, scale=0.125),
+        "torch._C._nn.scaled_dot_product_attention": lambda: torch._C._nn.scaled_dot_product_attention(
+            q, k, v, is_causal=True, scale=0.125),
+        "aten._scaled_dot_product_flash_attention.default": lambda: aten._scaled_dot_product_flash_attention.default(
+            q, k, v, 0.0, True, False, scale=0.125),
+        "torch._scaled_dot_product_flash_attention (C binding)": lambda: torch._scaled_dot_product_flash_attention(
+            q, k, v, 0.0, True, False, scale=0.125),
+        "torch._scaled_dot_product_efficient_attention (C binding)":
+            lambda: torch._scaled_dot_product_efficient_attention(q, k, v, None, False, 0.0, True, scale=0.125),
+        "torch._scaled_dot_product_cudnn_attention (C binding)": lambda: torch._scaled_dot_product_cudnn_attention(
+            q, k, v, None, False, 0.0, True, False, scale=0.125),
+        "kiln's entry (ir/extern.py attention_efficient_first)": lambda: attention_efficient_first(
+            q, k, v, is_causal=True, scale=0.125),
+    }
+    out = {}
+    for label, fn in paths.items():
+        try:
+            fn()
+            out[label] = fn
+        except Exception as e:  # noqa: BLE001 - a backend this build or GPU lacks
+            print(f"  (skipped: {label}: {type(e).__name__}: {str(e)[:80]})")
+    return out
 
 
 def main() -> None:
@@ -245,6 +281,11 @@ def main() -> None:
         launches()
     if args.externs:
         externs(dtype)
+        from kiln.library.gpu_matmul.tune import time_on_device
+        for T in (37, 256, 1024):
+            print(f"\ndevice time of attention, {T} queries (CUDA graph of 10 calls, median):")
+            for label, fn in _attention_paths(dtype, T).items():
+                print(f"  {time_on_device(fn)[0] * 1e6:7.2f} us  {label}")
     if args.models:
         models(args.models.split(","), dtype, args.cprofile, args.dump, args.kernels)
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, Iterator
 # Code generators (``Config.target``, kiln.compile's ``target``): "cuda" is Triton on CUDA tensors (it needs a GPU),
 # "triton" is Triton on the inputs' device (CPU tensors: Triton's interpreter, how CI tests the GPU generator).
 TARGETS = ("auto", "cpu", "cuda", "triton")
-_CHOICES = {"target": TARGETS}
+_CHOICES = {"target": TARGETS, "gpu_attention_entry": ("auto", "efficient", "composite")}
 _NON_NEGATIVE = ("max_folded_numel", "compile_workers", "tune_budget_s", "choice_budget_s",
                  "matmul_measured_configs")
 _ENV_BOOLS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False,
@@ -178,6 +178,13 @@ class Config:
     # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot
     # describe always uses it).
     gpu_static_launch: bool = True
+    # GPU: how a generated call reaches ATen's attention where kiln's graph holds
+    # ``aten.scaled_dot_product_attention`` (the attention fusion's call; ir/extern.py [Note: attention's entry]):
+    # "auto" - the memory-efficient backend's op through its C binding (14 us of host time per call on the H100
+    # machine against 24-41 us for the composite op, which picks a backend at every call) for problems small enough
+    # that its kernel's time does not undo that (a bound per mode), else the composite; "efficient" - that op at
+    # every size; "composite" - the composite op always (ATen's choice of backend: cuDNN on Hopper).
+    gpu_attention_entry: str = "auto"
     # Processes that compile Triton kernels in parallel (0: compile in this process, with threads).  Off by
     # default: on the H200 machine a cold process compiled slower with 8 workers (MLP 9.4 s vs 6.5 s first
     # call; GPT 11.9 vs 10.6) - the parent then waited for their start-up (each imports torch).  Since session
@@ -237,6 +244,7 @@ class Config:
         "matmul_measured_configs": ("KILN_MATMUL_MEASURED_CONFIGS", int),
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
         "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),
+        "gpu_attention_entry": ("KILN_GPU_ATTENTION_ENTRY", str),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
         "tune_budget_s": ("KILN_TUNE_BUDGET_S", float),
         "choice_budget_s": ("KILN_CHOICE_BUDGET_S", float),

@@ -81,6 +81,12 @@ class _Writer:
         self.strides: dict[str, tuple[int, ...]] = {}  # local -> its strides (known when it is made)
         self.aligned: set[str] = set()  # names whose data is 16-byte aligned on every call (kernels launch direct)
         self.offsets: dict[str, int] = {}  # names whose storage offset is known when the call is written
+        # [Note: loose views] name -> (shape, strides) its tensor object has; differs from the node's layout for a
+        # loose name (``loose``: its own layout, given to the tensor only where something reads more than the
+        # data pointer)
+        self.layout: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.loose: dict[str, tuple[tuple[int, ...], tuple[int, ...]]] = {}
+        self.alias_line: dict[str, tuple[int, str]] = {}  # loose name -> (index of its alias line, its source)
         self.lines: list[str] = []
         self.has_stream = False  # ``stream`` (the current CUDA stream) set in the call's code so far
 
@@ -100,21 +106,63 @@ class _Writer:
         self.bound[n] = name
         self.locals.add(name)
         self.strides[name] = tuple(strides) if strides is not None else contiguous_strides(n.shape)
+        self.layout[name] = (tuple(n.shape), self.strides[name])
+        self.loose.pop(name, None)
+        self.alias_line.pop(name, None)
+        return name
+
+    def alias(self, target: str, src: str, shape: tuple[int, ...], strides: tuple[int, ...]) -> None:
+        """``target`` (already bound, layout ``shape``/``strides``, at ``src``'s storage offset) as ``src``'s tensor
+        object itself: ``target = src``, where an ``as_strided`` would cost ~1 us of host time.
+
+        [Note: loose views] Kiln's kernels read a buffer through its data pointer alone, so a buffer that takes
+        a dead buffer's memory, or a view of a value at its first element, needs no tensor of its own layout
+        until something reads more than the pointer (a library call, an output, a view that copies).  Until
+        then the name is *loose*: bound to the source's tensor object, its own layout remembered, and given to
+        it by ``materialize`` at the first such use; a view of it is the usual one ``as_strided`` (absolute:
+        shape, strides and offset), and no line at all where that layout is the tensor's own::
+
+            before                                            after
+              v137 = v123.as_strided((1, 16, 3072), ...)        v137 = v123
+              LAUNCH_31(stream, v123, v137)  # GELU             LAUNCH_31(stream, v123, v137)
+              v138 = v137.as_strided((16, 3072), ...)           v138 = v137
+              EXTERN_OUT_36(CONST_33, v138, ...)                EXTERN_OUT_36(CONST_33, v138, ...)
+        """
+        self.emit(f"{target} = {src}")
+        self.layout[target] = self.layout[src]
+        if self.layout[target] != (shape, strides):
+            self.loose[target] = (shape, strides)
+            self.alias_line[target] = (len(self.lines) - 1, src)
+
+    def materialize(self, name: str) -> str:
+        """A loose name given its own layout (see ``alias``); other names as they are."""
+        own = self.loose.pop(name, None)
+        if own is None:
+            return name
+        line, src = self.alias_line.pop(name)
+        if line == len(self.lines) - 1:  # used at once: its alias line becomes the as_strided itself
+            code, _, comment = self.lines[line].partition("  #")
+            self.lines[line] = f"{code}.as_strided({own[0]!r}, {own[1]!r})" + (f"  #{comment}" if comment else "")
+        else:
+            self.emit(f"{name} = {name}.as_strided({own[0]!r}, {own[1]!r})")
+        self.layout[name] = own
         return name
 
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
 
-    def value(self, n: Node) -> str:
-        """The name of ``n``'s value, emitting the view lines that compute it on first use."""
+    def value(self, n: Node, loose: bool = False) -> str:
+        """The name of ``n``'s value, emitting the view lines that compute it on first use.  ``loose``: the
+        caller reads only its data pointer (a kernel's argument), so a loose name stays loose ([Note: loose
+        views])."""
         name = self.bound.get(n)
-        if name is not None:
-            return name
-        if n in self.m.static:
-            return self.constant(n, self.m.static[n])
-        if n.op in VIEW:
-            return self.view(n)
-        raise KeyError(f"kiln wrapper: no value for {n}")
+        if name is None:
+            if n in self.m.static:
+                return self.constant(n, self.m.static[n])
+            if n.op not in VIEW:
+                raise KeyError(f"kiln wrapper: no value for {n}")
+            name = self.view(n)
+        return name if loose else self.materialize(name)
 
     def view(self, n: Node) -> str:
         """A view chain down to a value already held, as one ``as_strided`` call: the strides and offset come
@@ -131,7 +179,7 @@ class _Writer:
             chain.append(base)
             base = base.inputs[0]
         chain.reverse()
-        src = self.value(base)
+        src = self.value(base, loose=True)
         fns = [self.m.view_fn(v) for v in chain]
         if src not in self.locals:  # a view of a weight: the same tensor every call
             value = self.ns[src]
@@ -149,11 +197,17 @@ class _Writer:
             target = self.bind(last, strides)
             if src in self.aligned and offset * last.dtype.itemsize % 16 == 0:
                 self.aligned.add(target)
-            self.emit(f"{target} = {src}.as_strided({tuple(last.shape)!r}, {strides!r}{self.offset(src, target, offset)})"
-                      f"  # {' '.join(v.op.value for v in chain[:k])}")
+            if offset == 0:  # at src's first element: src's tensor object, loose ([Note: loose views])
+                self.offset(src, target, 0)
+                self.alias(target, src, tuple(last.shape), tuple(strides))
+                self.lines[-1] += f"  # {' '.join(v.op.value for v in chain[:k])}"
+            else:
+                self.emit(f"{target} = {src}.as_strided({tuple(last.shape)!r}, {strides!r}"
+                          f"{self.offset(src, target, offset)})  # {' '.join(v.op.value for v in chain[:k])}")
             if k == len(chain):
                 return target
             src = target
+        self.materialize(src)
         copy = chain[k]  # not a view of what it reads: a fresh tensor, whose strides a meta run tells
         meta = fns[k](torch.empty_strided(copy.inputs[0].shape, self.strides[src], dtype=copy.inputs[0].dtype,
                                           device="meta"))
@@ -206,13 +260,15 @@ class _Writer:
             self.emit(f"{target} = torch.empty_strided({shape!r}, {strides!r}, "
                       f"dtype={self.glob(a.dtype, 'DTYPE')}, device={self.glob(self.m.device, 'DEVICE')})")
             return
-        src = self.value(a.reuse)
+        src = self.value(a.reuse, loose=True)
         if a.reuse_planned:  # our own buffer, dying here: its memory, under this buffer's shape and strides
-            view = f"{src}.view({self.glob(a.dtype, 'DTYPE')})" if a.reuse.dtype != a.dtype else src
             target = self.bind(a.node, strides)
             if src in self.aligned:
                 self.aligned.add(target)
-            self.emit(f"{target} = {view}.as_strided({shape!r}, {strides!r})")  # (keeps its storage offset)
+            if a.reuse.dtype == a.dtype:  # (the same storage offset: loose, [Note: loose views])
+                self.alias(target, src, shape, strides)
+            else:
+                self.emit(f"{target} = {src}.view({self.glob(a.dtype, 'DTYPE')}).as_strided({shape!r}, {strides!r})")
             if self.offsets.get(src) == 0:
                 self.offsets[target] = 0
         elif a.reuse.dtype == a.dtype:  # a library result: taken if this call holds its storage alone, and
@@ -230,6 +286,7 @@ class _Writer:
             self.emit("del storage")
         else:
             m, reuse = self.m, a.reuse
+            self.materialize(src)
             alloc = self.glob(lambda t: m.allocate(a, {reuse: t}), "ALLOC")
             self.emit(f"{self.bind(a.node, a.strides)} = {alloc}({src})")
 
@@ -276,7 +333,7 @@ class _Writer:
         strides = m.plan.strides_of.get(n)
         index = n.attr("out_index")
         v = self.bind(n, strides)
-        self.emit(f"{v} = {self.glob(fast_callable(target), 'EXTERN')}({', '.join(parts)})"
+        self.emit(f"{v} = {self.glob(fast_callable(target, mode=self.m.mode), 'EXTERN')}({', '.join(parts)})"
                   + (f"[{index}]" if index is not None else "") + what)
         if strides is None:
             self.emit(f"if not {v}.is_contiguous():")
@@ -298,7 +355,7 @@ class _Writer:
 
     def segment(self, index: int) -> None:
         for kernel, (fn, args, takes_tuple, direct) in zip(self.m.segments[index], self.launchers(index)):
-            values = [self.value(n) for n in args]
+            values = [self.value(n, loose=True) for n in args]  # (kernels read data pointers alone)
             names = ", ".join(values)
             if direct is not None and direct.static is not None:  # kiln's launcher (runtime/gpu_launch.py)
                 launch = self.glob(direct.static.call, "LAUNCH")
@@ -314,7 +371,8 @@ class _Writer:
                 runner = self.glob(direct.runner, "RUN")
                 self.emit(f"{runner}({names}, {', '.join(map(str, direct.constants))})  # {kernel}")
                 continue
-            call = self.glob(fn, "KERNEL")
+            call = self.glob(fn, "KERNEL")  # (a launcher of Triton's or the runtime's: it gets tensors as laid out)
+            names = ", ".join(self.materialize(v) for v in values)
             self.emit((f"{call}(({names},))" if takes_tuple else f"{call}({names})") + f"  # {kernel}")
 
     def fused_step(self, step: Any) -> None:

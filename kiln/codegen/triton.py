@@ -99,12 +99,26 @@ def _warps(elements: int) -> int:
     return 1 if elements <= 128 else 2 if elements <= 512 else 4 if elements <= 2048 else 8
 
 
-def schedule_for(k: Kernel, env: dict[str, int] | None = None) -> TritonSchedule:
+def text_key(k: Kernel, symbolic: bool) -> tuple:
+    """What kernel ``k``'s text depends on besides its IR and its buffers' dtypes: for a symbolic kernel the kind of
+    its schedule (64-bit positions, persistent or looped, one row a program: what ``TritonKernelWriter`` reads
+    of it), for a static one the whole schedule.  Kept beside the writer: a read of ``self.s`` added there must
+    be added here (tests/gpu/test_symbolic_kernels.py checks texts against these keys over many sizes)."""
+    s = k.schedule if isinstance(k.schedule, TritonSchedule) else None
+    if s is None:
+        return (None,)
+    if symbolic:
+        return (s.wide, s.persistent, s.xblock == 1)
+    return (s,)
+
+
+def schedule_for(k: Kernel, env: dict[str, int] | None = None, symbolic: bool | None = None) -> TritonSchedule:
     """Heuristic block sizes (the autotuner's starting point).  A symbolic kernel's at the sizes ``env``: its
     text depends on the schedule's kind alone (pointwise, one row or several a program, persistent or looped,
     64-bit positions: ``wide``), so sizes with the same kind share one compile, and the block sizes are
-    chosen per size (a bucket: the next power of two of the row)."""
-    if k.is_symbolic():
+    chosen per size (a bucket: the next power of two of the row).  ``symbolic``: whether ``k`` is (where the
+    caller knows: finding out walks its indices)."""
+    if k.is_symbolic() if symbolic is None else symbolic:
         assert env is not None, "a symbolic kernel's schedule needs the sizes"
         sized = Kernel(k.name, tuple(evaluate(d, env) for d in k.outer), evaluate(k.rsize, env), [], [])
         wide = numel(sized.outer) * max(sized.rsize, 1) >= INT32_LIMIT

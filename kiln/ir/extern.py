@@ -6,6 +6,7 @@ The template is the original ``(args, kwargs)`` with every tensor argument repla
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Sequence
 
 import torch
@@ -53,14 +54,57 @@ def checked_source(weight: Any) -> Any:
 _BOUND = ("convolution.default", "addmm.default", "mm.default", "bmm.default", "baddbmm.default")
 
 
-def fast_callable(target: Any, out: bool = False) -> Any:
+def fast_callable(target: Any, out: bool = False, mode: str = "default") -> Any:
     """What a generated call calls for ``target`` (an OpOverload): its torch C binding where ``_BOUND`` lists it,
     else the op itself.  ``out``: the call writes into ``out=`` (the op's ``.out`` overload, which the binding
-    picks when given ``out=``)."""
+    picks when given ``out=``).  ``aten.scaled_dot_product_attention``: see [Note: attention's entry] (``mode``:
+    the compile's, which decides how much device time a call's host time is worth)."""
+    if target is torch.ops.aten.scaled_dot_product_attention.default and not out:
+        from kiln import config
+        entry = config.get().gpu_attention_entry
+        if entry != "composite":
+            limit = None if entry == "efficient" else EFFICIENT_UP_TO[mode != "default"]
+            return functools.partial(attention_efficient_first, efficient_up_to=limit)
     overload = f"{getattr(target, '_opname', '')}.{getattr(target, '_overloadname', '')}"
     if getattr(target, "namespace", None) == "aten" and overload in _BOUND:
         return getattr(torch._C._VariableFunctions, target._opname)
     return target.overloadpacket.out if out else target
+
+
+def attention_efficient_first(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                              attn_mask: torch.Tensor | None = None, dropout_p: float = 0.0, is_causal: bool = False,
+                              scale: float | None = None, enable_gqa: bool = False,
+                              efficient_up_to: int | None = None) -> torch.Tensor:
+    """``aten.scaled_dot_product_attention`` for a generated call: on CUDA tensors without mask, dropout or
+    grouped heads and with at most ``efficient_up_to`` scores (batch x heads x queries x keys; None: any), the
+    memory-efficient backend's op itself, else (or where that op refuses the tensors) the composite.
+
+    [Note: attention's entry] The composite op chooses a backend at every call - its checks of every backend's
+    constraints, then the chosen op through the dispatcher: 23.6 us of host time per call on the H100 machine
+    (``benchmarks/host_time.py --externs``, one run; 41 us in another), against 13.8 us for
+    ``_scaled_dot_product_efficient_attention`` through its C binding (flash's 19 us: more outputs to allocate).
+    A small model's call in default mode is bound by the host (the suite's GPT: 4 attention calls in ~700 us).
+    But on Hopper the composite picks cuDNN, whose kernel is faster at length: device us at batch 1, 12 heads,
+    head size 64, causal (same run) - efficient 5.7 / 13.2 / 49.0 and cuDNN 6.8 / 7.6 / 14.6 at 37 / 256 /
+    1024 queries.  So the efficient op is taken while its device time costs less than the host time it saves:
+    in default mode up to 12 x 256 x 256 scores (``EFFICIENT_UP_TO``), under CUDA graphs (reduce-overhead,
+    max-autotune: no host time per call) only where its kernel is the faster one, up to 12 x 128 x 128.  The op
+    validates its inputs before it launches anything, so a refusal (head size, alignment) costs nothing but the
+    fallback.  Both compute softmax in fp32 with the same causal convention (top-left), so results differ by
+    rounding only."""
+    if query.is_cuda and attn_mask is None and not dropout_p and not enable_gqa and (
+            efficient_up_to is None or query.numel() // query.shape[-1] * key.shape[-2] <= efficient_up_to):
+        try:
+            return _EFFICIENT(query, key, value, None, False, 0.0, is_causal, scale=scale)[0]
+        except RuntimeError:
+            pass
+    return _COMPOSITE(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+
+
+# the most scores (batch x heads x queries x keys) for which the efficient op is taken: default mode, CUDA graphs
+EFFICIENT_UP_TO = (12 * 256 * 256, 12 * 128 * 128)
+_EFFICIENT = torch._C._VariableFunctions._scaled_dot_product_efficient_attention
+_COMPOSITE = torch._C._nn.scaled_dot_product_attention
 
 
 def substitute(template: Any, values: Sequence[Any], sizes: dict[str, int] | None = None) -> Any:

@@ -200,6 +200,22 @@ def load_function(compiled: Any, device: torch.device) -> Any:
         return None
 
 
+def function_of(compiled: Any, device: torch.device) -> Any:
+    """``load_function``'s answer for ``compiled`` on ``device``, loaded once per process: every module that
+    launches the kernel (each size of a symbolic graph, each compile of a graph Triton's cache answered) shares
+    the one loaded binary, instead of loading another copy into the context per module (a decoding loop builds a
+    module per new length)."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (id(compiled), index)
+    hit = _functions.get(key)
+    if hit is None:
+        hit = _functions[key] = (compiled, load_function(compiled, device))  # (holding it keeps its id unique)
+    return hit[1]
+
+
+_functions: dict[tuple[int, int], tuple[Any, Any]] = {}
+
+
 def record(compiled: Any, grid: tuple[int, int, int], slots: list[int], function: Any = None,
            scalars: dict[str, int | float] | None = None) -> KilnLaunch | None:
     """The launch record of Triton ``compiled`` kernel over ``grid``, its pointer parameters read from table

@@ -61,6 +61,7 @@ class CompiledGraph:
         self._shared_code = shared_code
         self.graph = graph
         self.name = report.name
+        self.mode = report.mode  # (what a library call's entry may weigh: host time in default mode)
         self.plan = plan
         self.arena_mode = program.arena
         report.kernels = plan.kernels
@@ -412,7 +413,7 @@ class CompiledGraph:
         # a half-precision CPU bmm the compile chose to re-lay out (schedule/operand_layout.py)
         bmm_relayout = n in self.plan.bmm_relayout
 
-        op = fast_callable(target)
+        op = fast_callable(target, mode=self.mode)
         write = fast_callable(target, out=True) if n in self.planned else None  # (only planned ones have .out)
         dense = n.attr("dense_inputs")  # [Note: externs get the layouts they were traced with]
         dense = frozenset(k for k, d in enumerate(dense) if d) if dense is not None else None

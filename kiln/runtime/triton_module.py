@@ -23,7 +23,7 @@ import torch
 
 from kiln import config
 from kiln.codegen.gpu_call import build_wrapper
-from kiln.codegen.triton import TritonKernelWriter, module_source
+from kiln.codegen.triton import TritonKernelWriter, module_source, text_key
 from kiln.ir.graph import Graph, Node
 from kiln.ir.ops import Op
 from kiln.report import CompileReport
@@ -68,14 +68,15 @@ class TritonGraph(CompiledGraph):
     sizes: dict[str, int] | None = None  # the size symbols' values of a symbolic plan's module (``__init__``)
 
     def __init__(self, graph: Graph, program: Any, report: CompileReport, device: torch.device,
-                 sizes: dict[str, int] | None = None):
+                 sizes: dict[str, int] | None = None, shared_code: dict[Any, Any] | None = None):
         """``program``: without an arena (buffers from the caching allocator, each kernel its own step);
         ``sizes``: the size symbols' values where the plan's kernels are symbolic (one size's module of a
         symbolic graph, [Note: GPU kernels with size parameters] in schedule/gpu_symbolic.py): each launch
-        passes them after the buffers."""
+        passes them after the buffers; ``shared_code``: what the modules of one symbolic graph's sizes share
+        (``"symbolic"``: kernel name -> has size parameters; the rest filled here, [Note: a size's build])."""
         self.device = device
         self.sizes = sizes
-        super().__init__(graph, program, report)
+        super().__init__(graph, program, report, shared_code=shared_code)
         # not in default mode: its memory stays at eager's, and measured algorithms may take workspace that the
         # heuristic's choice does not (ResNet-18 b1: +0.5 MiB of peak in the 512-channel layers)
         self._cudnn_benchmark = device.type == "cuda" and config.get().cudnn_benchmark and \
@@ -138,9 +139,27 @@ class TritonGraph(CompiledGraph):
         for s in plan.steps:
             if isinstance(s, OwnStep):  # an operator's own step (the matmul template): it loads its own code
                 s.load(import_source, dtype_of, node_of)
-        source = module_source(plan.kernels, dtype_of)
-        report.source = source
-        module, report.from_cache = import_source(source)
+        shared = self._shared_code
+        # [Note: a size's build] The modules of a symbolic graph's sizes share their kernels' text wherever the
+        # kernels' schedules are of one kind (``text_key``): the source, its module and the kernel writers are
+        # made once per combination of kinds, not per size (a decoding loop meets a new size every step); so are
+        # the compiled kernels (``_precompile``: by their constants, not the grid) and the loaded binaries
+        # (``gpu_launch.function_of``, once per process).  A new size of a 2-layer GPT-2's decode step: 40 ms ->
+        # 4 ms on the CPU machine (under Triton's interpreter; what is left is the size's plan and call wrapper);
+        # on the H100 the decode loop had run at 0.09x eager, every step a new size's build.
+        key = ("source", tuple(text_key(k, shared["symbolic"][k.name]) for k in plan.kernels)) \
+            if shared is not None else None
+        hit = shared.get(key) if shared is not None else None
+        if hit is None:
+            source = module_source(plan.kernels, dtype_of)
+            module, from_cache = import_source(source)
+            writers: dict[str, TritonKernelWriter] = {}
+            if shared is not None:
+                shared[key] = (source, module, writers)
+                shared.setdefault("module", module)  # (later sizes' reports leave the plan's text out)
+        else:
+            (source, module, writers), from_cache = hit, True
+        report.source, report.from_cache = source, from_cache
         self._module_path = module.__file__
         by_name = {k.name: k for k in plan.kernels}
         self._launches: list[list[tuple[Callable, list[Node], Any]]] = []
@@ -148,7 +167,9 @@ class TritonGraph(CompiledGraph):
             steps = []
             for name in names:
                 k = by_name[name]
-                writer = TritonKernelWriter(k, dtype_of)
+                writer = writers.get(name)
+                if writer is None:
+                    writer = writers[name] = TritonKernelWriter(k, dtype_of)
                 args = [node_of[b] for b in writer.args()]
                 fn = getattr(module, name)
                 if writer.size_params():
@@ -168,9 +189,13 @@ class TritonGraph(CompiledGraph):
         buffers (the arena's are); launches then go straight to the compiled kernels."""
         jobs = [(i, j) for i, steps in enumerate(self._launches) for j in range(len(steps))]
         unique: dict[tuple, tuple[int, int]] = {}  # aliased kernels (same text) compile once
+        # kernels another size of the graph compiled already ([Note: a size's build])
+        done = self._shared_code.setdefault("compiled", {}) if self._shared_code is not None else {}
         for i, j in jobs:
             fn, args, s = self._launches[i][j]
-            unique.setdefault(_compile_key(fn, args, s), (i, j))
+            key = _compile_key(fn, args, s)
+            if key not in done:
+                unique.setdefault(key, (i, j))
 
         static = config.get().gpu_static_launch and gpu_launch.available()
 
@@ -182,7 +207,10 @@ class TritonGraph(CompiledGraph):
                 build_launcher(compiled)
             return compiled
 
-        compiled = self._compile_shared(unique, compile_one, phases)
+        compiled = self._compile_shared(unique, compile_one, phases) if unique else {}
+        if self._shared_code is not None:
+            done.update(compiled)
+        compiled = {**done, **compiled}
         stream = gpu_launch.stream_getter(self.device)
         functions: dict[int, Any] = {}  # kernels loaded by kiln, by id of the compiled kernel
         for i, j in jobs:
@@ -193,7 +221,7 @@ class TritonGraph(CompiledGraph):
             launcher = _Launcher(ck, s, fn, getattr(fn, "sizes", ()))
             if static:  # kiln's own launch of the same compiled kernel (see [Note: static launch])
                 if id(ck) not in functions:
-                    functions[id(ck)] = gpu_launch.load_function(ck, self.device)
+                    functions[id(ck)] = gpu_launch.function_of(ck, self.device)
                 record = gpu_launch.record(ck, s.grid3, list(range(len(args))), functions[id(ck)],
                                            getattr(fn, "by_name", None))
                 if record is not None:
@@ -323,10 +351,12 @@ _launchers_built: set[int] = set()
 
 def _compile_key(fn: Any, args: list[Node], s: Any) -> tuple:
     """What a launch's compiled kernel depends on: the kernel (aliases of one text are one function), the buffers'
-    dtypes, the schedule, and for a kernel with size parameters how Triton specializes their values."""
+    dtypes, the schedule's constants (not its grid: a launch's, not the compile's), and for a kernel with size
+    parameters how Triton specializes their values."""
+    constants = (s.xblock, max(s.rblock, 1), s.num_warps)
     if isinstance(fn, SizedKernel):
-        return (id(fn.fn), tuple(n.dtype for n in args), s, fn.specialization)
-    return (id(fn), tuple(n.dtype for n in args), s)
+        return (id(fn.fn), tuple(n.dtype for n in args), constants, fn.specialization)
+    return (id(fn), tuple(n.dtype for n in args), constants)
 
 
 class SizedKernel:

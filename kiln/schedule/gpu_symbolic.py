@@ -42,12 +42,18 @@ from kiln.schedule.plan import make_plan
 from kiln.schedule.specialize import Specializer
 
 
-def kernel_at(kernel: Kernel, env: dict[str, int]) -> Kernel:
+# the most recently used sizes whose modules are kept: default mode, CUDA graphs (reduce-overhead, max-autotune)
+SIZES_KEPT = (256, 64)
+
+
+def kernel_at(kernel: Kernel, env: dict[str, int], symbolic: bool | None = None) -> Kernel:
     """The kernel as a size's plan takes it: a copy with the launch schedule of the sizes ``env`` (the shared
-    kernel keeps none: each size's launches have their own block sizes and grid)."""
+    kernel keeps none: each size's launches have their own block sizes and grid).  ``symbolic``: whether the
+    kernel has size parameters, where the caller knows."""
     from kiln.codegen.triton import schedule_for
+    symbolic = kernel.is_symbolic() if symbolic is None else symbolic
     out = copy.copy(kernel)
-    out.schedule = schedule_for(kernel, env) if kernel.is_symbolic() else schedule_for(kernel)
+    out.schedule = schedule_for(kernel, env, symbolic=True) if symbolic else schedule_for(kernel, symbolic=False)
     return out
 
 
@@ -69,7 +75,12 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
     dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
     for k in plan.kernels:  # every kernel written once now: what the generator cannot express fails the compile
         TritonKernelWriter(kernel_at(k, hints), dtype_of).write()
-    specializer = Specializer(graph, plan, arena=False, kernel_at=kernel_at)
+    # what every size's module shares ([Note: a size's build]): whether each kernel has size parameters (walking
+    # its indices to find out is not free), and what TritonGraph fills in - sources, writers, compiled kernels
+    shared: dict[Any, Any] = {"symbolic": {k.name: k.is_symbolic() for k in plan.kernels}}
+    symbolic_of = shared["symbolic"]
+    specializer = Specializer(graph, plan, arena=False,
+                              kernel_at=lambda k, env: kernel_at(k, env, symbolic_of[k.name]))
     report.phases["gpu_plan"] = time.perf_counter() - start
     options = {k: getattr(config.get(), k) for k in config.Config.option_names()}
     sources: set[str] = set()  # the kernel modules the sizes took (one per combination of schedule kinds)
@@ -78,7 +89,7 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
         begin = time.perf_counter()
         with config.scope(**options):
             size_graph, program = specializer(env)
-            module = TritonGraph(size_graph, program, size_report, device, sizes=env)
+            module = TritonGraph(size_graph, program, size_report, device, sizes=env, shared_code=shared)
         sources.add(size_report.source)
         report.dynamic["kernel_sources"] = len(sources)
         size_report.target = "triton"
@@ -86,7 +97,12 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
         return with_cuda_graph(module, size_report, size_report.mode)
 
     ordered = sorted(symbols, key=lambda s: s.name)
-    module = SizedTritonGraph(graph, report, build, [s.name for s in ordered], device, int_sizes=int_sizes)
+    # sizes kept: a size's module is a plan and launch records (~ms to make again, [Note: a size's build]), so many
+    # - a decoding loop cycles through every length up to its longest; under CUDA graphs each also holds its
+    # recording's memory, so fewer
+    capacity = SIZES_KEPT[report.mode != "default"]
+    module = SizedTritonGraph(graph, report, build, [s.name for s in ordered], device, int_sizes=int_sizes,
+                              capacity=capacity)
     report.dynamic["ranges"] = ", ".join(f"{s.name} in [{s.lo}, {'inf' if s.hi is None else s.hi}]"
                                          for s in ordered)
     report.dynamic["per_size"] = "one plan, Triton kernels with size parameters, launches per size"

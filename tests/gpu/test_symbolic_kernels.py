@@ -180,3 +180,38 @@ def test_fuzzer_programs_through_kernels_with_size_parameters():
         if status in ("mismatch", "crash"):
             failed[seed] = f"{status}: {detail[:200]}"
     assert not failed, failed
+
+
+def test_kernel_texts_are_decided_by_their_text_keys():
+    """[Note: a size's build] The modules of a graph's sizes share kernel text by ``text_key``: at sizes of every
+    kind (pointwise, a row in one block or looped, a row per program, 64-bit positions), kernels with one key have
+    one text - else a size would launch another size's text with its own block sizes."""
+    import collections
+
+    from kiln import config
+    from kiln.codegen.triton import PERSISTENT_MAX, TritonKernelWriter, text_key
+    from kiln.schedule.gpu_symbolic import kernel_at
+    from kiln.schedule.plan import make_plan
+
+    def f(x, w):
+        return torch.log_softmax(x @ w, -1) + x.amax(-1, keepdim=True), x.sum(0), (x * 2).transpose(0, 1) + 1
+
+    position = mark()
+    with torch.inference_mode():
+        kiln.compile(f, target="triton", dynamic=True)(torch.randn(5, 24, device=DEVICE),
+                                                        torch.randn(24, 24, device=DEVICE))
+    graph = _symbolic_report(position).optimized
+    with config.scope(layout_optimization=True):
+        plan = make_plan(graph)
+    dtype_of = collections.defaultdict(lambda: torch.float32, {b: n.dtype for n, b in plan.buffer_of.items()})
+    symbols = sorted({s.name for k in plan.kernels for s in k.symbols()})
+    kernels = [k for k in plan.kernels if k.is_symbolic()]
+    assert kernels and symbols
+    texts: dict[tuple, str] = {}
+    for n in (1, 2, 3, 16, 17, 100, PERSISTENT_MAX + 3, 2 ** 31 + 5):
+        for k in kernels:
+            at = kernel_at(k, dict.fromkeys(symbols, n))
+            key = (k.name, text_key(at, True))
+            assert texts.setdefault(key, TritonKernelWriter(at, dtype_of).write()) == \
+                TritonKernelWriter(at, dtype_of).write(), key
+    assert len(texts) >= len(kernels) + 3, sorted(texts)  # (several kinds met: the test sees what it checks)

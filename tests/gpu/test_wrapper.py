@@ -109,6 +109,25 @@ def test_wrapper_can_be_turned_off(net):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
 
 
+def test_kernels_read_views_of_buffers_through_the_tensor_they_alias():
+    """[Note: loose views] A kernel writing into a dead buffer's memory, and views at a buffer's first element,
+    take the buffer's tensor object (``v7 = v3``) where only kernels read them; a library call reading one gets it
+    in its own layout (on the GPU the chain's reshapes back to the product's layout cost no line at all).  Checked
+    against eager, and against the wrapper with every view laid out (the interpreted plan)."""
+    import re
+    layers = nn.Sequential(*[nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 32), nn.LayerNorm(32))
+                             for _ in range(3)]).to(DEVICE).eval()
+    x = torch.randn(2, 5, 32, device=DEVICE)
+    with torch.inference_mode():
+        got, report = compile_and_run(layers, x)
+        module = _module(report)
+        torch.testing.assert_close(got, layers(x), rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(module([x])[0], module.interpret([x])[0], rtol=0, atol=0)
+    aliases = [ln for ln in report.wrapper.splitlines() if re.fullmatch(r"\s+v\d+ = v\d+(  #.*)?", ln)]
+    if DEVICE == "cuda":  # (on the CPU the interpreter's launches get tensors as laid out: few stay loose)
+        assert len(aliases) >= 3, report.wrapper
+
+
 @pytest.mark.skipif(DEVICE != "cuda", reason="kiln's launcher calls the CUDA driver")
 def test_kernels_launch_through_kilns_launcher_and_match_tritons(net):
     """Every kernel kiln compiled ahead launches through runtime/gpu_launch (the wrapper's LAUNCH lines for
