@@ -75,6 +75,18 @@ def test_broadcast_views_pad_cat_slice():
     run(f, torch.randn(3, 10, 12), torch.randn(12), torch.randn(7, 5))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32, torch.int32, torch.int64,
+                                   torch.bool])
+def test_constants_a_graph_returns_in_every_dtype(dtype):
+    """A FULL the graph returns is a kernel storing a constant: the constant is a typed scalar (a Python number
+    has no ``.to``: a bf16 ``zeros(1)`` output failed to compile on the GPU, in HF GPT-2's static-cache decode)."""
+    def f(x):
+        d = x.device
+        return (x * 2, torch.zeros(1, dtype=dtype, device=d), torch.full((3, 2), 3, dtype=dtype, device=d),
+                torch.ones((), dtype=dtype, device=d))
+    run(f, torch.randn(5))
+
+
 def test_gather_index_select_embedding():
     table = torch.randn(30, 8)
     ids = torch.randint(0, 30, (4, 6))
