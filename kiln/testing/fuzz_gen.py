@@ -26,7 +26,7 @@ from kiln.testing.fuzz_program import InputSpec, Program, Stmt, live_stmts
 # (op, weight): pointwise work dominates, as in models; every family appears in a few hundred programs
 OPS: list[tuple[Callable[[Any], Stmt | None], int]] = [
     (P.unary, 14), (P.binary, 12), (P.discrete, 2), (P.compare, 5), (P.logical, 2), (P.where, 4),
-    (P.masked_fill, 3), (P.cast, 3), (P.int_op, 2), (P.size_arith, 2),
+    (P.masked_fill, 3), (P.cast, 3), (P.int_op, 2), (P.size_arith, 2), (P.constant, 1),
     (P.reduce, 8), (P.max_dim, 4), (P.softmax, 4), (P.norm, 3),
     (V.reshape, 5), (V.permute, 4), (V.expand, 3), (V.slice_, 5), (V.reshape_misc, 4), (V.split, 3), (V.cat, 3),
     (V.gather, 3), (V.inplace, 4), (N.matmul, 5), (N.conv, 3), (N.pool, 2), (N.attention, 2),

@@ -215,6 +215,26 @@ def size_arith(g: Any) -> Stmt | None:
     return Stmt(f"{out} = {form}", (out,), (a.name,), "size_arith", noise="pw", weight=1)
 
 
+CONSTANT_FORMS = ("torch.zeros_like({x})", "torch.full_like({x}, {c})", "{x}.new_full(({k},), {c})",
+                  "torch.ones((), dtype=FT, device={x}.device)",
+                  "torch.full({x}.shape, {c}, dtype=FT, device={x}.device)",
+                  "torch.zeros_like({x}, dtype=torch.bool)",
+                  "torch.ones(({k}, 2), dtype=torch.bool, device={x}.device)",
+                  "torch.full(({k},), 3, dtype=torch.int64, device={x}.device)")
+
+
+def constant(g: Any) -> Stmt | None:
+    """A fresh constant (zeros, ones, full) shaped like a value, 0-d or of a small shape of its own, in the program's
+    float dtype, int64 or bool.  A program may return it - a kernel that stores a constant (a bf16 ``zeros(1)``
+    output failed to compile on the Triton target, ``0.0.to(tl.bfloat16)``) - or compute on with it."""
+    x = g.pick(None)
+    if x is None:
+        return None
+    (out,) = g.names(1)
+    form = g.choice(CONSTANT_FORMS).format(x=x.name, c=g.choice(CONSTS), k=g.choice([1, 3, 8]))
+    return Stmt(f"{out} = {form}", (out,), (x.name,), "constant")
+
+
 def int_op(g: Any) -> Stmt | None:
     """Integer arithmetic (exact): +, *, %, //, abs, clamp, maximum."""
     a = g.pick("int64")
