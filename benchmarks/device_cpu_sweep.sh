@@ -16,6 +16,7 @@
 #   COMPILE_WORKERS=8: kiln's Triton compile workers on, started by the warm-up model - the A/B for making them
 #   the default, see kiln/config.py compile_workers; COMPILE_TAG names the logs of a second run in the call)
 #   DYN_BACKENDS=eager,inductor-dyn,kiln-dyn DYN_EXTRA="--breakdown 32,256" bash benchmarks/device_cpu_sweep.sh dynamic
+#   HF_BACKENDS=kiln,inductor HF_CACHES="dynamic static" bash benchmarks/device_cpu_sweep.sh hf    (HF GPT-2 generate)
 #   (issue 19's GPT over 15 lengths, benchmarks/dynamic_shapes.py; $OUT/dyn.{log,json})
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
@@ -34,6 +35,8 @@ start=$(date +%s)
 left() { echo $(( ${BUDGET_S:-580} - ($(date +%s) - start) )); }
 mkdir -p /tmp/fz
 for what in "$@"; do
+  # a step its timeout killed may leave compile workers running: they would slow every later measurement (session 34)
+  pkill -f kiln.runtime.compile_worker > /dev/null 2>&1 || true
   case $what in
   gpu)
     timeout ${GPU_S:-240} python3 -m pytest -q ${GPU_X:-} ${GPU_TESTS:-tests/gpu} -p no:cacheprovider ${GPU_PYTEST:-} > $OUT/gpu_tests.log 2>&1; echo "gpu tests rc=$?"; grep -E "^(FAILED|ERROR)|passed|failed" $OUT/gpu_tests.log | tail -15;;
@@ -52,6 +55,10 @@ for what in "$@"; do
     done;;
   dynamic)  # issue 19's GPT over 15 lengths: DYN_BACKENDS, DYN_EXTRA (e.g. "--breakdown 32,256"), DYN_TAG
     timeout $(left) python3 -m benchmarks.dynamic_shapes --device cuda --dtype ${DYN_DTYPE:-bf16} --backends ${DYN_BACKENDS:-eager,inductor-dyn,kiln-dyn,kiln-dyn-static} --repeats 5 ${DYN_EXTRA:-} --json $OUT/dyn${DYN_TAG:-}.json > $OUT/dyn${DYN_TAG:-}.log 2>&1; echo "dynamic${DYN_TAG:-} rc=$?"; grep -v -i warn $OUT/dyn${DYN_TAG:-}.log | tail -${DYN_LINES:-40};;
+  hf)  # HF GPT-2 generate on the GPU (issue 19 point 7): HF_BACKENDS, both caches
+    for cache in ${HF_CACHES:-dynamic static}; do
+      timeout $(left) python3 -m benchmarks.hf_decode --device cuda --dtype ${HF_DTYPE:-bf16} --backends ${HF_BACKENDS:-kiln,inductor,kiln-ro} --tokens 32 --cache $cache > $OUT/hf_$cache.log 2>&1; echo "hf $cache rc=$?"; grep -v -i "warn\|transformers\]" $OUT/hf_$cache.log | tail -5
+    done;;
   ab)  # AB_MODELS, AB_B (kiln options of B, e.g. "disabled_passes=merge_linears"), AB_MODE, AB_DTYPE
     timeout $(left) python3 -m benchmarks.ab_options --device cuda --dtype ${AB_DTYPE:-bf16} --mode ${AB_MODE:-default} --models ${AB_MODELS:-gpt2} --b "${AB_B}" --rounds 9 --calls 20 > $OUT/ab.log 2>&1; echo "ab rc=$?"; grep -v -i warn $OUT/ab.log | tail -8;;
   fuzz)
