@@ -78,7 +78,9 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
         if "kernel_sources" in r.dynamic:  # the GPU: kernels with size parameters (schedule/gpu_symbolic.py)
             out.append(head + f"one plan, Triton kernels with size parameters: {r.dynamic['builds']} size(s) "
                        f"planned, {r.dynamic['kernel_sources']} kernel module(s) (one per kind of schedule), "
-                       f"{r.dynamic['eager_calls']} call(s) run eagerly" + (f": {sizes}" if sizes else ""))
+                       + (f"{r.dynamic['recordings']} CUDA graph recording(s), " if "recordings" in r.dynamic
+                          else "")
+                       + f"{r.dynamic['eager_calls']} call(s) run eagerly" + (f": {sizes}" if sizes else ""))
         elif "eager_calls" in r.dynamic:  # the GPU: a module per size ([Note: a GPU module per size])
             out.append(head + f"a GPU module per size: {r.dynamic['builds']} built, {r.dynamic['eager_calls']} call(s) "
                        f"run eagerly before their size's build was due" + (f": {sizes}" if sizes else ""))

@@ -422,8 +422,10 @@ class GraphReplay:
     WARMUP_CALLS = 1
     MAX_GRAPHS = 2  # graphs recorded on callers' own input buffers, before falling back to copies
 
-    def __init__(self, module: TritonGraph):
+    def __init__(self, module: TritonGraph, on_record: Callable[[], None] | None = None):
+        """``on_record``: called after each recording (a symbolic graph's report counts them over its sizes)."""
         self.module = module
+        self.on_record = on_record
         self.calls = 0
         # [Note: graphs keyed by input addresses] A graph reads its inputs at the addresses it was recorded
         # with.  A caller that passes the same buffers again (same addresses, shapes and strides) gets a
@@ -473,6 +475,8 @@ class GraphReplay:
         graph = torch.cuda.CUDAGraph()
         with _cublas_workspaces_cleared(), torch.cuda.graph(graph, stream=stream):
             outputs = self.module(inputs)
+        if self.on_record is not None:
+            self.on_record()
         return _Recording(graph, outputs, inputs)
 
 
@@ -551,12 +555,14 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
     return _capture_streams[device]
 
 
-def with_cuda_graph(module: TritonGraph, report: CompileReport, mode: str) -> Callable:
-    """``module`` replayed as a CUDA graph in the modes that record one (reduce-overhead, max-autotune)."""
+def with_cuda_graph(module: TritonGraph, report: CompileReport, mode: str,
+                    on_record: Callable[[], None] | None = None) -> Callable:
+    """``module`` replayed as a CUDA graph in the modes that record one (reduce-overhead, max-autotune);
+    ``on_record`` is called after each recording."""
     if mode in ("reduce-overhead", "max-autotune") and module.device.type == "cuda":
         if module.mutated_inputs:
             report.memory["cuda_graph"] = "not used: the graph updates its inputs in place"
             return module
         report.memory["cuda_graph"] = "recorded at the second call, replayed after"
-        return GraphReplay(module)
+        return GraphReplay(module, on_record)
     return module

@@ -108,9 +108,13 @@ def test_gpt_over_sequence_lengths_compiles_once_and_runs_no_call_eagerly(mode):
             ids = torch.randint(0, 97, (1, T), device=DEVICE)
             for _ in range(3 if HAS_CUDA else 1):  # (reduce-overhead records a size at its second call)
                 torch.testing.assert_close(compiled(ids), model(ids), rtol=1e-4, atol=1e-4)
-    dynamic = _symbolic_report(position).dynamic
+    report = _symbolic_report(position)
+    dynamic = report.dynamic
     assert dynamic["eager_calls"] == 0 and dynamic["builds"] == 4, dynamic
     assert dynamic["kernel_sources"] <= 2, dynamic
+    if HAS_CUDA and mode == "reduce-overhead":  # each size recorded at its second call (17 maybe twice: new ids)
+        assert 4 <= dynamic["recordings"] <= 5, dynamic
+        assert "CUDA graph recording(s)" in report.format(source=False)
 
 
 
