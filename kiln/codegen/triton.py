@@ -258,12 +258,12 @@ class TritonKernelWriter:
     def _store(self, p: TritonPrinter, st: Store, mask: str, indent: str) -> None:
         value = p.expr(st.value)
         dtype = self.dtype_of[st.buf]
-        if isinstance(st.value, KConst) and not is_symbolic(st.value.value):
-            # a constant stored (a FULL the graph returns): a Python number has no ``.to``, so a typed scalar
-            # (a bf16 zeros(1) output failed to compile on the GPU: HF GPT-2's decode with a static cache)
-            value = f"tl.full([], {value}, {tl_type(compute_dtype(st.value.dtype))})"
         if dtype in HALF or compute_dtype(st.value.dtype) != dtype:
-            value = f"{value}.to({tl_type(dtype)})"
+            # a constant stored (a FULL the graph returns) is ``tl.cast``: its text may be a Python number (a bf16
+            # zeros(1) output failed to compile on the GPU: HF GPT-2's decode with a static cache), or a size or
+            # float parameter Triton passes as a Python scalar (one specialized to 1; any under the interpreter)
+            value = f"tl.cast({value}, {tl_type(dtype)})" if isinstance(st.value, KConst) \
+                else f"{value}.to({tl_type(dtype)})"
         offset = p.index(st.index)
         if st.index.is_const():  # a 0-d result: the pointer is made a block of the mask's shape
             offset += f" + 0 * ({mask}).to(tl.int32)"

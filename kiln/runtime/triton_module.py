@@ -207,10 +207,8 @@ class TritonGraph(CompiledGraph):
                 build_launcher(compiled)
             return compiled
 
-        compiled = self._compile_shared(unique, compile_one, phases) if unique else {}
-        if self._shared_code is not None:
-            done.update(compiled)
-        compiled = {**done, **compiled}
+        done.update(self._compile_shared(unique, compile_one, phases) if unique else {})
+        compiled = done  # (this size's kernels and, where shared, every earlier size's)
         stream = gpu_launch.stream_getter(self.device)
         functions: dict[int, Any] = {}  # kernels loaded by kiln, by id of the compiled kernel
         for i, j in jobs:

@@ -77,6 +77,22 @@ def test_sizes_used_as_values():
     assert _symbolic_report(position).dynamic["eager_calls"] == 0
 
 
+def test_sizes_stored_as_half_precision_constants():
+    """A FULL of a size expression in bf16/fp16: the stored value is a size or float parameter, which Triton may
+    pass as a Python scalar (under the interpreter always), so it is cast with ``tl.cast``, not ``.to``."""
+    def f(x):
+        n = x.shape[0]
+        return (torch.full((3,), n // 2, dtype=torch.bfloat16, device=x.device),
+                torch.full((2,), n * 0.5, dtype=torch.float16, device=x.device), x + 1)
+
+    compiled = kiln.compile(f, target="triton", dynamic=True)
+    with torch.inference_mode():
+        for n in (5, 8, 3):
+            x = torch.randn(n, device=DEVICE)
+            for g, w in zip(compiled(x), f(x)):
+                torch.testing.assert_close(g, w, rtol=0, atol=0)
+
+
 def test_a_float_from_sizes_is_a_kernel_parameter():
     """Floats computed from symbolic sizes (``n / 3``, ``n ** 0.5``, a clamp's bound ``n / 2``): the kernels take
     each as an fp32 parameter after their size parameters, its value per size computed on the host in double
