@@ -181,8 +181,11 @@ def main() -> None:
                   + f", max |diff| from eager {err:.2e}", flush=True)
         for T in lengths:  # second pass, backends interleaved per length
             times: dict[str, list[float]] = {b: [] for b in backends}
-            for _ in range(args.repeats):
-                for b in backends:
+            for r in range(args.repeats):
+                # the order rotates every round: a backend timed right after another pays for what that one left
+                # (session 35, H100, fixed order: kiln-dyn-ro timed right after eager 7.2 ms, kiln-dyn-static-ro -
+                # the same kernels, host time within 5% - timed after it 6.5 ms)
+                for b in backends[r % len(backends):] + backends[:r % len(backends)]:
                     _sync(args.device)
                     t0 = time.perf_counter()
                     calls[b](inputs[T])
