@@ -31,6 +31,9 @@ def main() -> None:
     ap.add_argument("--cache", default="dynamic", choices=["dynamic", "static"])
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--dtype", default="fp32", choices=["fp32", "bf16"])
+    ap.add_argument("--profile", type=int, default=0,
+                    help="after timing, one generate per backend under torch.profiler: its N ops and kernels with "
+                         "the most self time, host and device (where a token's time goes)")
     args = ap.parse_args()
     dtype = {"fp32": torch.float32, "bf16": torch.bfloat16}[args.dtype]
     from transformers import GPT2Config, GPT2LMHeadModel
@@ -40,7 +43,11 @@ def main() -> None:
     model = GPT2LMHeadModel(config).eval().to(device=args.device, dtype=dtype)
     prompt = torch.randint(0, 8192, (1, 32)).to(args.device)
     sync = torch.cuda.synchronize if args.device == "cuda" else (lambda: None)
-    extra = {"cache_implementation": "static"} if args.cache == "static" else {}
+    extra: dict[str, Any] = {"cache_implementation": "static"} if args.cache == "static" else {}
+    if args.cache == "static" and hasattr(model.generation_config, "disable_compile"):
+        # with a static cache on a GPU, transformers compiles the forward itself (Inductor, CUDA graphs) unless
+        # told not to: "eager" would be Inductor's reduce-overhead mode (session 35, H100: 1.33 ms a token)
+        extra["disable_compile"] = True
     forward = model.forward
 
     def run(fn: Callable[..., Any]) -> tuple[float, torch.Tensor]:
@@ -54,6 +61,9 @@ def main() -> None:
                 out = model.generate(prompt, max_new_tokens=args.tokens, do_sample=False, **extra)
                 sync()
                 times.append(time.perf_counter() - start)
+            if args.profile:
+                _profile(lambda: model.generate(prompt, max_new_tokens=args.tokens, do_sample=False, **extra),
+                         args.profile, args.device)
         return statistics.median(times) * 1e3 / args.tokens, out
 
     eager_ms, want = run(forward)
@@ -73,6 +83,18 @@ def main() -> None:
         print(f"{label}: {ms:.2f} ms per token ({eager_ms / ms:.2f}x eager), same tokens: {torch.equal(got, want)}, "
               f"{graphs} graph(s)" + (f", {eager} run eagerly" if backend == "kiln" else ""), flush=True)
     model.forward = forward
+
+
+def _profile(generate: Callable[[], Any], top: int, device: str) -> None:
+    """One ``generate`` under torch.profiler: the ``top`` entries by self host time, then by self device time."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device == "cuda" else [])
+    with profile(activities=activities) as prof:
+        generate()
+    table = prof.key_averages()
+    print(table.table(sort_by="self_cpu_time_total", row_limit=top, max_name_column_width=70))
+    if device == "cuda":
+        print(table.table(sort_by="self_cuda_time_total", row_limit=top, max_name_column_width=70))
 
 
 if __name__ == "__main__":

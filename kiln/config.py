@@ -188,7 +188,8 @@ class Config:
     # Processes that compile Triton kernels in parallel (0: compile in this process, with threads).  Off by
     # default: on the H200 machine a cold process compiled slower with 8 workers (MLP 9.4 s vs 6.5 s first
     # call; GPT 11.9 vs 10.6) - the parent then waited for their start-up (each imports torch).  Since session
-    # 27 nothing waits for a worker (compile_pool.serve); not yet measured on a GPU, so still off by default.
+    # 27 nothing waits for a worker (compile_pool.serve); measured in session 35 (H100, warm workers): first calls
+    # still slower with 8 (decoder_fast 0.57 -> 1.15 s, GPT-2 2.76 -> 3.31 s), so off by default.
     compile_workers: int = 0
     # CPU 3x3 stride-1 convolutions may run as kiln's Winograd F(m x m, 3 x 3) for these output tile sizes m,
     # when measured faster than oneDNN (comma-separated; "" turns it off).  F(2x2) errs like direct

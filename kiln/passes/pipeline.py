@@ -17,6 +17,7 @@ from kiln.passes.fold import fold_constants
 from kiln.passes.fold_affine import fold_affine
 from kiln.passes.fold_pad import fold_pad
 from kiln.passes.half_in_fp32 import half_in_fp32
+from kiln.passes.inplace_updates import inplace_updates
 from kiln.passes.merge_linears import merge_linears
 from kiln.passes.order import hoist_last_readers
 from kiln.passes.rewrite import RewriteLog
@@ -63,6 +64,8 @@ PIPELINE: list[tuple[str, Pass]] = [
     ("simplify_2", simplify),                  # folding exposes x*1, x+0 and new view chains
     ("cse_2", cse),
     ("dce_2", lambda g, log: dce(g)),          # folded constants leave their inputs dead
+    ("inplace_updates", inplace_updates),      # after the clean-ups (an input's other readers are gone or final):
+                                               # copy_(x, index_put(x, ...)) -> index_put_(x, ...)
     ("order", hoist_last_readers),             # last: the program order the runtime keeps (shorter lifetimes)
 ]
 

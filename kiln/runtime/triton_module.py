@@ -433,6 +433,12 @@ class GraphReplay:
         self.static_inputs: list[torch.Tensor] = []
         self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
         self.unprotected_runs = 0  # calls run without the graph: the caller held views of earlier outputs
+        # [Note: replaying a graph that updates its inputs] (a static KV cache's decode step) A graph recorded on
+        # the caller's buffers updates them where they lie at each replay, as the plain call does.  Two things
+        # differ from a pure graph: the warm-up run before a capture works on copies of the inputs it updates
+        # (else the update would happen twice in the call that records: wrong for ``count += 1``), and a replay
+        # of the graph recorded on copies copies the updated inputs back into the caller's tensors.
+        self.updated = [k for k, _, n in module.input_slots if n in module.mutated_inputs]
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         for k, (x, (shape, dtype)) in enumerate(zip(inputs, self.expected)):
@@ -458,6 +464,9 @@ class GraphReplay:
             self.unprotected_runs += 1
             return self.module(inputs)
         entry.graph.replay()
+        if entry is self.copy_graph:
+            for k in self.updated:
+                inputs[k].copy_(self.static_inputs[k])
         return entry.hand_out()
 
     def _record(self, inputs: list[torch.Tensor]) -> "_Recording":
@@ -468,7 +477,7 @@ class GraphReplay:
         # the workspace the recording uses is allocated during the capture, from the graph's private pool,
         # and handed back to that pool after it: the graph owns it and no stream holds another one for us.
         with _cublas_workspaces_cleared(), torch.cuda.stream(stream):  # warm-up: library handles, plans
-            self.module(inputs)
+            self.module([x.clone() if k in self.updated else x for k, x in enumerate(inputs)])
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with _cublas_workspaces_cleared(), torch.cuda.graph(graph, stream=stream):
@@ -558,9 +567,7 @@ def with_cuda_graph(module: TritonGraph, report: CompileReport, mode: str,
     """``module`` replayed as a CUDA graph in the modes that record one (reduce-overhead, max-autotune);
     ``on_record`` is called after each recording."""
     if mode in ("reduce-overhead", "max-autotune") and module.device.type == "cuda":
-        if module.mutated_inputs:
-            report.memory["cuda_graph"] = "not used: the graph updates its inputs in place"
-            return module
-        report.memory["cuda_graph"] = "recorded at the second call, replayed after"
+        report.memory["cuda_graph"] = "recorded at the second call, replayed after" + (
+            " (updating the caller's inputs in place)" if module.mutated_inputs else "")
         return GraphReplay(module, on_record)
     return module

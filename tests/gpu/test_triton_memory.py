@@ -264,3 +264,39 @@ def test_replay_outputs_are_aliases_moved_onto_copies_only_when_kept():
     assert not rec.release_outputs()  # a view of the buffer is still held: the caller must get fresh buffers
     del view
     assert rec.release_outputs()
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs")
+def test_replays_update_the_callers_inputs_once_per_call():
+    """reduce-overhead on a graph that updates its inputs ([Note: replaying a graph that updates its inputs]): a
+    decode loop on one cache (replays of the graph recorded on it), then on new caches each call (the graph
+    recorded on copies, whose updates are copied back), with a counter whose update is not idempotent (a warm-up
+    run on the caller's buffers would add twice)."""
+    import kiln
+
+    def step(x, cache, count, pos):
+        cache.index_copy_(1, pos, x)
+        count.add_(1)
+        return cache.sum(1) * count
+
+    compiled = kiln.compile(step, mode="reduce-overhead", target="triton", fallback=False)
+
+    def check(mine, want, t):
+        x, pos = torch.randn(1, 1, 8, device=DEVICE), torch.tensor([t % 6], device=DEVICE)
+        got = compiled(x, *mine, pos)
+        expected = step(x, *want, pos)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+        for m, w in zip(mine, want):
+            torch.testing.assert_close(m, w, rtol=0, atol=0)
+
+    def fresh():
+        cache, count = torch.randn(1, 6, 8, device=DEVICE), torch.zeros((), device=DEVICE)
+        return (cache, count), (cache.clone(), count.clone())
+
+    with torch.inference_mode():
+        mine, want = fresh()
+        for t in range(5):
+            check(mine, want, t)
+        for t in range(5):  # new buffers every call: past the graphs kept per address, the copies' graph
+            mine, want = fresh()
+            check(mine, want, t)

@@ -283,3 +283,30 @@ def test_a_library_result_is_written_over_only_when_the_call_holds_it_alone(no_t
     finally:
         ns[name] = library
     assert torch.equal(held[0], values[0])  # not overwritten by the ReLU kernel
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_wrapper_updates_the_callers_input_in_place(strided):
+    """A decode step's static cache: the graph writes the new row into the caller's cache in place and reads the
+    whole cache after.  The generated call serves it (before session 35 such graphs were interpreted step by
+    step); a strided cache is updated in a contiguous copy and copied back at the end of the call."""
+    def step(x, cache, pos):
+        cache.index_copy_(1, pos, x)
+        return torch.softmax(cache.sum(-1), -1), cache.amax(1) * 2
+
+    def fresh():
+        cache = torch.randn(2, 8, 16, device=DEVICE)
+        return cache.transpose(1, 2).contiguous().transpose(1, 2) if strided else cache
+
+    x, pos = torch.randn(2, 1, 16, device=DEVICE), torch.tensor([5], device=DEVICE)
+    want_cache = fresh()
+    mine = want_cache.clone(memory_format=torch.preserve_format)
+    assert mine.is_contiguous() != strided
+    with torch.inference_mode():
+        expected = step(x, want_cache, pos)
+        got, report = compile_and_run(step, x, mine, pos)
+    assert report.wrapper.startswith("def call(inputs):")
+    assert "back0 = (v0, v0.contiguous())" in report.wrapper and "# aten.index_put_.default" in report.wrapper
+    torch.testing.assert_close(mine, want_cache, rtol=0, atol=0)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)

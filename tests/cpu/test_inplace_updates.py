@@ -1,0 +1,80 @@
+"""Updates of a caller's buffer made in place (kiln/passes/inplace_updates.py): a static KV cache's decode step."""
+import pytest
+import torch
+
+import kiln
+from kiln.report import mark, reports_since
+
+
+def _compile_and_run(fn, *inputs):
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(fn, fallback=False, fullgraph=True)(*inputs)
+    [report] = reports_since(position)
+    return got, report
+
+
+def _notes(report):
+    return [note for p in report.passes if p.name == "inplace_updates" for note in p.notes]
+
+
+def _cache(strided: bool) -> torch.Tensor:
+    cache = torch.randn(2, 8, 16)
+    return cache.transpose(1, 2).contiguous().transpose(1, 2) if strided else cache
+
+
+@pytest.mark.parametrize("strided", [False, True])
+def test_a_cache_update_is_made_in_the_callers_tensor(strided):
+    def step(x, cache, pos):
+        cache.index_copy_(1, pos, x)
+        return torch.softmax(cache.sum(-1), -1), cache.amax(1) * 2
+
+    x, pos = torch.randn(2, 1, 16), torch.tensor([5])
+    want_cache = _cache(strided)
+    mine = want_cache.clone(memory_format=torch.preserve_format)
+    assert mine.stride() == want_cache.stride()
+    with torch.inference_mode():
+        expected = step(x, want_cache, pos)
+    got, report = _compile_and_run(step, x, mine, pos)
+    assert _notes(report) == ["input updated in place: 1"]
+    externs = [n.attr("target") for n in report.optimized.nodes if n.attr("target") is not None]
+    assert torch.ops.aten.index_put_.default in externs and torch.ops.aten.copy_.default not in externs
+    torch.testing.assert_close(mine, want_cache, rtol=0, atol=0)
+    assert mine.stride() == want_cache.stride()
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_an_input_read_besides_its_update_keeps_the_copy():
+    """The old cache is read too (its sum before the update): an update in place would change what that read
+    sees in some program order, so the functional update and its copy back stay."""
+    def step(x, cache, pos):
+        before = cache.sum(1)
+        cache.index_copy_(1, pos, x)
+        return before, cache.sum(1)
+
+    x, pos = torch.randn(2, 1, 16), torch.tensor([3])
+    want_cache = _cache(False)
+    mine = want_cache.clone()
+    with torch.inference_mode():
+        expected = step(x, want_cache, pos)
+    got, report = _compile_and_run(step, x, mine, pos)
+    assert _notes(report) == []
+    torch.testing.assert_close(mine, want_cache, rtol=0, atol=0)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
+def test_repeated_calls_accumulate_in_the_callers_cache():
+    """A decode loop: each call writes one more row of the same cache, as eager's steps do."""
+    def step(x, cache, pos):
+        cache.index_copy_(1, pos, x)
+        return cache.mean(1)
+
+    compiled = kiln.compile(step, fallback=False)
+    want_cache, mine = torch.zeros(1, 6, 4), torch.zeros(1, 6, 4)
+    with torch.inference_mode():
+        for t in range(6):
+            x, pos = torch.randn(1, 1, 4), torch.tensor([t])
+            torch.testing.assert_close(compiled(x, mine, pos), step(x, want_cache, pos), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(mine, want_cache, rtol=0, atol=0)
