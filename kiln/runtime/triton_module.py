@@ -15,6 +15,7 @@ import os
 import queue
 import threading
 import time
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -420,10 +421,14 @@ class GraphReplay:
     WARMUP_CALLS = 1
     MAX_GRAPHS = 2  # graphs recorded on callers' own input buffers, before falling back to copies
 
-    def __init__(self, module: TritonGraph, on_record: Callable[[], None] | None = None):
-        """``on_record``: called after each recording (a symbolic graph's report counts them over its sizes)."""
+    def __init__(self, module: TritonGraph, on_record: Callable[[], None] | None = None,
+                 report: CompileReport | None = None):
+        """``on_record``: called after each recording (a symbolic graph's report counts them over its sizes);
+        ``report``: where a recording that fails says so."""
         self.module = module
         self.on_record = on_record
+        self.report = report
+        self.capture_error: str | None = None  # a recording failed: every call runs the plain module
         self.calls = 0
         # [Note: graphs keyed by input addresses] A graph reads its inputs at the addresses it was recorded
         # with.  A caller that passes the same buffers again (same addresses, shapes and strides) gets a
@@ -447,16 +452,25 @@ class GraphReplay:
                     return self.module(inputs)  # a strided input: the plain module copies it
                 raise InputMismatch(k, dtype, shape, "cuda", x)
         self.calls += 1
-        if self.calls <= self.WARMUP_CALLS or profiling.current() is not None:  # (kiln.profile: step by step)
-            return self.module(inputs)
+        if self.calls <= self.WARMUP_CALLS or profiling.current() is not None or self.capture_error:
+            return self.module(inputs)  # (kiln.profile: step by step)
         key = tuple(x.data_ptr() for x in inputs)
         entry = self.graphs.get(key)
-        if entry is None and len(self.graphs) < self.MAX_GRAPHS:
-            entry = self.graphs[key] = self._record(list(inputs))
-        if entry is None:
-            if self.copy_graph is None:
+        try:
+            if entry is None and len(self.graphs) < self.MAX_GRAPHS:
+                entry = self.graphs[key] = self._record(list(inputs))
+            if entry is None and self.copy_graph is None:
                 self.static_inputs = [x.clone() for x in inputs]
                 self.copy_graph = self._record(self.static_inputs)
+        except Exception as exc:  # noqa: BLE001 - never break the user's model: run it without CUDA graphs
+            # (an op that cannot be captured - one that waits for the device - fails only when recorded)
+            self.capture_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+            if self.report is not None:
+                self.report.memory["cuda_graph"] = f"not used: recording failed ({self.capture_error})"
+            warnings.warn(f"kiln: a CUDA graph recording failed, the graph runs without CUDA graphs: "
+                          f"{self.capture_error}", stacklevel=2)
+            return self.module(inputs)
+        if entry is None:
             for static, x in zip(self.static_inputs, inputs):
                 static.copy_(x)
             entry = self.copy_graph
@@ -569,5 +583,5 @@ def with_cuda_graph(module: TritonGraph, report: CompileReport, mode: str,
     if mode in ("reduce-overhead", "max-autotune") and module.device.type == "cuda":
         report.memory["cuda_graph"] = "recorded at the second call, replayed after" + (
             " (updating the caller's inputs in place)" if module.mutated_inputs else "")
-        return GraphReplay(module, on_record)
+        return GraphReplay(module, on_record, report)
     return module

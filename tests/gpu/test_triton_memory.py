@@ -300,3 +300,34 @@ def test_replays_update_the_callers_inputs_once_per_call():
         for t in range(5):  # new buffers every call: past the graphs kept per address, the copies' graph
             mine, want = fresh()
             check(mine, want, t)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs")
+def test_a_recording_that_fails_leaves_the_graph_running_without_cuda_graphs(monkeypatch):
+    """An op that cannot be captured fails only when the graph is recorded: the call runs the plain module (the
+    right results, the caller's inputs updated once), says so in a warning and in the report, and later calls
+    do not try again."""
+    import kiln
+    from kiln.report import mark, reports_since
+    from kiln.runtime.triton_module import GraphReplay
+    tries = []
+
+    def failing(self, inputs):
+        tries.append(1)
+        raise RuntimeError("operation not permitted when stream is capturing")
+    monkeypatch.setattr(GraphReplay, "_record", failing)
+
+    def step(x, count):
+        count.add_(1)
+        return torch.relu(x) * count
+
+    compiled = kiln.compile(step, mode="reduce-overhead", target="triton", fallback=False)
+    count, want = torch.zeros((), device=DEVICE), torch.zeros((), device=DEVICE)
+    position = mark()
+    with torch.inference_mode(), pytest.warns(UserWarning, match="CUDA graph recording failed"):
+        for _ in range(4):
+            x = torch.randn(16, device=DEVICE)
+            torch.testing.assert_close(compiled(x, count), step(x, want))
+    assert count.item() == want.item() == 4 and len(tries) == 1
+    [report] = reports_since(position)
+    assert report.memory["cuda_graph"].startswith("not used: recording failed (RuntimeError: operation not")
