@@ -242,9 +242,12 @@ INPLACE = {"add_": ("{t}.add_(0.5)", False), "mul_": ("{t}.mul_(1.5)", False), "
            "sigmoid_": ("{t}.sigmoid_()", False), "add_t": ("{t}.add_({u})", False), "mul_t": ("{t}.mul_({u})", False),
            "copy_": ("{t}.copy_({u})", True), "masked_fill_": ("{t}.masked_fill_({m}, 0.25)", True),
            "setitem": ("{t}[{sl}] = 1.5", True), "setitem_t": ("{t}[{sl}] = {w}", True),
-           "sub_t": ("{t}.sub_({u}, alpha=0.5)", False), "div_2": ("{t}.div_(2.0)", True)}
+           "sub_t": ("{t}.sub_({u}, alpha=0.5)", False), "div_2": ("{t}.div_(2.0)", True),
+           # rows written at distinct indices (a static KV cache's update: kiln makes it in place where it may)
+           "index_copy_": ("{t}.index_copy_(0, {p}, {v})", True), "index_setitem": ("{t}[{p}] = {v}", True),
+           "index_put_acc": ("{t}.index_put_(({p},), {v}, accumulate=True)", False)}
 INPLACE_INT = {"add_": ("{t}.add_(1)", True), "mul_": ("{t}.mul_(2)", True), "clamp_": ("{t}.clamp_(-1, 3)", True),
-               "setitem": ("{t}[{sl}] = 7", True)}
+               "setitem": ("{t}[{sl}] = 7", True), "index_copy_": ("{t}.index_copy_(0, {p}, {v})", True)}
 
 
 def inplace(g: Any) -> Stmt | None:
@@ -280,5 +283,13 @@ def inplace(g: Any) -> Stmt | None:
             w = g.new_input("float", g.reduced_shape((n_rows, *t.shape[1:])))
             fill["w"] = w.name
             uses.append(w.name)
+    if "{p}" in form:
+        if not t.shape or t.shape[0] == 0:
+            return None
+        rows = g.rng.randint(1, t.shape[0])
+        p = g.new_input("int64", (rows,), kind=f"perm:{t.shape[0]}", layout="contiguous")
+        v = g.new_input(t.dtype, (rows, *t.shape[1:]))
+        fill.update(p=p.name, v=v.name)
+        uses += [p.name, v.name]
     return Stmt(form.format(**fill), (), tuple(uses), "inplace_" + name,
                 mutates=t.name, noise="" if exact else "pw", weight=0 if exact else 1)

@@ -48,8 +48,9 @@ FLOAT_KINDS = {
 class InputSpec:
     """One input of ``make_inputs``: dtype "float" (the program's FT), "int64" or "bool"; ``shape`` is what
     ``fn`` sees; ``layout`` says how the tensor is laid out (a transposed, sliced, offset or expanded view of
-    a larger tensor, or channels-last); ``kind`` is the value distribution (for ints ``"index:<hi>"`` or
-    ``"int"``, for bools ``"mask:<percent>"``)."""
+    a larger tensor, or channels-last); ``kind`` is the value distribution (for ints ``"index:<hi>"``,
+    ``"perm:<hi>"`` - distinct values below ``hi``, a 1-D contiguous input - or ``"int"``, for bools
+    ``"mask:<percent>"``)."""
 
     name: str
     index: int
@@ -89,6 +90,8 @@ class InputSpec:
 
     def value_expr(self) -> str:
         s, g = repr(self.base_shape()), f"g({self.stream()})"
+        if self.dtype == "int64" and self.kind.startswith("perm:"):  # distinct indices (an index_copy_'s rows)
+            return f"torch.randperm({int(self.kind.split(':')[1])}, generator={g})[:{self.shape[0]}]"
         if self.dtype == "int64":
             lo, hi = (0, int(self.kind.split(":")[1])) if self.kind.startswith("index:") else (-5, 6)
             return f"torch.randint({lo}, {hi}, {s}, generator={g})"
