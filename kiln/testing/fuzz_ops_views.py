@@ -260,6 +260,9 @@ def inplace(g: Any) -> Stmt | None:
     forms = INPLACE if t.dtype == "float" else INPLACE_INT
     name = g.choice(list(forms))
     form, exact = forms[name]
+    if "{p}" in form and g.rng.random() < 0.5:  # rows written into a caller's tensor, as a static KV cache is
+        cache = g.pick(t.dtype, lambda v: v.name.startswith("x") and g.writable(v) and bool(v.shape))
+        t = cache if cache is not None else t
     uses = [t.name]
     fill = {"t": t.name}
     if "{u}" in form:
