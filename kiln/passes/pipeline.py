@@ -78,6 +78,8 @@ def run_pipeline(graph: Graph, report: CompileReport | None = None, check: bool 
     mode = report.mode if report is not None else "default"
     from kiln.passes.check import Checker
     checker = Checker(graph) if check else None
+    if checker is not None and checker.skipped and report is not None:
+        report.passes.append(PassRecord("check", 0.0, len(graph.nodes), len(graph.nodes), [checker.skipped]))
     choices = choices if choices is not None else Choices.for_compile(mode)
     if config.get().library_selection:  # kiln's libraries the graph may need build in parallel, from now on
         start_builds(libraries(graph))

@@ -78,3 +78,31 @@ def test_repeated_calls_accumulate_in_the_callers_cache():
             x, pos = torch.randn(1, 1, 4), torch.tensor([t])
             torch.testing.assert_close(compiled(x, mine, pos), step(x, want_cache, pos), rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(mine, want_cache, rtol=0, atol=0)
+
+
+def test_pass_checks_run_every_graph_on_fresh_inputs_and_compare_the_updates():
+    """KILN_CHECK's per-pass check (passes/check.py): a graph that updates an input ran on the same random
+    inputs at every check, so the second run saw the first run's update (a false "pass 'dce' changed output 0"
+    on the step below); and an update made wrongly in place must be caught like a wrong output."""
+    from kiln.ir.graph import GraphBuilder
+    from kiln.passes.check import Checker, PassCheckError
+
+    def step(x, cache, pos):
+        before = cache.sum(1)
+        cache.index_copy_(1, pos, x)
+        return before, cache.sum(1)
+
+    x, pos = torch.randn(2, 1, 16), torch.tensor([3])
+    _, report = _compile_and_run(step, x, torch.randn(2, 8, 16), pos)
+    graph = report.captured
+    checker = Checker(graph)
+    checker.check("again", graph)  # (twice on one graph: the same results, its update included)
+    # the same outputs, but the cache left as it came: the update is part of what the graph does
+    b = GraphBuilder()
+    for n in graph.nodes:
+        if not (n.op.name == "EXTERN" and n.attr("target") is torch.ops.aten.copy_.default):
+            b.add_node(n)
+    dropped = b.finish(graph.outputs)
+    with pytest.raises(PassCheckError, match=r"changed input \d+ \(as the graph leaves it\)"):
+        checker.check("drop the update", dropped)
+

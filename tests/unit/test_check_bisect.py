@@ -156,3 +156,20 @@ def test_bisect_reports_nothing_when_right(tmp_path):
     fn, x = _model()
     result = bisect(fn, x, out_dir=tmp_path, verbose=False)
     assert not result.differs and result.reproducer is None
+
+
+def test_pass_checks_of_a_graph_random_inputs_cannot_run_are_skipped_and_reported():
+    """An index computed from an integer input (``i - 3``) is out of range for any small random integers the
+    checker makes: KILN_CHECK says the graph's passes went unchecked instead of failing the compile."""
+    def fn(x, i):
+        return torch.gather(x, 0, i - 3) * 2
+
+    x, i = torch.randn(2, 3), torch.tensor([[3, 4, 3], [4, 3, 4]])
+    from kiln.report import mark, reports_since
+    position = mark()
+    with torch.inference_mode():
+        got = kiln.compile(fn, fallback=False, check=True)(x, i)
+    [report] = reports_since(position)
+    torch.testing.assert_close(got, fn(x, i))
+    [record] = [p for p in report.passes if p.name == "check"]
+    assert record.notes[0].startswith("pass checks skipped: the graph does not run on random inputs (RuntimeError")
