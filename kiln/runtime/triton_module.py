@@ -411,6 +411,37 @@ class _Launcher:
             _launch_jit(self.jit, self.s, *tensors)
 
 
+class GraphPool:
+    """[Note: one memory pool for a symbolic graph's sizes] Under reduce-overhead each size of a symbolic graph
+    records CUDA graphs of its own (up to ``SIZES_KEPT``).  In private pools each recording would hold its
+    intermediates' memory for good - a pool per size; the sizes' recordings share this one pool instead, so a
+    capture may place its intermediates where an earlier capture's intermediates were (free once that capture
+    ended).  Replays run one after another on one stream, so recordings that overlap in intermediates do not
+    disturb each other.  What must not be overwritten is an output the caller still holds: a recording's output
+    buffers stay allocated, but they may lie where a recording captured *before* them keeps intermediates (that
+    memory was free then), and that recording's replay writes there.  So before any replay in the pool, every
+    recording's outputs the caller still holds are moved onto copies (``release``), not only the replaying
+    recording's ([Note: outputs of a replay]): a decoding loop that drops each step's logits pays nothing."""
+
+    def __init__(self) -> None:
+        self.handle: Any = None  # torch.cuda.graph_pool_handle(), made at the first recording
+        self.handed: dict[int, "_Recording"] = {}  # recordings whose outputs the caller may hold, by id
+
+    def release(self) -> bool:
+        """Make every output handed out by the pool's recordings free to overwrite; False if the caller holds a
+        view that cannot be moved (the call then runs without a graph)."""
+        for key, recording in list(self.handed.items()):
+            if not recording.release_outputs():
+                return False
+            if all(ref is None for ref in recording.handed):
+                del self.handed[key]
+        return True
+
+    def note_handed(self, recording: "_Recording") -> None:
+        if any(ref is not None for ref in recording.handed):
+            self.handed[id(recording)] = recording
+
+
 class GraphReplay:
     """``reduce-overhead``: the compiled graph recorded once as a CUDA graph and replayed.
 
@@ -422,12 +453,14 @@ class GraphReplay:
     MAX_GRAPHS = 2  # graphs recorded on callers' own input buffers, before falling back to copies
 
     def __init__(self, module: TritonGraph, on_record: Callable[[], None] | None = None,
-                 report: CompileReport | None = None):
+                 report: CompileReport | None = None, pool: GraphPool | None = None):
         """``on_record``: called after each recording (a symbolic graph's report counts them over its sizes);
-        ``report``: where a recording that fails says so."""
+        ``report``: where a recording that fails says so; ``pool``: the memory pool shared with the other sizes
+        of a symbolic graph ([Note: one memory pool for a symbolic graph's sizes]); None: a private one."""
         self.module = module
         self.on_record = on_record
         self.report = report
+        self.pool = pool
         self.capture_error: str | None = None  # a recording failed: every call runs the plain module
         self.calls = 0
         # [Note: graphs keyed by input addresses] A graph reads its inputs at the addresses it was recorded
@@ -474,14 +507,17 @@ class GraphReplay:
             for static, x in zip(self.static_inputs, inputs):
                 static.copy_(x)
             entry = self.copy_graph
-        if not entry.release_outputs():
+        if not (entry.release_outputs() if self.pool is None else self.pool.release()):
             self.unprotected_runs += 1
             return self.module(inputs)
         entry.graph.replay()
         if entry is self.copy_graph:
             for k in self.updated:
                 inputs[k].copy_(self.static_inputs[k])
-        return entry.hand_out()
+        outputs = entry.hand_out()
+        if self.pool is not None:
+            self.pool.note_handed(entry)
+        return outputs
 
     def _record(self, inputs: list[torch.Tensor]) -> "_Recording":
         stream = _capture_stream(inputs[0].device if inputs else torch.device("cuda"))
@@ -494,7 +530,12 @@ class GraphReplay:
             self.module([x.clone() if k in self.updated else x for k, x in enumerate(inputs)])
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
-        with _cublas_workspaces_cleared(), torch.cuda.graph(graph, stream=stream):
+        pool = None
+        if self.pool is not None:
+            if self.pool.handle is None:
+                self.pool.handle = torch.cuda.graph_pool_handle()
+            pool = self.pool.handle
+        with _cublas_workspaces_cleared(), torch.cuda.graph(graph, pool=pool, stream=stream):
             outputs = self.module(inputs)
         if self.on_record is not None:
             self.on_record()
@@ -577,11 +618,12 @@ def _capture_stream(device: torch.device) -> torch.cuda.Stream:
 
 
 def with_cuda_graph(module: TritonGraph, report: CompileReport, mode: str,
-                    on_record: Callable[[], None] | None = None) -> Callable:
+                    on_record: Callable[[], None] | None = None, pool: GraphPool | None = None) -> Callable:
     """``module`` replayed as a CUDA graph in the modes that record one (reduce-overhead, max-autotune);
-    ``on_record`` is called after each recording."""
+    ``on_record`` is called after each recording; ``pool``: a memory pool shared with other modules (the sizes
+    of one symbolic graph)."""
     if mode in ("reduce-overhead", "max-autotune") and module.device.type == "cuda":
         report.memory["cuda_graph"] = "recorded at the second call, replayed after" + (
             " (updating the caller's inputs in place)" if module.mutated_inputs else "")
-        return GraphReplay(module, on_record, report)
+        return GraphReplay(module, on_record, report, pool)
     return module

@@ -63,7 +63,7 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
     ``runtime.dynamic.SizedTritonGraph`` whose per-size builds share the plan and the kernels' code."""
     from kiln.codegen.triton import TritonKernelWriter
     from kiln.runtime.dynamic import SizedTritonGraph
-    from kiln.runtime.triton_module import TritonGraph, with_cuda_graph
+    from kiln.runtime.triton_module import GraphPool, TritonGraph, with_cuda_graph
     start = time.perf_counter()
     # (GPU layouts: convolutions and the kernels between them channels-last, as ``plan.triton_graph``)
     with config.scope(layout_optimization=True):
@@ -84,6 +84,7 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
     report.phases["gpu_plan"] = time.perf_counter() - start
     options = {k: getattr(config.get(), k) for k in config.Config.option_names()}
     sources: set[str] = set()  # the kernel modules the sizes took (one per combination of schedule kinds)
+    pool = GraphPool()  # reduce-overhead: the sizes' CUDA graphs in one memory pool
 
     def build(env: dict[str, int], size_report: CompileReport) -> Callable:
         begin = time.perf_counter()
@@ -94,7 +95,7 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
         report.dynamic["kernel_sources"] = len(sources)
         size_report.target = "triton"
         size_report.phases["size_build"] = time.perf_counter() - begin
-        return with_cuda_graph(module, size_report, size_report.mode, on_record=recorded)
+        return with_cuda_graph(module, size_report, size_report.mode, on_record=recorded, pool=pool)
 
     def recorded() -> None:  # (reduce-overhead: each size records its CUDA graph at its second call)
         report.dynamic["recordings"] = report.dynamic.get("recordings", 0) + 1

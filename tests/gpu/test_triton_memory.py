@@ -266,6 +266,38 @@ def test_replay_outputs_are_aliases_moved_onto_copies_only_when_kept():
     assert rec.release_outputs()
 
 
+
+def test_a_shared_pool_moves_every_recordings_kept_outputs_before_any_replay():
+    """[Note: one memory pool for a symbolic graph's sizes], on CPU tensors: recording B's output lies where
+    recording A (captured before it) keeps an intermediate, so A's replay writes over it.  An output of B the
+    caller keeps must be moved onto a copy before A replays - not only before B's own next replay."""
+    from kiln.runtime.triton_module import GraphPool, _Recording
+    out_b = torch.zeros(4)                 # B's static output, where A's replay also writes (an intermediate)
+    rec_a = _Recording(None, [torch.zeros(2)], [])
+    rec_b = _Recording(None, [out_b], [])
+    rec_a.graph, rec_b.graph = _FakeGraph([rec_a.outputs[0], out_b]), _FakeGraph([out_b])
+
+    def call(rec, pool):
+        assert pool.release() if pool is not None else rec.release_outputs()
+        rec.graph.replay()
+        outputs = rec.hand_out()
+        if pool is not None:
+            pool.note_handed(rec)
+        return outputs
+
+    pool = GraphPool()
+    kept = call(rec_b, pool)[0]            # B's result, held across the next call
+    assert torch.equal(kept, torch.full((4,), 1.0))
+    call(rec_a, pool)                      # A's replay writes 1.0 ... over B's buffer: B's result was moved first
+    call(rec_a, pool)                      # (2.0 now in the shared memory)
+    assert torch.equal(kept, torch.full((4,), 1.0)) and torch.equal(out_b, torch.full((4,), 2.0))
+    assert pool.handed.keys() <= {id(rec_a)}
+    # without the pool's release (each recording guarding its own outputs only) the kept result is overwritten
+    rec_b.graph.fill = 9.0
+    kept = call(rec_b, None)[0]
+    call(rec_a, None)
+    assert not torch.equal(kept, torch.full((4,), 10.0))
+
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs")
 def test_replays_update_the_callers_inputs_once_per_call():
     """reduce-overhead on a graph that updates its inputs ([Note: replaying a graph that updates its inputs]): a
