@@ -106,3 +106,24 @@ def test_pass_checks_run_every_graph_on_fresh_inputs_and_compare_the_updates():
     with pytest.raises(PassCheckError, match=r"changed input \d+ \(as the graph leaves it\)"):
         checker.check("drop the update", dropped)
 
+
+
+@pytest.mark.parametrize("copy", ["clone", "times_one"])
+def test_an_output_of_the_input_before_its_update_keeps_the_old_values(copy):
+    """The graph returns the cache as it came (``clone()``, or ``* 1`` that kiln folds to the input itself) and
+    updates it: the update is made in place (the input has no reader in kiln's graph), and the returned value is
+    a copy of the input taken before the call (``compiler._AliasFix``), not the updated cache."""
+    def step(cache, pos, x):
+        old = cache.clone() if copy == "clone" else cache * 1
+        cache.index_copy_(0, pos, x)
+        return old, cache.sum(0)
+
+    cache, pos, x = torch.randn(5, 3), torch.tensor([1, 4]), torch.randn(2, 3)
+    want_cache = cache.clone()
+    with torch.inference_mode():
+        expected = step(want_cache, pos, x)
+    got, report = _compile_and_run(step, cache, pos, x)
+    assert _notes(report) == ["input updated in place: 1"]
+    torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
+    for g, e in zip(got, expected):
+        torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
