@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from kiln.ir.graph import Graph, Node
+from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.ops import Op
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
@@ -65,7 +65,7 @@ def inplace_updates(graph: Graph, log: RewriteLog) -> Graph:
         return graph
     updates = set(update_of.values())
 
-    def rule(n: Node, inputs: tuple[Node, ...], b) -> Node | None:
+    def rule(n: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         if n in updates:
             attrs = {k: v for k, v in n.attrs.items() if k != "shape"}
             attrs["target"] = _IN_PLACE[n.attr("target")]

@@ -433,12 +433,12 @@ class GraphPool:
         for key, recording in list(self.handed.items()):
             if not recording.release_outputs():
                 return False
-            if all(ref is None for ref in recording.handed):
+            if not recording.holds_aliases():
                 del self.handed[key]
         return True
 
     def note_handed(self, recording: "_Recording") -> None:
-        if any(ref is not None for ref in recording.handed):
+        if recording.holds_aliases():
             self.handed[id(recording)] = recording
 
 
@@ -581,6 +581,10 @@ class _Recording:
                 alias.set_(copy.untyped_storage(), copy.storage_offset(), copy.shape, copy.stride())
             self.handed[k] = None
         return True
+
+    def holds_aliases(self) -> bool:
+        """Has an output been handed out as an alias that may still be alive (not yet released)?"""
+        return any(ref is not None for ref in self.handed)
 
     def hand_out(self) -> list[torch.Tensor]:
         result = []
