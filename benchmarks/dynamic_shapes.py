@@ -9,7 +9,8 @@ For each backend: the first pass calls the model once per length in order (compi
 first call to the last result); the second pass times each length again (median of ``--repeats`` calls, the
 backends interleaved per length) and sums over the lengths.  ``inductor``/``kiln``: ``torch.compile`` as users
 call it (automatic dynamic: the second size recompiles with the changed dimension symbolic); ``-dyn``:
-``dynamic=True``; ``-ro``: ``mode="reduce-overhead"`` (``kiln-dyn-ro``; with the flags in any order); ``-static``
+``dynamic=True``; ``-ro``: ``mode="reduce-overhead"`` (``kiln-dyn-ro``; with the flags in any order), ``-mat``:
+``mode="max-autotune"``; ``-static``
 (kiln): on the GPU a static module per size instead of kernels with size parameters; ``+option=value`` after a
 kiln backend's name: that kiln option (an A/B in one process: ``kiln-dyn+gpu_attention_entry=composite``).  Reported
 per backend: graphs compiled (Dynamo's count), graphs kiln ran eagerly (its reports),
@@ -48,6 +49,8 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
     kwargs: dict[str, Any] = {"dynamic": True} if "dyn" in flags else {}
     if "ro" in flags:  # reduce-overhead (CUDA graphs; kiln records one per size)
         kwargs["mode"] = "reduce-overhead"
+    if "mat" in flags:  # max-autotune (kiln: its GEMM's schedules tuned per size bucket as the lengths come)
+        kwargs["mode"] = "max-autotune"
     if name == "kiln":
         import kiln  # noqa: F401  (registers the backend)
     namespace: dict[str, Any] = {}

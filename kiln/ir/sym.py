@@ -425,13 +425,26 @@ def evaluate(x: "Size | Atom", env: dict[str, int]) -> int:
     return total
 
 
+class PerSize:
+    """A value chosen per call's sizes rather than computed from them: a library call's schedule tuned per size
+    bucket (``library/gemm/tune.py`` ``BucketSchedules``).  It sits in a node's attributes like a size expression
+    and is made concrete with them - ``at(env)`` when a size's Program is made (``schedule/specialize.py``) or the
+    reference interpreter runs the graph at some sizes - but is not an expression: nothing renders or compares it.
+    Subclasses answer ``at``; ``repr`` is what a printed graph shows."""
+
+    def at(self, env: dict[str, int]) -> Any:
+        raise NotImplementedError
+
+
 def concrete(x: Any, env: dict[str, int] | None) -> Any:
-    """``x`` with its symbols bound (``evaluate``) when it is a size expression and ``env`` is given; lists and
-    tuples item by item; anything else as it is."""
+    """``x`` with its symbols bound (``evaluate``) when it is a size expression and ``env`` is given (a ``PerSize``
+    value: its value at ``env``); lists and tuples item by item; anything else as it is."""
     if env is None:
         return x
     if is_symbolic(x):
         return evaluate(x, env)
+    if isinstance(x, PerSize):
+        return x.at(env)
     if isinstance(x, (list, tuple)):
         return type(x)(concrete(v, env) for v in x)
     return x

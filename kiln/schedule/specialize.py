@@ -22,7 +22,7 @@ from typing import Any, Callable
 from kiln.ir.graph import Graph, Node
 from kiln.ir.kernel import Kernel
 from kiln.ir.program import ExternStep, Plan, Program
-from kiln.ir.sym import evaluate, is_symbolic
+from kiln.ir.sym import PerSize, evaluate, is_symbolic
 from kiln.schedule.program import build_program
 
 
@@ -30,6 +30,8 @@ def _concrete(value: Any, env: dict[str, int], node_map: dict[Node, Node]) -> An
     """``value`` (a node attribute) with its size expressions evaluated, through tuples, lists and dicts."""
     if is_symbolic(value):
         return evaluate(value, env)
+    if isinstance(value, PerSize):
+        return value.at(env)
     if isinstance(value, Node):
         return node_map.get(value, value)
     if isinstance(value, tuple) and not hasattr(value, "_fields"):
@@ -42,8 +44,9 @@ def _concrete(value: Any, env: dict[str, int], node_map: dict[Node, Node]) -> An
 
 
 def holds_size(value: Any) -> bool:
-    """Does an attribute hold a size expression anywhere (through tuples, lists and dicts)?"""
-    if is_symbolic(value):
+    """Does an attribute hold a size expression or a value chosen per size anywhere (through tuples, lists and
+    dicts)?"""
+    if is_symbolic(value) or isinstance(value, PerSize):
         return True
     if isinstance(value, (tuple, list)):
         return any(holds_size(v) for v in value)

@@ -480,3 +480,65 @@ def test_a_scalar_from_sizes_is_not_folded_as_a_constant():
     compiled = _compiled(fn, dynamic=True, options={"fallback": False})
     for h, w in ((7, 8), (10, 5)):
         _check(fn, compiled, torch.randn(2, 3, h, w), rtol=1e-4, atol=1e-5)
+
+
+def test_max_autotune_tunes_the_gemm_per_size_bucket_it_sees(tmp_path, monkeypatch):
+    """[Note: schedules per size bucket]: a product over symbolic rows gets kiln GEMM's schedule per power-of-two
+    bucket of the call's rows - measured (max-autotune) the first time a size of a bucket comes, at the bucket's
+    top size, then reused by its other sizes and, from the tuning database, by a default-mode compile."""
+    from kiln.library.gemm import op as cpu_gemm
+    from kiln.library.gemm import tune as tg
+    from kiln.library.gemm.source import equal_blocks
+    if not cpu_gemm.available():
+        pytest.skip("no AVX2/AVX-512 compiler for kiln's GEMM")
+    measured, winner, taken = [], {}, []
+
+    def fake_measure(schedules, m, k, n):
+        measured.append((m, k, n))
+        winner[m, k, n] = schedules[-1]
+        return [0.001 * (1 + i) for i in range(len(schedules))][::-1]  # the last one measured wins
+
+    monkeypatch.setattr(tg, "_time_all", fake_measure)
+    at = tg.BucketArg.at
+
+    def spy(arg, env):
+        value = at(arg, env)
+        taken.append((tg.evaluate(arg.schedules.rows, env), arg.schedules.k, arg.schedules.n, arg.field, value))
+        return value
+
+    monkeypatch.setattr(tg.BucketArg, "at", spy)
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(40, 56), nn.ReLU(), nn.Linear(56, 24)).eval()
+    sizes = (5, 7, 37, 50, 100, 6)
+    with config.scope(cache_dir=str(tmp_path), choices="gemm=kiln"):
+        compiled = _compiled(model, dynamic=True, mode="max-autotune")
+        position = mark()
+        for rows in sizes:
+            _check(model, compiled, torch.randn(rows, 40))
+        report = _one_symbolic_report(position)
+        # each bucket (8, 64, 128) measured once per product, at its top size, in the order the calls brought them
+        assert measured == [(8, 40, 56), (8, 56, 24), (64, 40, 56), (64, 56, 24), (128, 40, 56), (128, 56, 24)]
+        tuned = [m for m in report.schedules if m.kind == f"schedule:{tg.KIND}"]
+        assert [(m.what, m.how) for m in tuned[:2]] == [("GEMM 8x40x56 (rows 5-8)", "measured"),
+                                                        ("GEMM 8x56x24 (rows 5-8)", "measured")]
+        # every size's call takes its bucket's winner, the A block re-balanced for its rows
+        assert len(taken) == 3 * 2 * len(sizes)
+        for rows, k, n, field, value in taken:
+            w = winner[tg.bucket(rows), k, n]
+            assert value == (equal_blocks(rows, w.mc, w.mr) if field == "mc" else getattr(w, field)), (rows, field)
+
+        # a default-mode compile finds the buckets' records: nothing measured, the same schedules
+        monkeypatch.setattr(tg, "_time_all", lambda *a: pytest.fail("default mode measured"))
+        first = list(taken)
+        taken.clear()
+        compiled = _compiled(model, dynamic=True)
+        position = mark()
+        for rows in sizes:
+            _check(model, compiled, torch.randn(rows, 40))
+        assert taken == first
+        report = _one_symbolic_report(position)
+        assert {m.how for m in report.schedules if m.kind == f"schedule:{tg.KIND}"} == {"stored"}
+        # a bucket no compile tuned takes the rule in default mode (0: the op's own rule at its rows)
+        taken.clear()
+        _check(model, compiled, torch.randn(300, 40))
+        assert {value for *_, value in taken} == {0}

@@ -120,6 +120,7 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
         return graph
 
     gelu_fed = _gelu_fed(graph)
+    per_bucket: dict[tuple, tune_gemm.BucketSchedules] = {}  # (rows, k, n) -> one per problem (every layer's)
 
     def rule(node: Node, inputs: tuple[Node, ...], b: GraphBuilder) -> Node | None:
         if node.op is not Op.EXTERN or node.dtype != torch.float32 or node.attr("out_index") is not None:
@@ -140,9 +141,9 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
         n = node.shape[1]
         if is_symbolic(k) or is_symbolic(n):
             return None
-        # a number of rows known per call only (dynamic shapes): chosen at the traced size, the schedule by the
-        # rule at each call (docs/dynamic_shapes.md: per size bucket later)
-        symbolic_m, m = is_symbolic(m), size_hint(m)
+        # a number of rows known per call only (dynamic shapes): the library chosen at the traced size, the
+        # schedule per size bucket of the call's rows ([Note: schedules per size bucket] in library/gemm/tune.py)
+        rows, symbolic_m, m = m, is_symbolic(m), size_hint(m)
         forced = choices.forced_value(GEMM)
         big = 2 * m * k * n >= MIN_FLOPS
         choice = choose(choices, m, k, n, node in gelu_fed) if big or forced else "aten"  # (forced: any size)
@@ -152,10 +153,17 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
             if log:
                 log.hit(f"{packet.__name__} -> kiln GEMM")
             packed = cpu_gemm.pack_weight(w.float())
-            tuned = None if symbolic_m else tune_gemm.schedule(m, k, n, tune=tuning, choices=choices)
-            if tuned is not None and log:
-                log.hit("kiln GEMM schedule from tuning")
-            extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []
+            if symbolic_m:
+                if (rows, k, n) not in per_bucket:
+                    per_bucket[rows, k, n] = tune_gemm.BucketSchedules(rows, k, n, tuning, choices)
+                extra: list[Any] = per_bucket[rows, k, n].args()
+                if log:
+                    log.hit("kiln GEMM schedule per size bucket")
+            else:
+                tuned = tune_gemm.schedule(m, k, n, tune=tuning, choices=choices)
+                if tuned is not None and log:
+                    log.hit("kiln GEMM schedule from tuning")
+                extra = [tuned.mr, tuned.kc, tuned.mc] if tuned is not None else []
             return build_extern(b, torch.ops.kiln.linear_packed.default,
                                 [x, Baked(packed, f"packed{list(w.shape)}", checked_source(w)), bias, n, *extra],
                                 {}, node.shape,

@@ -28,6 +28,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import config
+from kiln.ir.sym import PerSize, evaluate
 from kiln.library.gemm.source import GemmSchedule, equal_blocks, schedule_for
 from kiln.tune import timing
 from kiln.tune.choices import Choices
@@ -145,10 +146,11 @@ def _time_all(schedules: list[GemmSchedule], m: int, k: int, n: int, rounds: int
 
 
 def schedule(m: int, k: int, n: int, tune: bool, choices: Choices,
-             measure: Callable[..., list[float]] = _time_all) -> GemmSchedule | None:
+             measure: Callable[..., list[float]] = _time_all, what: str | None = None) -> GemmSchedule | None:
     """This problem's schedule through the compile's measured-choice service (``choices``): the stored one;
     else, when ``tune``, the fastest of the ``MEASURED`` best-ranked candidates (stored, with every timing as a
-    sample for the cost model; a line for the report); else None (the rule, ``schedule_for``)."""
+    sample for the cost model; a line for the report); else None (the rule, ``schedule_for``).  ``what``: the
+    report's name of the problem (default ``GEMM MxKxN``)."""
 
     def measured(db: Any) -> tuple[dict, float, float] | None:
         machine = Machine.here()
@@ -173,5 +175,89 @@ def schedule(m: int, k: int, n: int, tune: bool, choices: Choices,
         return won.trace(), times[best], max(times) - min(times)
 
     key = problem_key(m, k, n)
-    trace = choices.schedule(KIND, key, f"GEMM {m}x{k}x{n}", measured if tune else None)
+    trace = choices.schedule(KIND, key, what or f"GEMM {m}x{k}x{n}", measured if tune else None)
     return GemmSchedule(**{f: trace[f] for f in ("mr", "kc", "mc")}) if trace is not None else None
+
+
+# ---------------------------------------------------------------------------------------------- size buckets
+def bucket(m: int) -> int:
+    """The size bucket of ``m`` rows: the next power of two (1, 2, 4, ... 64, 128, ...).  One schedule serves a
+    bucket: a GEMM's best blocking moves with the row count's order of magnitude (how many A blocks, how tall the
+    edge tile), not with each row."""
+    return 1 << max(0, m - 1).bit_length()
+
+
+class BucketSchedules:
+    """kiln GEMM's schedule for a product whose row count is known per call only (dynamic shapes), one per size
+    bucket of the rows ([Note: schedules per size bucket]).
+
+    [Note: schedules per size bucket] A symbolic graph's ``kiln::linear_packed`` takes ``BucketArg`` values for
+    its ``mr, kc, mc`` arguments; each size's Program asks them at its row count (``PerSize.at``, when the size is
+    first planned).  The bucket's schedule is the one stored for the problem at the bucket's top row count (the
+    record a static compile of that size would make, so both share it); without one, the call takes the rule
+    (``schedule_for``, at the call's own rows).  Under max-autotune (``tune``) a bucket without a record is
+    measured when a call first brings a size of it - the buckets the program actually sees - at the bucket's top
+    size, stored, and reused by every size of the bucket and by later processes; measuring stops once the
+    compile's ``Config.tune_budget_s`` is spent (each product within its ``BUDGET_SHARE``, as for static ones).
+    The bucket's A-block height is re-balanced for the call's rows (``equal_blocks``), the micro-tile and K
+    blocking kept.  Each bucket's answer shows in the compile report's tuned schedules (rows ``lo-hi``)::
+
+        linear_packed(x[s0, 768], W, b, 3072, mr=<bucket>, kc=<bucket>, mc=<bucket>)
+          s0=37 -> bucket 64: (mr, kc, mc) = (12, 768, 48) measured at 64x768x3072 -> (12, 768, 48) at 37 rows
+          s0=50 -> bucket 64: the same record, nothing measured"""
+
+    def __init__(self, rows: Any, k: int, n: int, tune: bool, choices: Choices,
+                 measure: Callable[..., list[float]] | None = None):
+        self.rows, self.k, self.n = rows, k, n
+        self.tune = tune
+        self.choices = choices
+        self.measure = measure or _time_all
+        self.found: dict[int, GemmSchedule | None] = {}   # bucket -> its schedule (None: the rule)
+        self.spent_s = 0.0                                  # wall seconds measuring buckets
+
+    def args(self) -> list["BucketArg"]:
+        """The three extern arguments ``mr, kc, mc``."""
+        return [BucketArg(self, f) for f in ("mr", "kc", "mc")]
+
+    def at_rows(self, m: int) -> GemmSchedule | None:
+        """The schedule for ``m`` rows (None: the rule's, which the op computes itself)."""
+        b = bucket(m)
+        if b not in self.found:
+            self.found[b] = self._bucket_schedule(b)
+        s = self.found[b]
+        if s is None or m <= 0:
+            return None
+        return GemmSchedule(mr=s.mr, kc=s.kc, mc=equal_blocks(m, s.mc, s.mr))
+
+    def _bucket_schedule(self, b: int) -> GemmSchedule | None:
+        import time
+        tune = self.tune and self.spent_s < config.get().tune_budget_s
+        what = f"GEMM {b}x{self.k}x{self.n} (rows {b // 2 + 1}-{b})"
+        start = time.perf_counter()
+        try:
+            found = schedule(b, self.k, self.n, tune, self.choices, self.measure, what=what)
+            lines = self.choices.take_lines()  # (at run time no pass files them: the tuner's line goes on the record)
+            made = self.choices.schedules
+            if lines and made and made[-1].what == what:
+                made[-1] = dataclasses.replace(made[-1], note=lines[-1])
+            return found
+        finally:
+            self.spent_s += time.perf_counter() - start
+            self.choices.close()  # (run time: the compile's store is not kept open between sizes)
+
+    def __repr__(self) -> str:
+        return f"per-bucket({self.rows})"
+
+
+class BucketArg(PerSize):
+    """One of ``mr, kc, mc`` of a ``BucketSchedules`` (0: the rule's), as a ``PerSize`` extern argument."""
+
+    def __init__(self, schedules: BucketSchedules, field: str):
+        self.schedules, self.field = schedules, field
+
+    def at(self, env: dict[str, int]) -> int:
+        s = self.schedules.at_rows(evaluate(self.schedules.rows, env))
+        return 0 if s is None else getattr(s, self.field)
+
+    def __repr__(self) -> str:
+        return f"{self.field}={self.schedules!r}"
