@@ -450,6 +450,19 @@ def concrete(x: Any, env: dict[str, int] | None) -> Any:
     return x
 
 
+def bucket(n: int) -> int:
+    """The size bucket of ``n``: the next power of two (1, 2, 4, ... 64, 128, ...).  Measured choices and schedules
+    for sizes known per call only are kept per bucket: what runs fastest moves with a size's order of magnitude,
+    not with each value (docs/dynamic_shapes.md, layer 7)."""
+    return 1 << max(0, n - 1).bit_length()
+
+
+def bucket_hint(x: "Size | Atom") -> int:
+    """The size a measured choice is made at: ``x`` itself when static, else the bucket of its traced value - so
+    graphs traced at 37 and 50 tokens share one measurement (and one tuning record) at 64."""
+    return x if isinstance(x, int) else bucket(size_hint(x))
+
+
 def size_hint(x: "Size | Atom") -> int:
     """A typical value of ``x``: its symbols at the values they were traced with (else their lower bound).  For
     heuristics only (an order, a first guess); a decision that must hold for every size uses ``provably_*``."""

@@ -489,6 +489,7 @@ def test_max_autotune_tunes_the_gemm_per_size_bucket_it_sees(tmp_path, monkeypat
     from kiln.library.gemm import op as cpu_gemm
     from kiln.library.gemm import tune as tg
     from kiln.library.gemm.source import equal_blocks
+    from kiln.ir.sym import bucket
     if not cpu_gemm.available():
         pytest.skip("no AVX2/AVX-512 compiler for kiln's GEMM")
     measured, winner, taken = [], {}, []
@@ -524,7 +525,7 @@ def test_max_autotune_tunes_the_gemm_per_size_bucket_it_sees(tmp_path, monkeypat
         # every size's call takes its bucket's winner, the A block re-balanced for its rows
         assert len(taken) == 3 * 2 * len(sizes)
         for rows, k, n, field, value in taken:
-            w = winner[tg.bucket(rows), k, n]
+            w = winner[bucket(rows), k, n]
             assert value == (equal_blocks(rows, w.mc, w.mr) if field == "mc" else getattr(w, field)), (rows, field)
 
         # a default-mode compile finds the buckets' records: nothing measured, the same schedules

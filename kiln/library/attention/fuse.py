@@ -38,7 +38,7 @@ from kiln.ir.extern import build_extern, substitute
 from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
 from kiln.ir.interp import eval_node
 from kiln.ir.ops import HALF, Op
-from kiln.ir.sym import is_symbolic, size_hint
+from kiln.ir.sym import bucket_hint, is_symbolic
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
 from kiln.library.attention import op as cpu_attention
@@ -232,8 +232,8 @@ def fuse_attention(graph: Graph, log: RewriteLog | None = None, devices: tuple[s
             return None
         k4 = bld.add(Op.PERMUTE, (kt4,), dims=(0, 1, 3, 2))
         shape = (b, h, t, v4.shape[3])
-        # (symbolic sizes: chosen at the traced sizes; kiln's op takes its sizes from the tensors of each call)
-        hb, hh, ht, hs, hd = (size_hint(x) for x in (b, h, t, s, q4.shape[3]))
+        # (symbolic sizes: chosen at their traced sizes' buckets; kiln's op takes its sizes from each call's tensors)
+        hb, hh, ht, hs, hd = (bucket_hint(x) for x in (b, h, t, s, q4.shape[3]))
         if node.dtype == torch.float32 and _on(q4, ("cpu",)) and v4.shape[3] == q4.shape[3] \
                 and choose(choices, hb, hh, ht, hs, hd, causal):  # (kiln's kernel: one head size for Q, K and V)
             out4 = build_extern(bld, torch.ops.kiln.attention.default, [q4, k4, v4, None, scale, causal, False], {},
@@ -284,8 +284,8 @@ def _flash_cpu(node: Node, inputs: tuple[Node, ...], bld: GraphBuilder, choices:
     if scale is None and is_symbolic(d):
         return None  # (the default scale 1/sqrt(D) of a symbolic head size is no constant)
     scale = float(scale) if scale is not None else d ** -0.5
-    # (symbolic sizes: chosen at the traced sizes; kiln's op takes its sizes from the tensors of each call)
-    if not choose(choices, *(size_hint(x) for x in (b, h, t, s, d)), causal, mask is not None):
+    # (symbolic sizes: chosen at their traced sizes' buckets; kiln's op takes its sizes from each call's tensors)
+    if not choose(choices, *(bucket_hint(x) for x in (b, h, t, s, d)), causal, mask is not None):
         return None
     if log:
         log.hit("flash attention -> kiln attention" + (" (masked)" if mask is not None else ""))

@@ -32,7 +32,7 @@ from kiln.ir.extern import build_extern
 from kiln.ir.graph import Graph, GraphBuilder, Node, data_device
 from kiln.ir.interp import view_layout
 from kiln.ir.ops import VIEW, Op, contiguous_strides
-from kiln.ir.sym import size_hint
+from kiln.ir.sym import bucket_hint
 from kiln.library.bmm.op import interleaved_strides
 from kiln.library.gemm import op as cpu_gemm
 from kiln.passes.rewrite import RewriteLog, rewrite
@@ -142,10 +142,10 @@ def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
         x, y, d = _product(Node(node.op, inputs, node.attrs, node.shape, node.dtype))  # with rewritten inputs
         if not all(isinstance(t, Node) for t in (x, y)) or not (d is None or isinstance(d, Node)):
             return None
-        # (symbolic sizes: chosen at the traced ones; the call binds each size's from the size table, [Note:
-        # native calls at any size])
-        batch, m, k = (size_hint(v) for v in x.shape)
-        n = size_hint(y.shape[2])
+        # (symbolic sizes: chosen at their traced sizes' buckets; the call binds each size's from the size table,
+        # [Note: native calls at any size])
+        batch, m, k = (bucket_hint(v) for v in x.shape)
+        n = bucket_hint(y.shape[2])
         forced = choices.forced_value(BMM)
         if 2 * batch * m * n * k < MIN_FLOPS and not forced:
             return None

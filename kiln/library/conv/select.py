@@ -41,7 +41,7 @@ from kiln import config
 from kiln.library.conv.source_gemm import DIRECT_MAX_CHANNELS
 from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
-from kiln.ir.sym import size_hint
+from kiln.ir.sym import bucket_hint, size_hint
 from kiln.ir.ops import Op
 from kiln.library.conv import prepack as prepack_conv
 from kiln.passes.dce import dce
@@ -299,8 +299,8 @@ def _to_kiln_conv(node: Node, inputs: tuple[Node, ...], b: GraphBuilder, log: Re
     elif not _big_enough(node, tuple(w.shape), groups, MIN_FLOPS):
         return None  # (forced to what this convolution cannot run, and too small to measure)
     else:  # (measured as usual where the forced answer cannot run this convolution)
-        # (a symbolic batch or image size: measured at the traced size; the kernels take any size per call)
-        choice = choose(choices, tuple(size_hint(d) for d in x.shape), tuple(w.shape), list(stride), list(padding),
+        # (a symbolic batch or image size: measured at the traced size's bucket; the kernels take any size per call)
+        choice = choose(choices, tuple(bucket_hint(d) for d in x.shape), tuple(w.shape), list(stride), list(padding),
                         epilogue, groups, use_forced=False)
     common = dict(x=x, bias=bias, residual=None, out_channels=node.shape[1], padding=list(padding), relu=False,
                   channels_last=True, relu_input=False, relu_max=None, relu_input_max=None)

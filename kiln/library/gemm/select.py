@@ -22,7 +22,7 @@ from kiln.ir.extern import Baked, build_extern, checked_source, extern_args
 from kiln.ir.graph import Graph, GraphBuilder, Node
 from kiln.ir.interp import constant_value
 from kiln.ir.ops import Op
-from kiln.ir.sym import is_symbolic, size_hint
+from kiln.ir.sym import bucket_hint, is_symbolic
 from kiln.passes.rewrite import RewriteLog, rewrite
 from kiln.runtime import native
 from kiln.library.gemm import op as cpu_gemm
@@ -141,9 +141,9 @@ def select_gemm(graph: Graph, log: RewriteLog | None = None, tuning: bool = Fals
         n = node.shape[1]
         if is_symbolic(k) or is_symbolic(n):
             return None
-        # a number of rows known per call only (dynamic shapes): the library chosen at the traced size, the
-        # schedule per size bucket of the call's rows ([Note: schedules per size bucket] in library/gemm/tune.py)
-        rows, symbolic_m, m = m, is_symbolic(m), size_hint(m)
+        # a number of rows known per call only (dynamic shapes): the library chosen at the bucket of the traced
+        # size, the schedule per size bucket of each call's rows ([Note: schedules per size bucket], gemm/tune.py)
+        rows, symbolic_m, m = m, is_symbolic(m), bucket_hint(m)
         forced = choices.forced_value(GEMM)
         big = 2 * m * k * n >= MIN_FLOPS
         choice = choose(choices, m, k, n, node in gelu_fed) if big or forced else "aten"  # (forced: any size)

@@ -28,7 +28,7 @@ from typing import Any, Callable
 import torch
 
 from kiln import config
-from kiln.ir.sym import PerSize, evaluate
+from kiln.ir.sym import PerSize, bucket, evaluate
 from kiln.library.gemm.source import GemmSchedule, equal_blocks, schedule_for
 from kiln.tune import timing
 from kiln.tune.choices import Choices
@@ -180,13 +180,6 @@ def schedule(m: int, k: int, n: int, tune: bool, choices: Choices,
 
 
 # ---------------------------------------------------------------------------------------------- size buckets
-def bucket(m: int) -> int:
-    """The size bucket of ``m`` rows: the next power of two (1, 2, 4, ... 64, 128, ...).  One schedule serves a
-    bucket: a GEMM's best blocking moves with the row count's order of magnitude (how many A blocks, how tall the
-    edge tile), not with each row."""
-    return 1 << max(0, m - 1).bit_length()
-
-
 class BucketSchedules:
     """kiln GEMM's schedule for a product whose row count is known per call only (dynamic shapes), one per size
     bucket of the rows ([Note: schedules per size bucket]).
