@@ -127,3 +127,19 @@ def test_size_buckets_are_the_next_power_of_two():
     assert bucket_hint(37) == 37 and bucket_hint(Symbol("s0", 2, None, 37) * 2) == 128
     assert [bucket(m) for m in (1, 2, 3, 4, 5, 8, 9, 37, 64, 65, 512, 513)] == \
         [1, 2, 4, 4, 8, 8, 16, 64, 64, 128, 512, 1024]
+
+
+def test_bucket_schedules_pickle_without_their_compiles_store(tmp_path):
+    """A graph holding per-bucket schedules pickles (``kiln bisect``'s reproducers); unpickled it measures nothing."""
+    import pickle
+    from kiln import config
+    from kiln.ir.sym import Symbol
+    with config.scope(cache_dir=str(tmp_path)):
+        choices = Choices()
+        schedules = tg.BucketSchedules(Symbol("s0", 2, None, 37), 64, 32, True, choices,
+                                       measure=lambda *a: pytest.fail("measured"))
+        choices.db  # (open, as during a compile)
+        args = pickle.loads(pickle.dumps(schedules.args()))
+        choices.close()
+        assert [a.field for a in args] == ["mr", "kc", "mc"]
+        assert [a.at({"s0": 37}) for a in args] == [0, 0, 0]  # (no record: the rule)

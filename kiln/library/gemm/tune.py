@@ -238,6 +238,15 @@ class BucketSchedules:
             self.spent_s += time.perf_counter() - start
             self.choices.close()  # (run time: the compile's store is not kept open between sizes)
 
+    def __getstate__(self) -> dict:
+        # (a pickled graph - ``kiln bisect``'s reproducers - keeps the buckets found; unpickled, it looks up the
+        # tuning database of wherever it runs and measures nothing)
+        return {**self.__dict__, "choices": None, "tune": False, "measure": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        self.choices, self.measure = Choices(), _time_all
+
     def __repr__(self) -> str:
         return f"per-bucket({self.rows})"
 
