@@ -37,11 +37,8 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
             fn = compile_split(fx_gm, frozen, functools.partial(compile_aten_graph, cfg=cfg, mode=mode), name,
                                arg_names, examples, report)
         else:
-            # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
-            from torch.utils._python_dispatch import _disable_current_modes
-            with _disable_current_modes(), torch.no_grad(), \
-                    config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
-                fn = _compile(fx_gm, frozen, cfg, report, arg_names, examples)
+            fn = _compile_outside_fake_mode(fx_gm, frozen, cfg, report, arg_names, examples)
+            fn = _watching_frozen(fn, fx_gm, frozen, cfg, report, arg_names)
     except Exception as exc:  # never break the user's model
         if not cfg.fallback:
             raise
@@ -54,6 +51,48 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
         print(report.format())
     fn._boxed_call = True  # AOTAutograd's boxed convention: fn(list_of_args), so inputs can be freed early
     return fn
+
+
+def _compile_outside_fake_mode(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
+                               cfg: config_mod.Config, report: CompileReport, arg_names: Sequence[str | None],
+                               examples: Sequence[Any] | None) -> Callable:
+    # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
+    from torch.utils._python_dispatch import _disable_current_modes
+    with _disable_current_modes(), torch.no_grad(), \
+            config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
+        return _compile(fx_gm, frozen, cfg, report, arg_names, examples)
+
+
+def _watching_frozen(fn: Callable, fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
+                     cfg: config_mod.Config, report: CompileReport, arg_names: Sequence[str | None]) -> Callable:
+    """``fn``, compiled again from the weights' new values whenever one of the frozen weights changed in place.
+
+    [Note: frozen weights that change] An inference graph freezes the module's parameters and buffers into the
+    graph, and kiln derives constants from them - packed GEMM panels, Conv-BatchNorm folds, merged QKV weights,
+    half-precision copies.  TorchDynamo guards on which tensors the module holds, not on their values, so an
+    in-place update after the compile (``optimizer.step()`` between evaluations, ``load_state_dict``,
+    ``p.add_(...)`` under ``no_grad``) would leave the derived constants stale: silently wrong results.  Every
+    in-place write bumps a tensor's version counter, so each call compares the frozen tensors' versions with those
+    it was compiled at (~50 ns a tensor) and, where one moved, compiles the graph again from the current values
+    (the report counts it, ``weights_changed``).  Not seen: writes through ``p.data`` (a tensor with a version
+    counter of its own) and tensors made under ``torch.inference_mode`` (they keep none) - kiln cannot tell those
+    changed."""
+    tensors = list({id(t): t for t in frozen.values() if isinstance(t, torch.Tensor) and not t.is_inference()
+                    }.values())
+    if not tensors:
+        return fn
+    state = {"fn": fn, "versions": [t._version for t in tensors]}
+
+    def run(args: list[Any]) -> Any:
+        versions = [t._version for t in tensors]
+        if versions != state["versions"]:
+            state["versions"] = versions
+            report.weights_changed += 1
+            again = CompileReport(name=f"{report.name} (weights changed)", mode=report.mode)
+            record(again)
+            state["fn"] = _compile_outside_fake_mode(fx_gm, frozen, cfg, again, arg_names, None)
+        return state["fn"](args)
+    return run
 
 
 def _eager(fx_gm: torch.fx.GraphModule) -> Callable:

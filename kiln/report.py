@@ -46,6 +46,7 @@ class CompileReport:
     dynamic: dict[str, Any] | None = None  # a symbolic graph: its size symbols and the sizes planned so far
     eager_nodes: list[str] = dataclasses.field(default_factory=list)  # nodes run eagerly in a compiled graph, why
     host_inputs: str = ""         # GPU graph: 0-d CPU inputs copied to the device at each call (compiler.py)
+    weights_changed: int = 0      # recompiles after frozen weights changed in place ([Note: frozen weights ...])
 
     def format(self, *, source: bool = True) -> str:
         return format_report(self, source=source)
@@ -72,6 +73,9 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
         out.append(f"--- ran eagerly: {line}")
     if r.host_inputs:
         out.append(f"--- host inputs: {r.host_inputs}")
+    if r.weights_changed:
+        out.append(f"--- frozen weights changed in place after the compile: compiled again {r.weights_changed} "
+                   f"time(s) from their new values")
     if r.dynamic:
         sizes = "; ".join(", ".join(f"{k}={v}" for k, v in env.items()) for env in r.dynamic["sizes"][-8:])
         head = f"--- dynamic shapes: symbols {', '.join(r.dynamic['symbols'])} ({r.dynamic.get('ranges', '')}); "
