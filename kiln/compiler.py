@@ -22,11 +22,13 @@ from kiln.report import CompileReport, record
 
 def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], *,
                        cfg: config_mod.Config, mode: str = "default", name: str = "graph",
-                       arg_names: Sequence[str | None] = (), examples: Sequence[Any] | None = None) -> Callable:
+                       arg_names: Sequence[str | None] = (), examples: Sequence[Any] | None = None,
+                       training: str = "") -> Callable:
     """Compile ``fx_gm`` (AOTAutograd's forward graph); ``frozen`` maps placeholder positions to the weights they
     are frozen to, ``arg_names`` names placeholders after the user's arguments for errors (None: unknown),
-    ``examples`` holds a real value per placeholder (the call being compiled) for measuring plans."""
-    report = CompileReport(name=name, mode=mode)
+    ``examples`` holds a real value per placeholder (the call being compiled) for measuring plans; ``training``:
+    which graph of a training step this is, for the report ([Note: training graphs])."""
+    report = CompileReport(name=name, mode=mode, training=training)
     record(report)
     start = time.perf_counter()
     check_target(cfg.target, _device_of(fx_gm, frozen))
@@ -186,7 +188,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     symbolic = cfg.dynamic_shapes and has_symbolic_sizes(fx_gm)
     size_outputs: dict[int, Any] = {}
     graph, externs = lower_fx(fx_gm, frozen, TRITON_KERNEL_DTYPES if triton else KERNEL_DTYPES, triton, symbolic,
-                              size_outputs if symbolic else None)
+                              size_outputs)
     report.captured = graph
     report.phases["lower"] = time.perf_counter() - start
     choices = Choices.for_compile(report.mode)
@@ -220,7 +222,9 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
                                 _example_inputs(graph, examples), choices)
     finally:
         choices.close()
-    run = _runner(module, [n.attr("index") for n in graph.inputs], arg_names, _alias_fixes(fx_gm, graph))
+    run = _runner(module, [n.attr("index") for n in graph.inputs], arg_names,
+                  _alias_fixes(fx_gm, graph, skip=set(size_outputs)))
+    run = _with_size_outputs(run, size_outputs, dict) if size_outputs else run
     return _host_scalars_moved(run, fx_gm, device, report) if triton else run
 
 
@@ -384,7 +388,8 @@ class _AliasFix:
 
 def _with_size_outputs(run: Callable, size_outputs: dict[int, Any], call_sizes: Callable[[], dict[str, int]]
                        ) -> Callable:
-    """``run`` with the graph's size outputs (ints, evaluated at the call's sizes) put back at their positions."""
+    """``run`` with the graph's outputs that are no tensors put back at their positions: sizes (evaluated at the
+    call's sizes) and constants (a backward graph's ``None`` for an input that needs no gradient)."""
     from kiln.ir.sym import concrete
     order = sorted(size_outputs.items())
 

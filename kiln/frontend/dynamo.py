@@ -17,7 +17,6 @@ import torch.fx
 from kiln import config
 
 MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
-_warned_grad = False
 
 
 def _is_static(fx_node: torch.fx.Node, value: Any) -> bool:
@@ -40,10 +39,6 @@ def _argument_name(fx_node: torch.fx.Node) -> str | None:
     return local.group(1) + local.group(2) if local else name
 
 
-def _needs_grad(example_inputs: Sequence[Any]) -> bool:
-    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
-
-
 def check_mode(mode: str | None) -> str:
     mode = mode or "default"
     if mode not in MODES:
@@ -57,14 +52,17 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     it), which names the graph in kiln's reports."""
     mode = check_mode(mode)
     cfg = config.get().with_options(**(options or {}))
-    global _warned_grad
-    if _needs_grad(example_inputs):
-        if not _warned_grad:
-            warnings.warn("kiln: this call needs gradients; kiln compiles inference only for now, so the graph "
-                          "runs eagerly (use torch.no_grad() or torch.inference_mode() to compile it)",
-                          stacklevel=2)
-            _warned_grad = True
-        return gm.forward
+    from kiln.frontend.gc_quiet import frozen_heap
+    from kiln.frontend.training import compile_training, needs_grad
+    if needs_grad(example_inputs):  # [Note: training graphs]
+        reached: list[bool] = []
+        try:
+            with frozen_heap():
+                return compile_training(gm, example_inputs, mode, cfg, _graph_name(gm, name), reached)
+        except Exception as exc:  # (as below: a capture that failed before kiln compiled runs eagerly)
+            if reached or not cfg.fallback or _dynamo_control_flow(exc):
+                raise
+            return _capture_failed(gm, exc, mode, name)
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from kiln.frontend.decompositions import decomposition_table
@@ -102,7 +100,6 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     if mode == "max-autotune":
         with config.scope(**(options or {})):
             progress.begin(f"graph {_graph_name(gm, name)!r}")  # at once: capture and passes take seconds
-    from kiln.frontend.gc_quiet import frozen_heap
     try:
         with frozen_heap():  # see [Note: frozen heap during compile]
             return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,

@@ -138,8 +138,9 @@ def lower_fx(gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
     INPUT; a lowering that cannot take a symbolic size leaves its op an EXTERN; a lowering that made Dynamo add a
     guard (specialized a size) fails the whole graph.
 
-    ``size_outputs``: where a symbolic graph's outputs that are sizes, not tensors (``x.shape[0] + n``), go - by
-    output position, each a size expression for the caller to evaluate per call; they are not graph outputs.
+    ``size_outputs``: where the outputs that are no tensors go - by output position, a symbolic graph's sizes
+    (``x.shape[0] + n``: each a size expression for the caller to evaluate per call) and constants (``None``, a
+    number); they are not graph outputs.
 
     Returns the graph (whose INPUTs are the non-frozen tensor placeholders, in order) and the list of ATen ops
     that stayed EXTERN.
@@ -210,6 +211,9 @@ def _lower_node(L: Lowerer, fx_node: torch.fx.Node, gm: torch.fx.GraphModule, fr
             if size_outputs is not None and shape_env is not None and isinstance(o, torch.fx.Node) \
                     and isinstance(o.meta.get("val"), torch.SymInt):
                 size_outputs[k] = value  # (a size the caller evaluates per call)
+                continue
+            if size_outputs is not None and (o is None or type(o) in (int, float, bool)):
+                size_outputs[k] = o  # (a constant the caller puts back: a backward graph's None gradient)
                 continue
             if not isinstance(value, Node):
                 raise LoweringError(f"graph output {o} is not a tensor")

@@ -211,3 +211,37 @@ def argument_builder(template: Any) -> Any:
             out[i] = values[k]
         return out, kwargs
     return build
+
+
+def sibling_outputs(nodes: Any) -> dict[Any, Any]:
+    """Extern nodes that are outputs of one call: ``follower -> leader`` among ``nodes`` (in the order they run).
+
+    [Note: one call for a multi-output extern] A multi-output ATen op (``native_dropout``'s output and mask,
+    ``max_pool2d_with_indices``) reaches the graph as one EXTERN per output used, alike but for ``out_index``.
+    Run one call each, a random op would draw two different masks (dropout's output and the mask its backward
+    reads would disagree) and a deterministic one would be computed twice.  The first of them to run (the
+    leader) makes the call and keeps the whole result for this call; each other takes its output from it."""
+    from kiln.ir.graph import Node
+    from kiln.ir.ops import Op
+    leaders: dict[tuple, Any] = {}
+    out: dict[Any, Any] = {}
+    for n in nodes:
+        if not isinstance(n, Node) or n.op is not Op.EXTERN or n.attr("out_index") is None:
+            continue
+        key = (n.attr("target"), tuple(id(i) for i in n.inputs), _identity(n.attr("template")))
+        leader = leaders.setdefault(key, n)
+        if leader is not n:
+            out[n] = leader
+    return out
+
+
+def _identity(template: Any) -> Any:
+    """A hashable key equal for equal templates (baked values by identity)."""
+    if isinstance(template, Baked):
+        return ("baked", id(template))
+    if isinstance(template, (list, tuple)):
+        return (type(template).__name__, *(_identity(t) for t in template))
+    if isinstance(template, dict):
+        return ("dict", *((k, _identity(v)) for k, v in sorted(template.items())))
+    return repr(template)
+

@@ -15,7 +15,7 @@ import torch
 
 from kiln.codegen.cpp import native_calls, translation_unit
 from kiln import config
-from kiln.ir.extern import argument_builder, fast_callable, short_name
+from kiln.ir.extern import argument_builder, fast_callable, short_name, sibling_outputs
 from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.interp import view_chain, view_function
 from kiln.ir.ops import VIEW, Op, contiguous_strides
@@ -176,6 +176,9 @@ class CompiledGraph:
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
         self._extern_calls: dict[Node, Callable[..., torch.Tensor | None]] = {}
+        # [Note: one call for a multi-output extern]: follower -> leader, and each leader's result of this call
+        self.sibling_of = sibling_outputs(s.node for s in plan.steps if isinstance(s, ExternStep))
+        self._sibling_results: dict[Node, Any] = {}
         self._lean = self._lean_call()
 
     def allocate(self, a: Allocation, env: dict[Node, torch.Tensor]) -> torch.Tensor:
@@ -418,7 +421,16 @@ class CompiledGraph:
         dense = n.attr("dense_inputs")  # [Note: externs get the layouts they were traced with]
         dense = frozenset(k for k, d in enumerate(dense) if d) if dense is not None else None
 
+        leader = self.sibling_of.get(n)
+        leads = n in self.sibling_of.values()
+        results = self._sibling_results
+
+        last = leader is not None and n is [f for f, lead in self.sibling_of.items() if lead is leader][-1]
+
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
+            if leader is not None:  # another output of the call its leader made in this run
+                full = results.pop(leader) if last else results[leader]  # (the last one lets the result go)
+                return finish(full[out_index])
             if dense:
                 values = tuple(v.contiguous() if k in dense else v for k, v in enumerate(values))
             args, kwargs = build(values)
@@ -430,8 +442,13 @@ class CompiledGraph:
                 write(*args, **kwargs, out=out)
                 return None
             result = op(*args, **kwargs)
+            if leads:
+                results[n] = result
             if out_index is not None:
                 result = result[out_index]
+            return finish(result)
+
+        def finish(result: torch.Tensor) -> torch.Tensor:
             if strides is None:
                 return result if result.is_contiguous() else result.contiguous()
             if result.stride() != strides:  # kernels read it through these strides

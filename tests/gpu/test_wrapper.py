@@ -310,3 +310,16 @@ def test_wrapper_updates_the_callers_input_in_place(strided):
     torch.testing.assert_close(mine, want_cache, rtol=0, atol=0)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
+
+
+def test_wrapper_takes_every_output_of_a_multi_output_op_from_one_call():
+    """[Note: one call for a multi-output extern] in the generated call: dropout's output and mask agree."""
+    class Drop(nn.Module):
+        def forward(self, x):
+            out, mask = torch.ops.aten.native_dropout(x * 2, 0.5, True)
+            return out + 1, mask
+
+    x = torch.randn(64, 128, device=DEVICE)
+    (out, mask), report = compile_and_run(Drop(), x)
+    torch.testing.assert_close(out - 1, torch.where(mask, x * 4, torch.zeros_like(x)))
+    assert 0.4 < mask.float().mean().item() < 0.6

@@ -129,33 +129,34 @@ def test_torch_compile_backend_entry_point_without_importing_kiln():
 
 # ----------------------------------------------------------------------------------------------- gradients
 
-def test_call_that_needs_gradients_runs_eagerly_with_one_warning(monkeypatch):
-    monkeypatch.setattr(kiln_dynamo, "_warned_grad", False)  # (reset: the warning comes once per process)
+def test_a_call_that_needs_gradients_compiles_its_forward_and_backward():
+    """[Note: training graphs]: no warning, no eager fallback; outputs and gradients as eager's."""
     model = _model()
     assert all(p.requires_grad for p in model.parameters())
     x = torch.randn(5, 8)
     compiled = kiln.compile(model)
+    position = mark()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         assert torch.is_grad_enabled()
         got = compiled(x)
         got2 = compiled(x * 2)
-        got3 = compiled(torch.randn(7, 8))   # a new shape recompiles: still no second warning
-    grad_warnings = [w for w in caught if "gradient" in str(w.message).lower()]
-    assert len(grad_warnings) == 1, [str(w.message) for w in caught]
-    assert "kiln" in str(grad_warnings[0].message)
+        got3 = compiled(torch.randn(7, 8))   # a new shape recompiles
+        got.sum().backward()
+    assert not [w for w in caught if "kiln" in str(w.message)], [str(w.message) for w in caught]
     want = model(x)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(got2, model(x * 2))
     assert got3.shape == (7, 4)
-    # and gradients flow as in eager
     assert got.requires_grad
-    got.sum().backward()
     grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
     want.sum().backward()
     for g, w in zip(grads, (p.grad for p in model.parameters())):
         torch.testing.assert_close(g, w)
+    reports = reports_since(position)
+    assert all(r.fallback is None for r in reports), [r.fallback for r in reports]
+    assert {"forward", "backward"} <= {r.training for r in reports}
 
 
 # -------------------------------------------------------------------------------------- output structures

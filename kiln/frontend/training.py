@@ -1,0 +1,89 @@
+"""Calls that need gradients: AOTAutograd's forward and backward graphs, each compiled by kiln (issue 20, step 1).
+
+[Note: training graphs] Where a call needs gradients (grad mode on, an input or parameter with
+``requires_grad``), AOTAutograd traces the joint forward-backward graph with kiln's decompositions (the
+``*_backward`` ops of layer norm, GELU, softmax and friends become the elementwise and reduction ops kiln fuses),
+partitions it into a forward graph - the outputs plus the values the backward needs - and a backward graph, and
+hands each to a compiler::
+
+    Dynamo graph --AOTAutograd (joint graph, decompositions)--> partition (torch's min-cut: what to save, what
+        to recompute) --> forward graph  -- kiln --> compiled forward (outputs, saved activations)
+                      --> backward graph -- kiln --> compiled backward (gradients), compiled at the first backward
+
+Both are ordinary ATen graphs for kiln, with one difference from inference: nothing is frozen.  Parameters are
+inputs of every call (an optimizer changes them in place between steps), so weight-derived constants (packed
+GEMM panels, folded BatchNorm) do not apply; activations' fusion, the memory plan and the library calls do.
+Buffers updated in the forward (BatchNorm's running statistics in training mode) are AOTAutograd's input
+mutations, written back by its runtime wrapper.
+
+The partition is torch's min-cut rematerialization (the baseline the issue names; kiln's own, cost-model
+driven partition is the next step), with torch's Inductor op classes.  Inference and training graphs of one
+model coexist: TorchDynamo guards on grad mode, and an inference graph compiled while training goes on notices
+its frozen weights changing ([Note: frozen weights that change], compiler.py).
+
+reduce-overhead's CUDA graphs are not used for training graphs yet: a forward's saved activations must outlive
+the next replay (gradient accumulation runs two forwards before the backwards), which kiln's recordings do by
+copying held outputs - correct, but not yet measured on a GPU - so both graphs run in default mode and the
+report says so.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.fx
+
+from kiln import config
+
+
+def needs_grad(example_inputs: Sequence[Any]) -> bool:
+    """Does this call need gradients: grad mode on and some input (parameters included) requiring them?"""
+    return torch.is_grad_enabled() and any(isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+
+
+def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: str, cfg: config.Config,
+                     name: str, reached: list[bool] | None = None) -> Callable:
+    """The callable TorchDynamo runs for a graph that needs gradients: AOTAutograd's runtime around kiln's
+    compiled forward and backward (the module docstring).  ``reached`` gets an entry once AOTAutograd's capture
+    reached kiln's compiler (an error after that is kiln's own, not a capture failure)."""
+    from torch._functorch.aot_autograd import aot_module_simplified
+    from torch._functorch.partitioners import min_cut_rematerialization_partition
+
+    from kiln.compiler import compile_aten_graph
+    from kiln.frontend.decompositions import decomposition_table
+
+    graph_mode = mode
+    on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
+    if on_gpu and mode in ("reduce-overhead", "max-autotune"):
+        graph_mode = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
+
+    note = "" if graph_mode == mode else f"; mode {mode!r} runs as {graph_mode!r} here (no CUDA graphs yet)"
+
+    def compiler(part: str) -> Callable:
+        def compile_part(fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable:
+            if reached is not None:
+                reached.append(True)
+            if part == "forward":
+                _no_donated_buffers()
+            return compile_aten_graph(fx_gm, {}, cfg=cfg, mode=graph_mode, name=f"{name} ({part})",
+                                      training=part + note)
+        return compile_part
+
+    return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
+                                 bw_compiler=compiler("backward"),
+                                 partition_fn=functools.partial(min_cut_rematerialization_partition,
+                                                                compiler="inductor"),
+                                 decompositions=decomposition_table())
+
+
+def _no_donated_buffers() -> None:
+    """Tell AOTAutograd's runtime that this backward reuses none of the saved activations' memory (its "donated
+    buffers", which Inductor's backward may overwrite, so that ``backward(retain_graph=True)`` is refused).
+    kiln's memory planner never writes into the backward's inputs, so a backward may run twice, as in eager.
+    (Switching ``torch._functorch.config.donated_buffer`` off during the compile is not enough: the runtime
+    checks that config again at each backward, and would refuse the metadata it left unset.)"""
+    context = torch._guards.TracingContext.try_get()
+    metadata = getattr(context, "fw_metadata", None)
+    if metadata is not None and hasattr(metadata, "bw_donated_idxs"):
+        metadata.bw_donated_idxs = []
