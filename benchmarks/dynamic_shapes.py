@@ -61,12 +61,21 @@ def _make(backend: str, model: torch.nn.Module) -> Callable[..., Any]:
         mode = kwargs.pop("mode", "default")
         # -static: the GPU's static module per size ([Note: a GPU module per size])
         options: dict[str, Any] = {"gpu_symbolic_kernels": False} if "static" in flags else {}
-        options.update(option.split("=", 1) for option in extra)
+        options.update((k, _literal(v)) for k, v in (option.split("=", 1) for option in extra))
 
         def backend(gm: Any, example_inputs: Any) -> Any:
             return kiln_backend(gm, example_inputs, mode=mode, options=options, name="GPT")
         return torch.compile(namespace["call"], backend=backend, **kwargs)
     return torch.compile(namespace["call"], backend=name, **kwargs)
+
+
+def _literal(text: str) -> Any:
+    """An option's value from the command line: a Python literal (``False``, ``8``) where it is one, else text."""
+    import ast
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def first_pass(name: str, make: Callable[[], Callable[..., Any]], order: list[int], inputs: dict[int, Any],

@@ -84,7 +84,8 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
     report.phases["gpu_plan"] = time.perf_counter() - start
     options = {k: getattr(config.get(), k) for k in config.Config.option_names()}
     sources: set[str] = set()  # the kernel modules the sizes took (one per combination of schedule kinds)
-    pool = GraphPool()  # reduce-overhead: the sizes' CUDA graphs in one memory pool
+    # reduce-overhead: the sizes' CUDA graphs in one memory pool (unless switched off: a pool per recording)
+    pool = GraphPool() if config.get().cuda_graph_shared_pool else None
 
     def build(env: dict[str, int], size_report: CompileReport) -> Callable:
         begin = time.perf_counter()

@@ -1,0 +1,189 @@
+"""Training steps (issue 20): eager, Inductor and kiln in one process - step time, first-step (compile) time, peak
+memory, and how far each compiled run's loss and parameters drift from eager's.
+
+    python -m benchmarks.training [--models mlp,gpt,resnet18] [--device cpu|cuda] [--threads 1] [--size small|full]
+                                  [--steps 20] [--repeats 5] [--backends eager,inductor,kiln] [--autocast]
+                                  [--json F]
+
+A step is what a training loop runs: ``zero_grad(set_to_none=True)``, forward, loss, backward, AdamW's
+``step()`` (the optimizer eager in every backend: only the model is compiled).  Each backend trains its own
+copy of the model, from the same weights, on the same batches.  The first step (Dynamo, AOTAutograd and the
+backend's compile of the forward and backward graphs, then the step) is the compile time; then ``--steps`` steps
+in rounds of ``--repeats``, the backends interleaved step by step (each backend's i-th step on the same batch),
+and the median step time per backend.  After the steps, each compiled backend's last loss and parameters
+against eager's (``_drift``: the largest relative difference of any parameter, as a tensor and elementwise;
+issue 20's bar: 1e-4 in fp32, 2e-2 with bf16 autocast).  Peak memory is the CUDA allocator's peak over a step (GPU only).
+
+Models (``--size full`` = the issue's anchors; ``small`` sizes the CPU can step in about a second):
+- ``mlp``: 3 x (Linear 1024-4096-1024 + GELU), LayerNorm; batch 64; MSE (small: 256-1024, batch 32);
+- ``gpt``: the suite's 4-layer GPT (d=768), batch 8 x 256 tokens; next-token cross-entropy (small: batch 2 x 64);
+- ``resnet18``: batch 16 x 224 x 224, 1000 classes; cross-entropy (small: batch 4 x 96 x 96).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from benchmarks.models import gpt, mlp, resnet18
+
+BACKENDS = ["eager", "inductor", "kiln"]
+
+
+def _model(name: str, size: str, device: str) -> tuple[torch.nn.Module, Callable[[int], tuple], Callable]:
+    """(model in train mode, ``batch(step) -> (inputs, target)``, ``loss(output, target)``)."""
+    full = size == "full"
+    if name == "mlp":
+        dim, hidden, batch = (1024, 4096, 64) if full else (256, 1024, 32)
+        model, _ = mlp(batch, device, dim=dim, hidden=hidden)
+
+        def batches(step: int) -> tuple:
+            g = torch.Generator().manual_seed(step)
+            return (torch.randn(batch, dim, generator=g).to(device),), torch.randn(batch, dim, generator=g).to(device)
+        return model.train(), batches, F.mse_loss
+    if name == "gpt":
+        batch, seq, vocab = (8, 256, 8192) if full else (2, 64, 8192)
+        model, _ = gpt(batch, device, seq=seq, vocab=vocab)
+
+        def batches(step: int) -> tuple:
+            g = torch.Generator().manual_seed(step)
+            ids = torch.randint(0, vocab, (batch, seq + 1), generator=g).to(device)
+            return (ids[:, :-1],), ids[:, 1:]
+
+        def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        return model.train(), batches, loss
+    if name == "resnet18":
+        batch, image = (16, 224) if full else (4, 96)
+        model, _ = resnet18(batch, device)
+
+        def batches(step: int) -> tuple:
+            g = torch.Generator().manual_seed(step)
+            return ((torch.randn(batch, 3, image, image, generator=g).to(device),),
+                    torch.randint(0, 1000, (batch,), generator=g).to(device))
+        return model.train(), batches, lambda out, target: F.cross_entropy(out.float(), target)
+    raise KeyError(f"unknown model {name!r}; known: mlp, gpt, resnet18")
+
+
+class Run:
+    """One backend's copy of the model, its optimizer and its compiled callable."""
+
+    def __init__(self, backend: str, model: torch.nn.Module, loss: Callable, device: str, autocast: bool):
+        self.backend = backend
+        self.model = copy.deepcopy(model)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.01)
+        self.loss_fn = loss
+        self.device = device
+        self.autocast = autocast
+        if backend == "eager":
+            self.fn: Callable = self.model
+        else:
+            if backend == "kiln":
+                import kiln  # noqa: F401  (registers the backend)
+            self.fn = torch.compile(self.model, backend=backend)
+        self.times: list[float] = []
+        self.last_loss = float("nan")
+        self.peak_mib = float("nan")
+
+    def step(self, inputs: tuple, target: torch.Tensor) -> float:
+        sync = torch.cuda.synchronize if self.device == "cuda" else (lambda: None)
+        if self.device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        sync()
+        start = time.perf_counter()
+        self.opt.zero_grad(set_to_none=True)
+        with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.autocast):
+            loss = self.loss_fn(self.fn(*inputs), target)
+        loss.backward()
+        self.opt.step()
+        sync()
+        seconds = time.perf_counter() - start
+        self.last_loss = loss.item()
+        if self.device == "cuda":
+            self.peak_mib = torch.cuda.max_memory_allocated() / 2 ** 20
+        return seconds
+
+
+def _drift(run: Run, eager: Run) -> tuple[float, float]:
+    """How far the parameters moved from eager's: the largest over parameters of ``|p - q| / |q|`` (2-norms of
+    the whole tensor: the relative error of the parameter), and of ``max|p - q| / max|q|`` (elementwise, stricter:
+    AdamW turns noise-level gradient differences of entries whose gradient is ~0 into whole ``lr``-sized steps)."""
+    norm = elementwise = 0.0
+    for p, q in zip(run.model.parameters(), eager.model.parameters()):
+        d, q = (p.detach() - q.detach()).double(), q.detach().double()
+        norm = max(norm, (d.norm() / q.norm().clamp_min(1e-30)).item())
+        elementwise = max(elementwise, (d.abs().max() / q.abs().max().clamp_min(1e-30)).item())
+    return norm, elementwise
+
+
+def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    from kiln.report import mark, reports_since
+    model, batches, loss = _model(name, args.size, args.device)
+    backends = args.backends.split(",")
+    runs = [Run(b, model, loss, args.device, args.autocast) for b in backends]
+    compile_s: dict[str, float] = {}
+    position = mark()
+    inputs, target = batches(0)
+    for run in runs:  # the first step: compiles included
+        torch._dynamo.reset() if run.backend == "eager" else None
+        compile_s[run.backend] = run.step(inputs, target)
+    kiln_reports = [r for r in reports_since(position)]
+    for step in range(1, args.steps + 1):
+        inputs, target = batches(step)
+        order = runs[step % len(runs):] + runs[:step % len(runs)]  # (rotated: no backend always follows another)
+        for run in order:
+            run.times.append(run.step(inputs, target))
+    eager = next((r for r in runs if r.backend == "eager"), None)
+    rows = {}
+    for run in runs:
+        median = statistics.median(run.times)
+        rows[run.backend] = {
+            "step_ms": median * 1e3, "compile_s": compile_s[run.backend], "peak_mib": run.peak_mib,
+            "loss": run.last_loss,
+            "param_drift": _drift(run, eager) if eager is not None and run is not eager else (0.0, 0.0),
+            "vs_eager": (statistics.median(eager.times) / median) if eager is not None else float("nan"),
+        }
+    rows["kiln_graphs"] = [{"name": r.name, "training": r.training, "fallback": r.fallback,
+                            "kernels": len(r.kernels or []), "externs": len(r.externs or [])} for r in kiln_reports]
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,gpt,resnet18")
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--size", default="small", choices=("small", "full"))
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--autocast", action="store_true", help="bf16 autocast around forward and loss")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    results = {}
+    print("| model | backend | step ms | vs eager | first step s | peak MiB | last loss | param drift (norm / max) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in args.models.split(","):
+        rows = bench(name, args)
+        results[name] = rows
+        for backend in args.backends.split(","):
+            r = rows[backend]
+            print(f"| {name} | {backend} | {r['step_ms']:.2f} | {r['vs_eager']:.2f} | {r['compile_s']:.2f} | "
+                  f"{r['peak_mib']:.0f} | {r['loss']:.5f} | {r['param_drift'][0]:.1e} / {r['param_drift'][1]:.1e} |",
+                  flush=True)
+        for g in rows["kiln_graphs"]:
+            if g["fallback"]:
+                print(f"  kiln graph {g['name']!r} ({g['training'] or 'inference'}) ran eagerly: {g['fallback']}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"args": vars(args), "results": results}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
