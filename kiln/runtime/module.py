@@ -351,9 +351,12 @@ class CompiledGraph:
         overwrite, since nothing else holds the tensor or its storage.
         """
         pool = self._pools[k]
+        inference = torch.is_inference_mode_enabled()
         for i in range(len(pool)):
-            # references: the pool list and getrefcount's argument
-            if sys.getrefcount(pool[i]) == 2 and _storage_uses(pool[i]) == 2:
+            # references: the pool list and getrefcount's argument.  A tensor made under inference_mode is not
+            # handed to a call outside it (autograd refuses to save an inference tensor: a training step after
+            # a compile that measured its plans under inference_mode), nor the other way round.
+            if sys.getrefcount(pool[i]) == 2 and _storage_uses(pool[i]) == 2 and pool[i].is_inference() == inference:
                 return pool[i]
         strides = self.plan.strides_of.get(n) or contiguous_strides(n.shape)
         t = torch.empty_strided(n.shape, strides, dtype=n.dtype, device=self.device)

@@ -253,3 +253,20 @@ def test_outputs_of_one_multi_output_op_come_from_one_call():
     _compiled_graphs(position)
     torch.testing.assert_close(out - 1, torch.where(mask, x * 4, torch.zeros_like(x)))
     assert 0.4 < mask.float().mean().item() < 0.6
+
+
+def test_an_output_made_under_inference_mode_is_not_recycled_for_autograd(tmp_path):
+    """[Note: output recycling] keeps a call's dropped outputs for the next call; one made under
+    ``torch.inference_mode`` - the compile's own runs when it measures a convolution graph's two layouts - may
+    not come back to a training step, where autograd saves it for the backward."""
+    from kiln import config
+    torch.manual_seed(0)
+    model = _CNN()
+    x, y = torch.randn(4, 3, 48, 48), torch.randint(0, 10, (4,))  # (outputs large enough to recycle)
+    with config.scope(cache_dir=str(tmp_path)):  # (nothing stored: the layouts are measured)
+        compiled = _compiled(model)
+        position = mark()
+        for _ in range(2):
+            F.cross_entropy(compiled(x), y).backward()
+    reports = _compiled_graphs(position)
+    assert any("measured" in r.memory.get("layout", "") for r in reports), [r.memory.get("layout") for r in reports]
