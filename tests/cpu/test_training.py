@@ -4,7 +4,6 @@ parameter - on models with the layers training code uses (LayerNorm, GELU, atten
 mode, embeddings, dropout), and with what training loops do (grad-mode toggling, gradient accumulation, frozen
 parameters, ``zero_grad(set_to_none=True)``, ``retain_graph``)."""
 import copy
-import math
 
 import pytest
 import torch
@@ -12,6 +11,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from kiln.report import mark, reports_since
+from tests.cpu.test_dynamic_shapes import _Block  # (a pre-norm GPT block with a causal mask)
 
 REL = 1e-4  # issue 20's fp32 bar: every parameter within 1e-4 relative of eager's after the steps
 
@@ -68,30 +68,11 @@ class _MLP(nn.Module):
         return self.net(x)
 
 
-class _Block(nn.Module):
-    def __init__(self, d=32, heads=4):
-        super().__init__()
-        self.heads = heads
-        self.ln1, self.ln2 = nn.LayerNorm(d), nn.LayerNorm(d)
-        self.qkv, self.proj = nn.Linear(d, 3 * d), nn.Linear(d, d)
-        self.mlp = nn.Sequential(nn.Linear(d, 4 * d), nn.GELU(), nn.Linear(4 * d, d))
-
-    def forward(self, x):
-        B, T, C = x.shape
-        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.heads, C // self.heads).transpose(1, 2) for t in (q, k, v))
-        att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(C // self.heads))
-        mask = torch.ones(T, T, dtype=torch.bool).tril()
-        att = F.softmax(att.masked_fill(~mask, float("-inf")), dim=-1)
-        x = x + self.proj((att @ v).transpose(1, 2).reshape(B, T, C))
-        return x + self.mlp(self.ln2(x))
-
-
 class _GPT(nn.Module):
     def __init__(self, vocab=61, d=32, layers=2, seq=16):
         super().__init__()
         self.tok, self.pos = nn.Embedding(vocab, d), nn.Embedding(seq, d)
-        self.blocks = nn.ModuleList([_Block(d) for _ in range(layers)])
+        self.blocks = nn.ModuleList([_Block(d, 4) for _ in range(layers)])
         self.ln, self.head = nn.LayerNorm(d), nn.Linear(d, vocab, bias=False)
 
     def forward(self, ids):
