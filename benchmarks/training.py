@@ -12,7 +12,8 @@ backend's compile of the forward and backward graphs, then the step) is the comp
 in rounds of ``--repeats``, the backends interleaved step by step (each backend's i-th step on the same batch),
 and the median step time per backend.  After the steps, each compiled backend's last loss and parameters
 against eager's (``_drift``: the largest relative difference of any parameter, as a tensor and elementwise;
-issue 20's bar: 1e-4 in fp32, 2e-2 with bf16 autocast).  Peak memory is the CUDA allocator's peak over a step (GPU only).
+issue 20's bar: 1e-4 in fp32, 2e-2 with bf16 autocast).  Peak memory is the CUDA allocator's peak over a step
+(GPU only).
 
 Models (``--size full`` = the issue's anchors; ``small`` sizes the CPU can step in about a second):
 - ``mlp``: 3 x (Linear 1024-4096-1024 + GELU), LayerNorm; batch 64; MSE (small: 256-1024, batch 32);
