@@ -47,7 +47,7 @@ class CompileReport:
     eager_nodes: list[str] = dataclasses.field(default_factory=list)  # nodes run eagerly in a compiled graph, why
     host_inputs: str = ""         # GPU graph: 0-d CPU inputs copied to the device at each call (compiler.py)
     weights_changed: int = 0      # recompiles after frozen weights changed in place ([Note: frozen weights ...])
-    training: str = ""            # the graph's part of a training step: "forward", "backward" ([Note: training graphs])
+    training: str = ""            # "forward" / "backward" of a training step, then "; " and what the partition did
 
     def format(self, *, source: bool = True) -> str:
         return format_report(self, source=source)
@@ -71,7 +71,9 @@ def format_report(r: CompileReport, *, source: bool = True) -> str:
     if r.fallback:
         out.append(f"!!! fell back to eager: {r.fallback}")
     if r.training:
-        out.append(f"--- training step: the {r.training} graph (AOTAutograd's partition; parameters are inputs)")
+        part, _, rest = r.training.partition("; ")
+        out.append(f"--- training step: the {part} graph of AOTAutograd's partition, parameters as inputs"
+                   + (f"; {rest}" if rest else ""))
     for line in r.eager_nodes:
         out.append(f"--- ran eagerly: {line}")
     if r.host_inputs:
