@@ -307,3 +307,23 @@ def test_bf16_autocast_with_a_grad_scaler_checkpoint_and_a_custom_function():
             assert err <= 2e-2, err
     _assert_params_close(model, ref, rel=2e-2)
     _compiled_graphs(position)
+
+
+def test_training_graphs_with_a_symbolic_batch():
+    """``dynamic=True``: one symbolic forward and one symbolic backward serve every batch size (issue 20 builds on
+    issue 19's dynamic shapes); gradients as eager's at each size."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.LayerNorm(64), nn.Linear(64, 8))
+    ref = copy.deepcopy(model)
+    compiled = _compiled(model, dynamic=True)
+    position = mark()
+    for batch in (5, 9, 17):
+        x, y = torch.randn(batch, 32), torch.randn(batch, 8)
+        for m in (compiled, ref):
+            m.zero_grad()
+            F.mse_loss(m(x), y).backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    reports = _compiled_graphs(position)
+    assert sorted(r.training.split(";")[0] for r in reports) == ["backward", "forward"]
+    assert all(r.dynamic for r in reports)
