@@ -89,8 +89,11 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
         frozen: dict[int, torch.Tensor] = {}
         arg_names: list[str | None] = []
         if len(fx_placeholders) == len(frozen_values):  # (AOTAutograd's inputs: the parameters, then Dynamo's)
+            # never a value the graph itself updates (an optimizer step's parameters and state, BatchNorm's
+            # running statistics in training mode): folding it would compute from its value at compile time
+            written = mutated_placeholders(fx_gm)
             frozen = {i: v for i, (v, m) in enumerate(zip(frozen_values, frozen_mask))
-                      if m and isinstance(v, torch.Tensor)}
+                      if m and isinstance(v, torch.Tensor) and i not in written}
             arg_names = names
         examples = frozen_values if len(fx_placeholders) == len(frozen_values) else None
         return compile_aten_graph(fx_gm, frozen, cfg=cfg, mode=mode, name=_graph_name(gm, name), arg_names=arg_names,
@@ -110,6 +113,21 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
         return _capture_failed(gm, exc, mode, name)
     finally:
         progress.end()
+
+
+def mutated_placeholders(fx_gm: torch.fx.GraphModule) -> set[int]:
+    """Positions of the placeholders the graph writes (AOTAutograd keeps an inference graph's input mutations as
+    ``copy_`` into the input, or an in-place op on it)."""
+    placeholders = {n: k for k, n in enumerate(n for n in fx_gm.graph.nodes if n.op == "placeholder")}
+    written = set()
+    for n in fx_gm.graph.nodes:
+        schema = getattr(n.target, "_schema", None) if n.op == "call_function" else None
+        if schema is None or not schema.is_mutable:
+            continue
+        for arg, value in zip(schema.arguments, n.args):
+            if arg.alias_info is not None and arg.alias_info.is_write and value in placeholders:
+                written.add(placeholders[value])
+    return written
 
 
 def _dynamo_control_flow(exc: Exception) -> bool:

@@ -327,3 +327,46 @@ def test_training_graphs_with_a_symbolic_batch():
     reports = _compiled_graphs(position)
     assert sorted(r.training.split(";")[0] for r in reports) == ["backward", "forward"]
     assert all(r.dynamic for r in reports)
+
+
+@pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+                                  lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)],
+                         ids=["sgd-momentum", "adamw"])
+def test_a_compiled_optimizer_step_updates_parameters_and_state_in_place(make):
+    """``torch.compile(opt.step, backend="kiln")``: the step's graph writes the parameters and the optimizer's
+    state; none of them may be frozen into it (folded at their values of the compile, every later step went
+    wrong: AdamW's parameters 0.56 off after 5 steps), and nothing compiles again when they change."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 32))
+    ref = copy.deepcopy(model)
+    opt, ref_opt = make(model.parameters()), make(ref.parameters())
+    step = _compiled(opt.step)
+    position = mark()
+    for k in range(5):
+        x = torch.randn(16, 64, generator=_gen(k))
+        for m, o, s in ((model, opt, step), (ref, ref_opt, ref_opt.step)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            s()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        err = ((p - q).norm() / q.norm()).item()
+        assert err <= REL, err
+    reports = _compiled_graphs(position)
+    # (SGD's first step creates its momentum buffers: a graph of its own, as with Inductor)
+    assert len(reports) <= 2 and all(r.weights_changed == 0 for r in reports), [r.name for r in reports]
+
+
+def test_batchnorm_in_training_mode_under_no_grad_updates_its_running_statistics():
+    """An inference graph that updates buffers (BatchNorm in training mode under no_grad): the running
+    statistics are the graph's own writes, not weights to freeze."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).train()
+    ref = copy.deepcopy(model)
+    compiled = _compiled(model)
+    with torch.no_grad():
+        for k in range(3):
+            x = torch.randn(4, 3, 10, 10, generator=_gen(k))
+            torch.testing.assert_close(compiled(x), ref(x), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+    torch.testing.assert_close(model[1].running_var, ref[1].running_var)
+    assert model[1].num_batches_tracked.item() == 3
