@@ -1,6 +1,7 @@
 """The lowering table: ATen ops (after kiln's decompositions) -> graph IR.
 
-``LOWERINGS`` maps an ``OpOverloadPacket`` to a function ``(L, fx_node, *args, **kwargs) -> Node | tuple``.
+``LOWERINGS`` maps an ``OpOverloadPacket`` (or an op's qualified name, ``"prims::fma"``, for ops registered late) to a
+function ``(L, fx_node, *args, **kwargs) -> Node | tuple``.
 Each lowering reproduces the ATen result's dtype and shape (taken from ``fx_node.meta["val"]``).  A lowering
 that raises ``Unsupported`` - or an op with no entry - becomes an EXTERN node that calls the ATen op at run
 time, so no model is refused; the report lists those ops.
@@ -337,6 +338,17 @@ def _floor_divide(L: Lowerer, n: Any, a: Any, b: Any) -> Node:
     if dtype.is_floating_point:
         return _float_floordiv(L, a, b, dtype)
     return L.binary(Op.FLOORDIV, a, b, dtype)
+
+
+@register("prims::fma")  # (by name: the op exists once torch._inductor's prims are imported, which Dynamo does)
+def _fma(L: Lowerer, n: Any, a: Any, b: Any, c: Any) -> Node:
+    """``prims.fma(a, b, c)`` - from ``lerp``'s decomposition (an optimizer's moving averages, ``exp_avg.lerp_``):
+    ``a * b + c`` as two kernel ops (within one rounding of the fused form; the per-op fp32 tolerance); before,
+    each ran as a Python extern per parameter."""
+    dtype = out_dtype(n)
+    if not dtype.is_floating_point:
+        raise Unsupported("fma of integers")
+    return L.binary(Op.ADD, L.binary(Op.MUL, a, b, dtype), c, dtype)
 
 
 @register(aten.fmax, aten.fmin)

@@ -234,7 +234,7 @@ def _lower_call(L: Lowerer, fx_node: torch.fx.Node, env: dict[torch.fx.Node, Any
             raise LoweringError(f"cannot lower call to with_effects of {args[1]}")
         return lowered
     packet = getattr(target, "overloadpacket", None)
-    lowering = LOWERINGS.get(packet)
+    lowering = LOWERINGS.get(packet) or LOWERINGS.get(getattr(packet, "_qualified_op_name", None))
     if lowering is not None and _kernel_dtypes_only(fx_node, args, kwargs, L.kernel_dtypes):
         mark = len(L.b.nodes)
         # a lowering written for static sizes meets a size expression where it needs an int (a comparison, a

@@ -354,6 +354,7 @@ def test_a_compiled_optimizer_step_updates_parameters_and_state_in_place(make):
     reports = _compiled_graphs(position)
     # (SGD's first step creates its momentum buffers: a graph of its own, as with Inductor)
     assert len(reports) <= 2 and all(r.weights_changed == 0 for r in reports), [r.name for r in reports]
+    assert not any("fma" in (r.externs or []) for r in reports)  # (lerp's prims.fma: kernel ops, not externs)
 
 
 def test_batchnorm_in_training_mode_under_no_grad_updates_its_running_statistics():
