@@ -224,6 +224,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         choices.close()
     run = _runner(module, [n.attr("index") for n in graph.inputs], arg_names,
                   _alias_fixes(fx_gm, graph, skip=set(size_outputs)))
+    # (a static graph's outputs that are no tensors are constants: no sizes to bind, ``dict()`` is empty)
     run = _with_size_outputs(run, size_outputs, dict) if size_outputs else run
     return _host_scalars_moved(run, fx_gm, device, report) if triton else run
 

@@ -331,8 +331,8 @@ class _Writer:
         template = n.attr("template")
         if not is_flat(template) or n in m.plan.bmm_relayout:
             return False
-        if n in m.sibling_of or n in m.sibling_of.values():  # (one call for its outputs: the closure keeps it,
-            return False                                      # [Note: one call for a multi-output extern])
+        if n in m.sibling_of or n in m.last_sibling:  # (one call for its outputs: the closure keeps it,
+            return False                                # [Note: one call for a multi-output extern])
         args_t, kwargs_t = template
         parts = [self.argument(a, n) for a in args_t]
         parts += [f"{k}={self.argument(v, n)}" for k, v in kwargs_t.items()]

@@ -52,17 +52,11 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     it), which names the graph in kiln's reports."""
     mode = check_mode(mode)
     cfg = config.get().with_options(**(options or {}))
-    from kiln.frontend.gc_quiet import frozen_heap
     from kiln.frontend.training import compile_training, needs_grad
+    reached: list[bool] = []  # an entry once AOTAutograd reached kiln's compiler (its errors are kiln's own)
     if needs_grad(example_inputs):  # [Note: training graphs]
-        reached: list[bool] = []
-        try:
-            with frozen_heap():
-                return compile_training(gm, example_inputs, mode, cfg, _graph_name(gm, name), reached)
-        except Exception as exc:  # (as below: a capture that failed before kiln compiled runs eagerly)
-            if reached or not cfg.fallback or _dynamo_control_flow(exc):
-                raise
-            return _capture_failed(gm, exc, mode, name)
+        return _captured(lambda: compile_training(gm, example_inputs, mode, cfg, _graph_name(gm, name), reached),
+                         reached, gm, cfg, mode, name)
     from torch._functorch.aot_autograd import aot_module_simplified
 
     from kiln.frontend.decompositions import decomposition_table
@@ -79,11 +73,8 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
     frozen_mask = [True] * len(module_params) + static
     names = [None] * len(module_params) + [_argument_name(p) for p in placeholders]
 
-    reached_compiler = False
-
     def fw_compiler(fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable:
-        nonlocal reached_compiler
-        reached_compiler = True  # (its errors are kiln's compile's own: handled, or meant for the user)
+        reached.append(True)
         from kiln.compiler import compile_aten_graph
         fx_placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
         frozen: dict[int, torch.Tensor] = {}
@@ -104,15 +95,26 @@ def kiln_backend(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mode: 
         with config.scope(**(options or {})):
             progress.begin(f"graph {_graph_name(gm, name)!r}")  # at once: capture and passes take seconds
     try:
-        with frozen_heap():  # see [Note: frozen heap during compile]
-            return aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
-                                         decompositions=decomposition_table(), keep_inference_input_mutations=True)
-    except Exception as exc:  # never break the user's model: AOTAutograd's capture failed before kiln compiled
-        if reached_compiler or not cfg.fallback or _dynamo_control_flow(exc):
-            raise
-        return _capture_failed(gm, exc, mode, name)
+        return _captured(lambda: aot_module_simplified(gm, example_inputs, fw_compiler=fw_compiler,
+                                                       decompositions=decomposition_table(),
+                                                       keep_inference_input_mutations=True),
+                         reached, gm, cfg, mode, name)
     finally:
         progress.end()
+
+
+def _captured(capture: Callable[[], Callable], reached: list[bool], gm: torch.fx.GraphModule,
+              cfg: config.Config, mode: str, name: str | None) -> Callable:
+    """``capture()`` (AOTAutograd around kiln's compilers), or - never break the user's model - Dynamo's graph run
+    eagerly where AOTAutograd's capture failed before it reached kiln's compiler (``reached`` still empty)."""
+    from kiln.frontend.gc_quiet import frozen_heap
+    try:
+        with frozen_heap():  # see [Note: frozen heap during compile]
+            return capture()
+    except Exception as exc:
+        if reached or not cfg.fallback or _dynamo_control_flow(exc):
+            raise
+        return _capture_failed(gm, exc, mode, name)
 
 
 def mutated_placeholders(fx_gm: torch.fx.GraphModule) -> set[int]:

@@ -244,4 +244,3 @@ def _identity(template: Any) -> Any:
     if isinstance(template, dict):
         return ("dict", *((k, _identity(v)) for k, v in sorted(template.items())))
     return repr(template)
-

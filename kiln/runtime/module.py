@@ -176,8 +176,10 @@ class CompiledGraph:
         self._view_fns: dict[Node, Callable[[torch.Tensor], torch.Tensor]] = {}
         self._arg_builders: dict[Node, Callable[[list[torch.Tensor]], tuple[list, dict]]] = {}
         self._extern_calls: dict[Node, Callable[..., torch.Tensor | None]] = {}
-        # [Note: one call for a multi-output extern]: follower -> leader, and each leader's result of this call
+        # [Note: one call for a multi-output extern]: follower -> leader; leader -> its last follower (which lets
+        # the result go); each leader's result of this call
         self.sibling_of = sibling_outputs(s.node for s in plan.steps if isinstance(s, ExternStep))
+        self.last_sibling = {lead: follower for follower, lead in self.sibling_of.items()}
         self._sibling_results: dict[Node, Any] = {}
         self._lean = self._lean_call()
 
@@ -425,10 +427,9 @@ class CompiledGraph:
         dense = frozenset(k for k, d in enumerate(dense) if d) if dense is not None else None
 
         leader = self.sibling_of.get(n)
-        leads = n in self.sibling_of.values()
+        leads = n in self.last_sibling
+        last = leader is not None and self.last_sibling[leader] is n
         results = self._sibling_results
-
-        last = leader is not None and n is [f for f, lead in self.sibling_of.items() if lead is leader][-1]
 
         def call(out: torch.Tensor | None, *values: torch.Tensor) -> torch.Tensor | None:
             if leader is not None:  # another output of the call its leader made in this run

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import time
 from typing import Any, Callable
 
 import torch
@@ -223,7 +224,6 @@ class BucketSchedules:
         return GemmSchedule(mr=s.mr, kc=s.kc, mc=equal_blocks(m, s.mc, s.mr))
 
     def _bucket_schedule(self, b: int) -> GemmSchedule | None:
-        import time
         tune = self.tune and self.spent_s < config.get().tune_budget_s
         what = f"GEMM {b}x{self.k}x{self.n} (rows {b // 2 + 1}-{b})"
         start = time.perf_counter()
