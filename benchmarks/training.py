@@ -3,10 +3,12 @@ memory, and how far each compiled run's loss and parameters drift from eager's.
 
     python -m benchmarks.training [--models mlp,gpt,resnet18] [--device cpu|cuda] [--threads 1] [--size small|full]
                                   [--steps 20] [--repeats 5] [--backends eager,inductor,kiln] [--autocast]
-                                  [--json F]
+                                  [--compile-step] [--foreach] [--json F]
 
 A step is what a training loop runs: ``zero_grad(set_to_none=True)``, forward, loss, backward, AdamW's
-``step()`` (the optimizer eager in every backend: only the model is compiled).  Each backend trains its own
+``step()`` (eager in every backend unless ``--compile-step``: then each compiled backend also compiles
+``opt.step`` - the issue's "+ ``torch.compile(opt.step)``" column; ``--foreach``: AdamW's foreach implementation,
+torch's default on a GPU, on the CPU too).  Each backend trains its own
 copy of the model, from the same weights, on the same batches.  The first step (Dynamo, AOTAutograd and the
 backend's compile of the forward and backward graphs, then the step) is the compile time; then ``--steps`` steps
 in rounds of ``--repeats``, the backends interleaved step by step (each backend's i-th step on the same batch),
@@ -75,10 +77,12 @@ def _model(name: str, size: str, device: str) -> tuple[torch.nn.Module, Callable
 class Run:
     """One backend's copy of the model, its optimizer and its compiled callable."""
 
-    def __init__(self, backend: str, model: torch.nn.Module, loss: Callable, device: str, autocast: bool):
+    def __init__(self, backend: str, model: torch.nn.Module, loss: Callable, device: str, autocast: bool,
+                 compile_step: bool = False, foreach: bool | None = None):
         self.backend = backend
         self.model = copy.deepcopy(model)
-        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.01)
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=1e-3, weight_decay=0.01, foreach=foreach)
+        self.opt_step: Callable = self.opt.step
         self.loss_fn = loss
         self.device = device
         self.autocast = autocast
@@ -88,6 +92,8 @@ class Run:
             if backend == "kiln":
                 import kiln  # noqa: F401  (registers the backend)
             self.fn = torch.compile(self.model, backend=backend)
+            if compile_step:
+                self.opt_step = torch.compile(self.opt.step, backend=backend)
         self.times: list[float] = []
         self.last_loss = float("nan")
         self.peak_mib = float("nan")
@@ -102,7 +108,7 @@ class Run:
         with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.autocast):
             loss = self.loss_fn(self.fn(*inputs), target)
         loss.backward()
-        self.opt.step()
+        self.opt_step()
         sync()
         seconds = time.perf_counter() - start
         self.last_loss = loss.item()
@@ -127,7 +133,8 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from kiln.report import mark, reports_since
     model, batches, loss = _model(name, args.size, args.device)
     backends = args.backends.split(",")
-    runs = [Run(b, model, loss, args.device, args.autocast) for b in backends]
+    runs = [Run(b, model, loss, args.device, args.autocast, args.compile_step, True if args.foreach else None)
+            for b in backends]
     compile_s: dict[str, float] = {}
     position = mark()
     inputs, target = batches(0)
@@ -164,6 +171,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--autocast", action="store_true", help="bf16 autocast around forward and loss")
+    ap.add_argument("--compile-step", action="store_true", help="compiled backends also compile opt.step")
+    ap.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (a GPU's default)")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

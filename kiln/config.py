@@ -178,6 +178,14 @@ class Config:
     # wrapper]); False: the interpreted plan, step by step (what benchmarks/call_latency.py compares it with and
     # benchmarks/memory_steps.py measures step by step).
     gpu_call_wrapper: bool = True
+    # A kernel computing an input's new value stores it into the input, where the graph only copied it back
+    # (schedule/write_back.py, [Note: write-backs in place]: an optimizer step's parameters and moments).  False:
+    # the copy stays a library call (the A/B, and a way out).
+    write_backs_in_place: bool = True
+    # An elementwise node whose chain the previous kernel cannot take joins an earlier kernel over its iteration
+    # space where nothing between stops it (schedule/fuse.py, [Note: horizontal fusion]).  False: the last kernel
+    # only (the A/B).
+    horizontal_fusion: bool = True
     # Launch the Triton kernels compiled ahead with kiln's launcher (runtime/gpu_launch.py: one C call into the
     # driver, the grid and launch parameters recorded at build time) instead of Triton's Python launcher (11 us
     # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot
@@ -250,6 +258,8 @@ class Config:
         "triton_tile_schedule": ("KILN_TRITON_TILE_SCHEDULE", str),
         "matmul_measured_configs": ("KILN_MATMUL_MEASURED_CONFIGS", int),
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
+        "write_backs_in_place": ("KILN_WRITE_BACKS_IN_PLACE", bool),
+        "horizontal_fusion": ("KILN_HORIZONTAL_FUSION", bool),
         "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),
         "gpu_attention_entry": ("KILN_GPU_ATTENTION_ENTRY", str),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch._decomp import core_aten_decompositions
 
+from kiln.frontend.foreach import foreach_decompositions
 from kiln.frontend.fused_layers import fused_layer_decompositions
 
 aten = torch.ops.aten
@@ -43,4 +44,4 @@ def decomposition_table() -> dict[Any, Any]:
     table = dict(core_aten_decompositions())
     keep = set(KEEP_WHOLE)
     return {**{op: fn for op, fn in table.items() if getattr(op, "overloadpacket", None) not in keep},
-            **fused_layer_decompositions()}
+            **fused_layer_decompositions(), **foreach_decompositions()}

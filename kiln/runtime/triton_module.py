@@ -447,7 +447,8 @@ class GraphReplay:
 
     Inputs are copied into static buffers before each replay (skipped when the caller passes those very
     buffers).  Outputs are handed out without a copy, and stay the caller's: see [Note: outputs of a replay].
-    The first call runs normally (it also compiles every kernel); the second records the graph."""
+    The first call runs normally (it also compiles every kernel); the second records the graph (on the caller's
+    buffers if it passes those of an earlier call, else - at the next call with new addresses - on copies)."""
 
     WARMUP_CALLS = 1
     MAX_GRAPHS = 2  # graphs recorded on callers' own input buffers, before falling back to copies
@@ -466,7 +467,14 @@ class GraphReplay:
         # [Note: graphs keyed by input addresses] A graph reads its inputs at the addresses it was recorded
         # with.  A caller that passes the same buffers again (same addresses, shapes and strides) gets a
         # replay with no input copy; other inputs are copied into the buffers of a graph recorded on copies.
+        # A graph is recorded on the caller's own buffers only for addresses already seen in an earlier call:
+        # a loop that passes fresh tensors each call (a decoding loop's growing cache) would otherwise record
+        # ``MAX_GRAPHS`` graphs no later call replays, each recording costing milliseconds, before the copies.
+        # The graph on copies is recorded at the second call whose addresses were new (the first runs plainly:
+        # a caller that alternates two sets of buffers gets a graph on each, with no copies).
         self.graphs: dict[tuple, _Recording] = {}
+        self.seen: list[tuple] = []  # input addresses of the latest calls that had no graph of their own
+        self.misses = 0  # calls after the warm-up whose addresses had not been seen
         self.copy_graph: _Recording | None = None
         self.static_inputs: list[torch.Tensor] = []
         self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
@@ -485,16 +493,22 @@ class GraphReplay:
                     return self.module(inputs)  # a strided input: the plain module copies it
                 raise InputMismatch(k, dtype, shape, "cuda", x)
         self.calls += 1
-        if self.calls <= self.WARMUP_CALLS or profiling.current() is not None or self.capture_error:
-            return self.module(inputs)  # (kiln.profile: step by step)
         key = tuple(x.data_ptr() for x in inputs)
+        if self.calls <= self.WARMUP_CALLS or profiling.current() is not None or self.capture_error:
+            self._saw(key)
+            return self.module(inputs)  # (kiln.profile: step by step)
         entry = self.graphs.get(key)
         try:
-            if entry is None and len(self.graphs) < self.MAX_GRAPHS:
+            if entry is None and len(self.graphs) < self.MAX_GRAPHS and key in self.seen:
                 entry = self.graphs[key] = self._record(list(inputs))
-            if entry is None and self.copy_graph is None:
-                self.static_inputs = [x.clone() for x in inputs]
-                self.copy_graph = self._record(self.static_inputs)
+            elif entry is None:
+                self._saw(key)
+                if self.copy_graph is None:
+                    self.misses += 1
+                    if self.misses < 2:  # one more plain call: these addresses may come again
+                        return self.module(inputs)
+                    self.static_inputs = [x.clone() for x in inputs]
+                    self.copy_graph = self._record(self.static_inputs)
         except Exception as exc:  # noqa: BLE001 - never break the user's model: run it without CUDA graphs
             # (an op that cannot be captured - one that waits for the device - fails only when recorded)
             self.capture_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -518,6 +532,11 @@ class GraphReplay:
         if self.pool is not None:
             self.pool.note_handed(entry)
         return outputs
+
+    def _saw(self, key: tuple) -> None:
+        """Remember the input addresses of a call without a graph of its own (the last ``MAX_GRAPHS + 2``)."""
+        if key not in self.seen:
+            self.seen = [*self.seen[-(self.MAX_GRAPHS + 1):], key]
 
     def _record(self, inputs: list[torch.Tensor]) -> "_Recording":
         stream = _capture_stream(inputs[0].device if inputs else torch.device("cuda"))

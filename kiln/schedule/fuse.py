@@ -37,6 +37,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Union
 
+from kiln import config
 from kiln.ir.graph import Graph, Node, readers_through_views, view_root
 from kiln.ir.program import ExternStep
 from kiln.ir.sym import size_hint
@@ -147,18 +148,23 @@ def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list
     values do not line up with the kernel's rows).
     """
     realized, aliases = decide_realized(graph)
+    horizontal = config.get().horizontal_fusion
     steps: list[Step] = []
+    ready: dict[Node, int] = {}  # the step after which a node's value can be read (-1: the call's start)
     for n in graph.nodes:
-        if n.op in (Op.INPUT, Op.CONSTANT) or n in aliases:
+        if n.op in (Op.INPUT, Op.CONSTANT) or n in aliases or n not in realized and n.op is not Op.EXTERN:
+            ready[n] = max((ready[i] for i in n.inputs), default=-1)
             continue
         if n.op is Op.EXTERN:
             steps.append(ExternStep(n))
+            ready[n] = len(steps) - 1
             continue
-        if n not in realized:
-            continue
-        last = steps[-1] if steps and isinstance(steps[-1], Group) else None
+        last = _earlier_group(steps, n, ready) if n not in breaks and horizontal else None
+        if last is None:
+            last = steps[-1] if steps and isinstance(steps[-1], Group) else None
         why = last.accepts(n) if last is not None and n not in breaks else None
         if last is not None and why is not None:
+            ready[n] = steps.index(last)
             if n.op in REDUCTION and last.axes is None:
                 last.axes = n.attr("axes")
             last.members.append(n)
@@ -168,4 +174,26 @@ def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list
             steps.append(Group(n.inputs[0].shape, n.attr("axes"), [n], [f"{n.op.value}: starts a reduction kernel"]))
         else:
             steps.append(Group(n.shape, None, [n], [f"{n.op.value}: starts a pointwise kernel"]))
+        ready[n] = len(steps) - 1
     return steps, realized, aliases
+
+
+def _earlier_group(steps: list[Step], n: Node, ready: dict[Node, int]) -> Group | None:
+    """[Note: horizontal fusion] A pointwise kernel over ``n``'s iteration space, opened before the last step, that
+    ``n`` may join: one after every step ``n`` reads from, with no library call between it and ``n``.  Captured
+    graphs interleave independent elementwise chains of different shapes - a foreach optimizer step updates every
+    parameter's first moment, then every second moment, ... (``[512, 512]``, ``[512]``, ``[512, 512]``, ...) -
+    and joining only the last kernel made a kernel per parameter and op (64 for an 8-layer AdamW step); joined
+    back, one kernel per shape and stage.  Never across a library call: a call between may write what ``n``
+    reads (an in-place update) and an epilogue belongs right after its call.  Members read each other inline
+    (``kernel_build``), so a join needs no order between elements.  None where the last step is the one to try."""
+    if n.op in REDUCTION or not steps or not isinstance(steps[-1], Group) or steps[-1].accepts(n) is not None:
+        return None
+    after = max((ready[i] for i in n.inputs), default=-1)
+    for k in range(len(steps) - 2, after - 1, -1):
+        s = steps[k]
+        if not isinstance(s, Group):
+            return None
+        if s.axes is None and s.accepts(n) is not None:
+            return s
+    return None

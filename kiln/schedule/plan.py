@@ -26,6 +26,7 @@ from kiln.schedule.fuse import Group, partition
 from kiln.schedule.kernel_build import NotFusable, build_kernel
 from kiln.schedule.layout import VIEW_COPY, WEIGHT_COPY, choose_layouts, library_layouts, relayout_copies
 from kiln.schedule.program import build_program
+from kiln.schedule.write_back import write_backs_in_place
 
 
 def _kernel_name(index: int, group: Group) -> str:
@@ -88,7 +89,8 @@ def make_plan(graph: Graph) -> Plan:
                     out_steps.append(k)
                 else:
                     out_steps.append(s)
-            return Plan(out_steps, buffer_of, aliases, kernels, strides_of, cl_convs)
+            plan = Plan(out_steps, buffer_of, aliases, kernels, strides_of, cl_convs)
+            return write_backs_in_place(plan, graph) if config.get().write_backs_in_place else plan
         except NotFusable as e:
             if e.node is None or e.node in breaks:
                 raise

@@ -253,8 +253,8 @@ def _arena_plan(plan: Plan, escaping: set[Node], natives: dict[Node, Any],
     intervals = []
     for name, start in step_index.items():
         n = node_of[name]
-        if n in escaping:  # the caller holds it (or a view of it) after the call: a per-call buffer
-            continue
+        if n in escaping or n.op is Op.INPUT:  # the caller holds it (or a view of it) after the call: a per-call
+            continue  # buffer; an input a kernel updates ([Note: write-backs in place]) is the caller's tensor
         nbytes = n.numel * torch.empty((), dtype=n.dtype).element_size()
         intervals.append(memory.Interval(name, nbytes, start, last_use.get(name, start)))
     mplan = memory.plan(intervals)

@@ -335,6 +335,38 @@ def test_replays_update_the_callers_inputs_once_per_call():
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs")
+def test_inputs_at_new_addresses_each_call_record_one_graph_on_copies(monkeypatch):
+    """[Note: graphs keyed by input addresses]: a caller passing fresh tensors every call (a decoding loop's
+    growing cache) gets one recording, on copies, not a graph per address that no later call replays; addresses
+    that come again get a graph of their own (replayed with no copy)."""
+    from kiln.runtime.triton_module import GraphReplay
+    recorded = []
+    original = GraphReplay._record
+
+    def counting(self, inputs):
+        recorded.append(1)
+        return original(self, inputs)
+    monkeypatch.setattr(GraphReplay, "_record", counting)
+
+    def f(x, y):
+        return torch.relu(x) * y + 1.0
+
+    compiled = kiln.compile(f, mode="reduce-overhead", target="triton", fallback=False)
+    kept = []
+    with torch.inference_mode():
+        for _ in range(6):
+            x, y = torch.randn(64, device=DEVICE), torch.randn(64, device=DEVICE)
+            kept.append((x, y))  # (kept alive: every call's inputs at new addresses)
+            torch.testing.assert_close(compiled(x, y), f(x, y), rtol=1e-6, atol=1e-6)
+        assert len(recorded) == 1, recorded
+        x, y = kept[-1]
+        for k in range(3):
+            x.add_(k)  # (new values at the same addresses)
+            torch.testing.assert_close(compiled(x, y), f(x, y), rtol=1e-6, atol=1e-6)
+        assert len(recorded) == 2, recorded
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs")
 def test_a_recording_that_fails_leaves_the_graph_running_without_cuda_graphs(monkeypatch):
     """An op that cannot be captured fails only when the graph is recorded: the call runs the plain module (the
     right results, the caller's inputs updated once), says so in a warning and in the report, and later calls

@@ -1,0 +1,200 @@
+"""Write-backs made in place: a kernel stores an updated input where the input lies.
+
+[Note: write-backs in place] A graph that updates its inputs - an optimizer step (``p.add_(...)``,
+``exp_avg.lerp_(grad, ...)``), a counter, BatchNorm's running statistics - reaches kiln functionalized: each
+new value is computed out of place and copied back at the end (``copy_(x, y)``, a library call).  An AdamW step
+then writes every parameter and moment twice (the kernel's result, then the copy) and pays a Python call per
+tensor: a compiled step over 8 layers was slower than eager's.  Where the kernel that computes ``y`` can store it
+into ``x`` directly, the copy goes::
+
+    before:                                             after:
+      kernel_1: m' = lerp(m, g); v' = ...; p' = f(p, m', v')    kernel_1: p <- f(p, m', v'); m <- lerp(m, g); v <- ...
+      extern copy_(m, m'); copy_(v, v'); copy_(p, p')           (no copies: the kernel wrote the inputs)
+
+Conditions, each for a reason:
+
+- ``x`` is a graph input with its contiguous layout, ``y`` of its shape, dtype and layout, computed by a
+  pointwise kernel (one loop; an epilogue of a library call or a reduction keeps its copy);
+- every load of ``x`` in that kernel is at the store's index, and ``y``'s value loads it (or nothing in the
+  kernel loads ``x``): element ``e`` of ``x`` is then read only where element ``e`` of ``y`` is computed;
+- the stores that write inputs move to the end of the kernel, each after every store whose value loads the input
+  it writes (``p' = f(p, m', v')`` recomputes ``m'`` from the old ``m``: ``m``'s store comes after ``p``'s); where
+  no such order exists (two stores each reading what the other writes) one copy stays;
+- nothing after the kernel reads ``x`` (it would see the new value), and nothing else writes ``x``; kernels after
+  it that read ``y`` load ``x``'s buffer instead (a library call reading ``y`` keeps the copy: ``y`` has no
+  buffer of its own now); ``y`` is not a result of the graph, and nothing reads the copy's result.
+
+The runtime treats ``x`` as it did for the copy: an input the graph updates (a strided caller's tensor is
+updated in a contiguous copy and copied back, [Note: write-back of a strided input]).
+"""
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+
+from kiln.ir.graph import Graph, Node, mutates, view_root
+from kiln.ir.kernel import (Acc, FullLoop, KExpr, KLoad, KOp, Kernel, ReduceLoop, RowAssign, RowStore, Store,
+                            index_exprs, subexprs)
+from kiln.ir.ops import Op
+from kiln.ir.program import ExternStep, Plan
+from kiln.runtime import native
+from kiln.schedule.program import written_inputs
+
+aten = torch.ops.aten
+
+
+def _loads(e, buf: str) -> list[KLoad]:
+    return [x for x in subexprs(e) if isinstance(x, KLoad) and x.buf == buf]
+
+
+def _reads(step: object, plan: Plan) -> tuple[set[str], set[Node]]:
+    """(buffers a step loads, graph values it takes as operands - through views, their realized bases)."""
+    if isinstance(step, Kernel):
+        return step.buffers()[0], set()
+    if isinstance(step, ExternStep):
+        return set(), {view_root(i) for i in step.node.inputs}
+    return step.buffers()[0], {view_root(i) for i in step.node_inputs}
+
+
+def _candidate(copy: Node, plan: Plan, users: dict[Node, list[Node]], outputs: set[Node]) -> tuple[Node, Node] | None:
+    """(x, y) of a ``copy_(x, y)`` the conditions allow before looking at the steps; None otherwise."""
+    if copy.op is not Op.EXTERN or copy.attr("target") is not aten.copy_.default or len(copy.inputs) != 2:
+        return None
+    named = native.named_args(copy)
+    x, y = named.get("self"), named.get("src")
+    if not isinstance(x, Node) or not isinstance(y, Node) or x.op is not Op.INPUT or y.op is Op.EXTERN:
+        return None
+    if x is y or x.shape != y.shape or x.dtype != y.dtype or named.get("non_blocking"):
+        return None
+    if x in plan.strides_of or y in plan.strides_of or x not in plan.buffer_of or y not in plan.buffer_of:
+        return None
+    if users[copy] or copy in outputs or y in outputs:
+        return None
+    return x, y
+
+
+def _loads_in_indices(kernel: Kernel, buf: str) -> bool:
+    """Does ``kernel`` load ``buf`` inside an index (a gather's position)?"""
+    return any(isinstance(y, KLoad) and y.buf == buf for index in kernel.indices() for x in index_exprs(index)
+               for y in subexprs(x))
+
+
+def _renamed(e: KExpr, old: str, new: str) -> KExpr:
+    if isinstance(e, KOp):
+        return KOp(e.op, tuple(_renamed(a, old, new) for a in e.args), e.dtype)
+    if isinstance(e, KLoad) and e.buf == old:
+        return KLoad(new, e.index, e.dtype)
+    return e
+
+
+def _rename_loads(kernel: Kernel, old: str, new: str) -> None:
+    """``kernel`` loading ``new`` where it loaded ``old`` (loads in values; ``_loads_in_indices`` was checked)."""
+    def store(st: Store) -> Store:
+        return Store(st.buf, st.index, _renamed(st.value, old, new))
+    phases: list[Any] = []
+    for p in kernel.phases:
+        if isinstance(p, ReduceLoop):
+            phases.append(ReduceLoop([Acc(a.name, a.kind, _renamed(a.value, old, new), a.dtype) for a in p.accs],
+                                     [store(st) for st in p.stores]))
+        elif isinstance(p, RowAssign):
+            phases.append(RowAssign(p.name, _renamed(p.value, old, new)))
+        elif isinstance(p, FullLoop):
+            phases.append(FullLoop([store(st) for st in p.stores]))
+        else:
+            phases.append(RowStore(store(p.store)))
+    kernel.phases = phases
+    kernel.__dict__.pop("_frozen_buffers", None)
+
+
+def _order(stores: list[Store], moved: dict[str, str]) -> list[Store] | None:
+    """The stores with those into inputs (``moved``: y's buffer -> x's) last, each after every store whose value
+    loads the input it writes; None if no such order exists."""
+    kept = [s for s in stores if s.buf not in moved]
+    pending = [s for s in stores if s.buf in moved]
+    done: list[Store] = []
+    while pending:
+        for s in pending:
+            target = moved[s.buf]
+            if not any(_loads(o.value, target) for o in pending if o is not s):
+                done.append(s)
+                pending.remove(s)
+                break
+        else:
+            return None
+    return kept + done
+
+
+def write_backs_in_place(plan: Plan, graph: Graph) -> Plan:
+    """``plan`` with each write-back the conditions allow made by its kernel (module docstring)."""
+    users = graph.users()
+    outputs = set(graph.outputs)
+    writer: dict[str, int] = {}  # buffer -> the step that stores it
+    for k, s in enumerate(plan.steps):
+        if isinstance(s, Kernel):
+            for b in s.buffers()[1]:
+                writer.setdefault(b, k)
+    writes_of = Counter(x for s in plan.steps if isinstance(s, ExternStep) and mutates(s.node)
+                        for x in written_inputs(s.node))
+    chosen: dict[int, dict[str, str]] = {}  # kernel step -> {y's buffer: x's buffer}
+    dropped: dict[int, tuple[int, str]] = {}  # copy step -> (kernel step, y's buffer)
+    for c, s in enumerate(plan.steps):
+        if not isinstance(s, ExternStep):
+            continue
+        found = _candidate(s.node, plan, users, outputs)
+        if found is None:
+            continue
+        x, y = found
+        bx, by = plan.buffer_of[x], plan.buffer_of[y]
+        k = writer.get(by)
+        kernel = plan.steps[k] if k is not None else None
+        if kernel is None or kernel.is_reduction or len(kernel.phases) != 1 or \
+                not isinstance(kernel.phases[0], FullLoop):
+            continue
+        if writes_of[x] != 1:  # (this copy is the one write of x)
+            continue
+        store = next(st for p in kernel.phases for st in p.stores if st.buf == by)
+        if sum(st.buf == by for p in kernel.phases for st in p.stores) != 1:
+            continue
+        loads = [ld for p in kernel.phases for st in p.stores for e in (st.value, *index_exprs(st.index))
+                 for ld in _loads(e, bx)]
+        if any(ld.index != store.index for ld in loads) or (loads and not _loads(store.value, bx)):
+            continue
+        if any(ld for p in kernel.phases for st in p.stores for ld in _loads(st.value, by)):
+            continue
+        later = [t for t in plan.steps[k + 1:] if t is not s]
+        if any(bx in _reads(t, plan)[0] or x in _reads(t, plan)[1] or y in _reads(t, plan)[1] for t in later):
+            continue
+        renamed = [t for t in later if by in _reads(t, plan)[0]]  # kernels reading y: they read x's buffer now
+        if any(not isinstance(t, Kernel) or _loads_in_indices(t, by) for t in renamed):
+            continue
+        chosen.setdefault(k, {})[by] = bx
+        dropped[c] = (k, by, renamed)
+    if not chosen:
+        return plan
+    for k, moved in list(chosen.items()):
+        kernel = plan.steps[k]
+        stores = [st for p in kernel.phases for st in p.stores]
+        ordered = _order(stores, moved)
+        while ordered is None and moved:  # (a cycle: keep one copy, try again)
+            moved.pop(next(iter(moved)))
+            ordered = _order(stores, moved)
+        for c, (kk, by, _) in list(dropped.items()):
+            if kk == k and by not in moved:
+                del dropped[c]
+        if not moved:
+            continue
+        stores = [Store(moved.get(st.buf, st.buf), st.index, st.value) for st in ordered]
+        kernel.phases = [FullLoop(stores)]
+        kernel.__dict__.pop("_frozen_buffers", None)
+        kernel.reason += "; " + ", ".join(f"{b} stored into input {moved[b]} (write-back in place)" for b in moved)
+    for k, by, renamed in dropped.values():
+        for t in renamed:
+            _rename_loads(t, by, chosen[k][by])
+    gone = {c for c in dropped}
+    gone_y = {by for _, by, _ in dropped.values()}
+    plan.steps = [s for c, s in enumerate(plan.steps) if c not in gone]
+    for n in [n for n, b in plan.buffer_of.items() if b in gone_y]:
+        del plan.buffer_of[n]
+    return plan
