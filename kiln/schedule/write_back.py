@@ -24,6 +24,13 @@ Conditions, each for a reason:
   it that read ``y`` load ``x``'s buffer instead (a library call reading ``y`` keeps the copy: ``y`` has no
   buffer of its own now); ``y`` is not a result of the graph, and nothing reads the copy's result.
 
+A write-back these conditions keep (SGD's parameter and momentum, each reading the other's old value; a library
+call reading ``x`` after the kernel) becomes a copy kernel of kiln's where the copy was, so no write-back is a
+library call (a Python call per tensor on the CPU): adjacent ones of one shape - an optimizer's write-backs at the
+end of its step - are one kernel::
+
+      kernel_0: p' = f(p, m, g); m <- h(m, p, g)    kernel_1_copy: p <- p'
+
 The runtime treats ``x`` as it did for the copy: an input the graph updates (a strided caller's tensor is
 updated in a contiguous copy and copied back, [Note: write-back of a strided input]).
 """
@@ -127,8 +134,14 @@ def _order(stores: list[Store], moved: dict[str, str]) -> list[Store] | None:
 
 
 def write_backs_in_place(plan: Plan, graph: Graph) -> Plan:
-    """``plan`` with each write-back the conditions allow made by its kernel (module docstring)."""
+    """``plan`` with each write-back the conditions allow made by its kernel, the others that copy a kernel's
+    result made by copy kernels (module docstring)."""
     users = graph.users()
+    plan = _stored_in_place(plan, graph, users)
+    return _copy_kernels(plan, graph, users)
+
+
+def _stored_in_place(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) -> Plan:
     outputs = set(graph.outputs)
     writer: dict[str, int] = {}  # buffer -> the step that stores it
     for k, s in enumerate(plan.steps):
@@ -138,7 +151,7 @@ def write_backs_in_place(plan: Plan, graph: Graph) -> Plan:
     writes_of = Counter(x for s in plan.steps if isinstance(s, ExternStep) and mutates(s.node)
                         for x in written_inputs(s.node))
     chosen: dict[int, dict[str, str]] = {}  # kernel step -> {y's buffer: x's buffer}
-    dropped: dict[int, tuple[int, str]] = {}  # copy step -> (kernel step, y's buffer)
+    dropped: dict[int, tuple[int, str, list[Kernel]]] = {}  # copy step -> (kernel step, y's buffer, renamed)
     for c, s in enumerate(plan.steps):
         if not isinstance(s, ExternStep):
             continue
@@ -197,4 +210,46 @@ def write_backs_in_place(plan: Plan, graph: Graph) -> Plan:
     plan.steps = [s for c, s in enumerate(plan.steps) if c not in gone]
     for n in [n for n, b in plan.buffer_of.items() if b in gone_y]:
         del plan.buffer_of[n]
+    return plan
+
+
+def _copy_kernels(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) -> Plan:
+    """The write-backs left (``copy_(x, y)`` with ``y`` a kernel's result) as kernels of kiln's in their place:
+    the same copy, without a library call (a Python call per tensor on the CPU).  Adjacent copies of one shape -
+    an optimizer's write-backs at the end of its step - are one kernel."""
+    from kiln.schedule.fuse import Group
+    from kiln.schedule.kernel_build import build_kernel
+    outputs = set(graph.outputs)
+    written = {b for s in plan.steps if isinstance(s, Kernel) for b in s.buffers()[1]}
+    steps: list[Any] = []
+    run: list[tuple[Node, Node, Node]] = []  # adjacent copies: (copy node, x, y)
+
+    def flush() -> None:
+        by_shape: dict[tuple, list[tuple[Node, Node, Node]]] = {}
+        for c, x, y in run:
+            by_shape.setdefault(tuple(x.shape), []).append((c, x, y))
+        for shape, copies in by_shape.items():
+            members, buffer_of = [], dict(plan.buffer_of)
+            for c, x, y in copies:
+                # (a stand-in node: ``y`` unchanged, stored into ``x``'s buffer)
+                member = Node(Op.CAST, (y,), {}, y.shape, y.dtype)
+                buffer_of[member] = plan.buffer_of[x]
+                members.append(member)
+            group = Group(shape, None, members, ["copy_: a write-back"] * len(members))
+            name = f"kernel_{len(plan.kernels)}_copy"
+            kernel = build_kernel(group, name, buffer_of, set(members), plan.strides_of)
+            plan.kernels.append(kernel)
+            steps.append(kernel)
+        run.clear()
+
+    for s in plan.steps:
+        found = _candidate(s.node, plan, users, outputs) if isinstance(s, ExternStep) else None
+        if found is not None and plan.buffer_of[found[1]] in written and \
+                all(found[0] is not x for _, x, _ in run):
+            run.append((s.node, *found))
+            continue
+        flush()
+        steps.append(s)
+    flush()
+    plan.steps = steps
     return plan
