@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from kiln.ir.graph import Node
+from kiln.ir.ops import Op
 from kiln.ir.kernel import Kernel
 
 
@@ -64,6 +65,8 @@ class Plan:
     strides_of: dict[Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)  # non-contiguous buffers
     cl_convs: set[Node] = dataclasses.field(default_factory=set)  # convolutions run channels-last
     bmm_relayout: set[Node] = dataclasses.field(default_factory=set)  # bmm externs whose operands are re-laid out
+    # an input's buffer -> the value a kernel stores into it (schedule/write_back.py, [Note: write-backs in place])
+    stored_into: dict[str, Node] = dataclasses.field(default_factory=dict)
 
     def _name(self, n: Node) -> str:
         """A value's buffer, or ``view(buffer)`` for a view the step takes of one."""
@@ -150,6 +153,8 @@ class Program:
         return "\n".join(lines)
 
     def _memory(self, n: Node, allocated: dict[Node, Allocation]) -> str:
+        if n.op is Op.INPUT:
+            return "the caller's input, updated in place"
         if n in self.escaping:
             return "per call (graph output)"
         if self.arena and n in self.offsets:

@@ -99,9 +99,13 @@ def layout_text(name: str, t: torch.Tensor) -> str:
 class _Step:
     """What one step writes (graph nodes) and what it needs to say about itself."""
 
-    def __init__(self, kind: str, name: str, written: list[Node], nodes: list[Node], schedule: Any = None):
+    def __init__(self, kind: str, name: str, written: list[Node], nodes: list[Node], schedule: Any = None,
+                 held_by: dict[Node, Node] | None = None):
+        """``held_by``: a written value -> the node whose buffer holds it, where not its own (an updated input:
+        [Note: write-backs in place])."""
         self.kind, self.name, self.written, self.nodes = kind, name, written, nodes
         self.schedule = "" if schedule is None else str(schedule)
+        self.held_by = held_by or {}
 
 
 def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
@@ -115,7 +119,7 @@ def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
             graph.allocate_step(step, env)
         if kind == "segment":
             for k, entry in enumerate(graph.segments[item]):
-                what = _kernel_step(kernels[entry], node_of) if isinstance(entry, str) else \
+                what = _kernel_step(kernels[entry], node_of, graph.plan.stored_into) if isinstance(entry, str) else \
                     _Step("native", entry.label, [entry.node], [entry.node])
                 _checked(graph, what, env, index, lambda item=item, k=k: graph.run_entry(item, k, env))
                 index += 1
@@ -133,18 +137,30 @@ def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
     return graph.finish(env, write_back)
 
 
-def _kernel_step(kernel: Any, node_of: dict[str, Node]) -> _Step:
-    written = [node_of[b] for b in sorted(kernel.buffers()[1]) if b in node_of]
-    return _Step("kernel", kernel.name, written, list(kernel.nodes), kernel.schedule)
+def _kernel_step(kernel: Any, node_of: dict[str, Node], stored_into: dict[str, Node]) -> _Step:
+    written, held_by = [], {}
+    for b in sorted(kernel.buffers()[1]):
+        if b in stored_into:  # (an input the kernel updates: its new value is the stored node's)
+            written.append(stored_into[b])
+            held_by[stored_into[b]] = node_of[b]
+        elif b in node_of:
+            written.append(node_of[b])
+    return _Step("kernel", kernel.name, written, list(kernel.nodes), kernel.schedule, held_by)
 
 
 def _checked(graph: Any, step: _Step, env: dict, index: int, run: Callable[[], None]) -> None:
-    realized = graph.plan.buffer_of
+    plan = graph.plan
+    # values a kernel stored into an input's buffer ([Note: write-backs in place]) are read from there by later
+    # steps: the reference reads them there too, rather than computing them again from the updated input
+    held = {v: n for n, b in plan.buffer_of.items() for v in [plan.stored_into.get(b)] if v is not None}
+    realized = set(plan.buffer_of) | set(held)
     actual: dict[Node, torch.Tensor] = {}
-    expected, order = _reference(step.written, realized, lambda n: actual.setdefault(n, graph.value(n, env)))
+    expected, order = _reference(step.written, realized,
+                                 lambda n: actual.setdefault(n, graph.value(held.get(n, n), env)))
     run()
     for n in step.written:
-        got = graph.value(n, env) if n in env or n in realized else None
+        holder = step.held_by.get(n, n)
+        got = graph.value(holder, env) if holder in env or holder in realized else None
         if got is None or n not in expected:
             continue
         problem = mismatch(got, expected[n])
@@ -180,7 +196,7 @@ def graph_names(graph: Any) -> dict[Node, str]:
     return names
 
 
-def _reference(written: list[Node], realized: dict[Node, str],
+def _reference(written: list[Node], realized: set[Node] | dict[Node, str],
                actual: Callable[[Node], torch.Tensor]) -> tuple[dict[Node, torch.Tensor], list[Node]]:
     """The reference values of ``written`` from the values the step reads (``actual`` of realized nodes it does
     not write; everything in between evaluated, in graph order)."""

@@ -19,17 +19,19 @@ Conditions, each for a reason:
   kernel loads ``x``): element ``e`` of ``x`` is then read only where element ``e`` of ``y`` is computed;
 - the stores that write inputs move to the end of the kernel, each after every store whose value loads the input
   it writes (``p' = f(p, m', v')`` recomputes ``m'`` from the old ``m``: ``m``'s store comes after ``p``'s); where
-  no such order exists (two stores each reading what the other writes) one copy stays;
+  no such order exists (SGD: the parameter's update reads the old momentum, the momentum's the old parameter) one
+  of them keeps its own buffer and is copied into its input by the kernel's last store, the element just
+  written read back by the program that wrote it (``p' -> T; m <- h(m, p); p <- T``: no load of ``p`` follows);
 - nothing after the kernel reads ``x`` (it would see the new value), and nothing else writes ``x``; kernels after
   it that read ``y`` load ``x``'s buffer instead (a library call reading ``y`` keeps the copy: ``y`` has no
   buffer of its own now); ``y`` is not a result of the graph, and nothing reads the copy's result.
 
-A write-back these conditions keep (SGD's parameter and momentum, each reading the other's old value; a library
-call reading ``x`` after the kernel) becomes a copy kernel of kiln's where the copy was, so no write-back is a
+A write-back these conditions keep (a library call reading ``x`` after the kernel, ``y`` an epilogue of a
+reduction) becomes a copy kernel of kiln's where the copy was, so no write-back is a
 library call (a Python call per tensor on the CPU): adjacent ones of one shape - an optimizer's write-backs at the
 end of its step - are one kernel::
 
-      kernel_0: p' = f(p, m, g); m <- h(m, p, g)    kernel_1_copy: p <- p'
+      kernel_0: y = f(x, ...)    extern: mm(x, w)    kernel_1_copy: x <- y
 
 The runtime treats ``x`` as it did for the copy: an input the graph updates (a strided caller's tensor is
 updated in a contiguous copy and copied back, [Note: write-back of a strided input]).
@@ -143,6 +145,7 @@ def write_backs_in_place(plan: Plan, graph: Graph) -> Plan:
 
 def _stored_in_place(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) -> Plan:
     outputs = set(graph.outputs)
+    node_of = {b: n for n, b in plan.buffer_of.items()}
     writer: dict[str, int] = {}  # buffer -> the step that stores it
     for k, s in enumerate(plan.steps):
         if isinstance(s, Kernel):
@@ -186,27 +189,33 @@ def _stored_in_place(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) ->
         dropped[c] = (k, by, renamed)
     if not chosen:
         return plan
+    copied: set[str] = set()  # y's buffers kept, their copies made at the end of the kernel
     for k, moved in list(chosen.items()):
         kernel = plan.steps[k]
         stores = [st for p in kernel.phases for st in p.stores]
         ordered = _order(stores, moved)
-        while ordered is None and moved:  # (a cycle: keep one copy, try again)
-            moved.pop(next(iter(moved)))
+        last: list[Store] = []
+        while ordered is None:  # (a cycle: one store keeps its own buffer, copied into the input last; again)
+            by = next(iter(moved))
+            bx = moved.pop(by)
+            store = next(st for st in stores if st.buf == by)
+            last.append(Store(bx, store.index, KLoad(by, store.index, store.value.dtype)))
+            plan.stored_into[bx] = node_of[by]
+            copied.add(by)
             ordered = _order(stores, moved)
-        for c, (kk, by, _) in list(dropped.items()):
-            if kk == k and by not in moved:
-                del dropped[c]
-        if not moved:
-            continue
-        stores = [Store(moved.get(st.buf, st.buf), st.index, st.value) for st in ordered]
+        for by, bx in moved.items():
+            plan.stored_into[bx] = node_of[by]
+        stores = [Store(moved.get(st.buf, st.buf), st.index, st.value) for st in ordered] + last
         kernel.phases = [FullLoop(stores)]
         kernel.__dict__.pop("_frozen_buffers", None)
         kernel.reason += "; " + ", ".join(f"{b} stored into input {moved[b]} (write-back in place)" for b in moved)
+        kernel.reason += "".join(f"; {st.value.buf} copied into input {st.buf} last (write-back)" for st in last)
     for k, by, renamed in dropped.values():
-        for t in renamed:
-            _rename_loads(t, by, chosen[k][by])
+        if by not in copied:  # (a copied y keeps its buffer: its readers read it there)
+            for t in renamed:
+                _rename_loads(t, by, chosen[k][by])
     gone = {c for c in dropped}
-    gone_y = {by for _, by, _ in dropped.values()}
+    gone_y = {by for _, by, _ in dropped.values()} - copied
     plan.steps = [s for c, s in enumerate(plan.steps) if c not in gone]
     for n in [n for n, b in plan.buffer_of.items() if b in gone_y]:
         del plan.buffer_of[n]
@@ -234,6 +243,7 @@ def _copy_kernels(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) -> Pl
                 # (a stand-in node: ``y`` unchanged, stored into ``x``'s buffer)
                 member = Node(Op.CAST, (y,), {}, y.shape, y.dtype)
                 buffer_of[member] = plan.buffer_of[x]
+                plan.stored_into[plan.buffer_of[x]] = member
                 members.append(member)
             group = Group(shape, None, members, ["copy_: a write-back"] * len(members))
             name = f"kernel_{len(plan.kernels)}_copy"

@@ -173,3 +173,26 @@ def test_interleaved_chains_of_two_shapes_fuse_by_shape():
                                    f(*args[:0], big[0], small[0], big[1], small[1], big[2], small[2]))
     (report,) = reports_since(position)
     assert report.source.count("static void kernel_") == 6
+
+
+def test_kiln_check_runs_a_step_that_updates_its_inputs_in_place():
+    """KILN_CHECK compares each kernel's stores with the reference: a kernel that stores an input's new value
+    is judged against that value (not the input's old one), and a later kernel reading the updated input is
+    judged against the stored value (not one computed again from the updated input - a step counter incremented
+    twice)."""
+    model = _model()
+    ref = copy.deepcopy(model)
+    opt = OPTIMIZERS["adamw"](model.parameters(), True)
+    ref_opt = OPTIMIZERS["adamw"](ref.parameters(), True)
+    torch._dynamo.reset()
+    step = torch.compile(opt.step, backend="kiln", options={"check": True, "fallback": False})
+    position = mark()
+    for k in range(3):
+        x = torch.randn(8, 16, generator=_gen(k))
+        for m, o, s in ((model, opt, step), (ref, ref_opt, ref_opt.step)):
+            o.zero_grad()
+            m(x).pow(2).mean().backward()
+            s()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=REL, atol=REL * q.abs().max().item())
+    assert any("write-back in place" in r.format(source=False) for r in reports_since(position))
