@@ -34,20 +34,16 @@ OPTIMIZERS = {
 }
 
 
-@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
-@pytest.mark.parametrize("name", list(OPTIMIZERS))
-def test_a_compiled_step_matches_eager_and_writes_in_place(name, foreach):
-    """Parameters and optimizer state after 4 compiled steps within 1e-4 of eager's; no ``_foreach_*`` op or
-    write-back is left to a library call, and for Adam and AdamW no copy at all (the kernels store the new
-    parameters and moments where they lie)."""
+def _stepped(name, foreach, steps, options=None):
+    """``steps`` steps of optimizer ``name`` compiled by kiln and eager's, each on its copy of the model; the
+    parameters checked within 1e-4; (model, eager's model, optimizer, eager's optimizer)."""
     model = _model()
     ref = copy.deepcopy(model)
     opt = OPTIMIZERS[name](model.parameters(), foreach)
     ref_opt = OPTIMIZERS[name](ref.parameters(), foreach)
     torch._dynamo.reset()
-    step = torch.compile(opt.step, backend="kiln")
-    position = mark()
-    for k in range(4):
+    step = torch.compile(opt.step, backend="kiln", options=options or {})
+    for k in range(steps):
         x = torch.randn(8, 16, generator=_gen(k))
         for m, o, s in ((model, opt, step), (ref, ref_opt, ref_opt.step)):
             o.zero_grad()
@@ -55,6 +51,17 @@ def test_a_compiled_step_matches_eager_and_writes_in_place(name, foreach):
             s()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=REL, atol=REL * q.abs().max().item())
+    return model, ref, opt, ref_opt
+
+
+@pytest.mark.parametrize("foreach", [False, True], ids=["single", "foreach"])
+@pytest.mark.parametrize("name", list(OPTIMIZERS))
+def test_a_compiled_step_matches_eager_and_writes_in_place(name, foreach):
+    """Parameters and optimizer state after 4 compiled steps within 1e-4 of eager's; no ``_foreach_*`` op or
+    write-back is left to a library call, and for Adam and AdamW no copy at all (the kernels store the new
+    parameters and moments where they lie)."""
+    position = mark()
+    model, ref, opt, ref_opt = _stepped(name, foreach, 4)
     for p, q in zip(model.parameters(), ref.parameters()):
         for key, value in ref_opt.state[q].items():
             # (relative to the tensor's scale: moments near zero differ by rounding, as parameters do)
@@ -180,19 +187,6 @@ def test_kiln_check_runs_a_step_that_updates_its_inputs_in_place():
     is judged against that value (not the input's old one), and a later kernel reading the updated input is
     judged against the stored value (not one computed again from the updated input - a step counter incremented
     twice)."""
-    model = _model()
-    ref = copy.deepcopy(model)
-    opt = OPTIMIZERS["adamw"](model.parameters(), True)
-    ref_opt = OPTIMIZERS["adamw"](ref.parameters(), True)
-    torch._dynamo.reset()
-    step = torch.compile(opt.step, backend="kiln", options={"check": True, "fallback": False})
     position = mark()
-    for k in range(3):
-        x = torch.randn(8, 16, generator=_gen(k))
-        for m, o, s in ((model, opt, step), (ref, ref_opt, ref_opt.step)):
-            o.zero_grad()
-            m(x).pow(2).mean().backward()
-            s()
-    for p, q in zip(model.parameters(), ref.parameters()):
-        torch.testing.assert_close(p, q, rtol=REL, atol=REL * q.abs().max().item())
+    _stepped("adamw", True, 3, {"check": True, "fallback": False})
     assert any("write-back in place" in r.format(source=False) for r in reports_since(position))
