@@ -190,3 +190,19 @@ def test_kiln_check_runs_a_step_that_updates_its_inputs_in_place():
     position = mark()
     _stepped("adamw", True, 3, {"check": True, "fallback": False})
     assert any("write-back in place" in r.format(source=False) for r in reports_since(position))
+
+
+def test_a_scalar_chain_read_by_every_element_is_computed_once():
+    """[Note: scalars computed once]: ``sqrt(1 - 0.999 ** step)`` (a bias correction) read by a large elementwise
+    kernel is a scalar kernel's result, not a ``pow`` and a ``sqrt`` per element."""
+    def f(x, step):
+        return x / (1.0 - 0.999 ** step).sqrt() + 1.0
+
+    compiled, position = _compiled_report(f)
+    x, step = torch.randn(64, 64), torch.tensor(3.0)
+    torch.testing.assert_close(compiled(x, step), f(x, step))
+    (report,) = reports_since(position)
+    large = [k for k in report.kernels if k.outer and k.outer != (1,)]
+    assert large and not any("pow(" in k.format() or "sqrt(" in k.format() for k in large), \
+        [k.format() for k in report.kernels]
+    assert any("pow(" in k.format() for k in report.kernels if not large or k not in large)
