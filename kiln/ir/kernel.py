@@ -318,22 +318,29 @@ def _replace_dyn(index: Lin, mapping: dict[Dyn, Dyn]) -> Lin:
     return out
 
 
-def map_indices(kernel: Kernel, fn: Callable[[Lin], Lin]) -> Kernel:
-    """A copy of ``kernel`` with ``fn`` applied to every index expression (loads, stores, index values)."""
-    memo: dict[KExpr, KExpr] = {}
-
+def map_phases(kernel: Kernel, value: Callable[[KExpr], KExpr],
+               store_index: Callable[[Lin], Lin] = lambda i: i) -> list[Phase]:
+    """``kernel``'s phases rebuilt with ``value`` applied to every expression (accumulators, row values, stored
+    values) and ``store_index`` to every store's index."""
     def store(s: Store) -> Store:
-        return Store(s.buf, _map_index(s.index, fn, memo), map_expr_indices(s.value, fn, memo))
+        return Store(s.buf, store_index(s.index), value(s.value))
 
     phases: list[Phase] = []
     for p in kernel.phases:
         if isinstance(p, ReduceLoop):
-            accs = [Acc(a.name, a.kind, map_expr_indices(a.value, fn, memo), a.dtype) for a in p.accs]
+            accs = [Acc(a.name, a.kind, value(a.value), a.dtype) for a in p.accs]
             phases.append(ReduceLoop(accs, [store(s) for s in p.stores]))
         elif isinstance(p, RowAssign):
-            phases.append(RowAssign(p.name, map_expr_indices(p.value, fn, memo)))
+            phases.append(RowAssign(p.name, value(p.value)))
         elif isinstance(p, FullLoop):
             phases.append(FullLoop([store(s) for s in p.stores]))
         else:
             phases.append(RowStore(store(p.store)))
+    return phases
+
+
+def map_indices(kernel: Kernel, fn: Callable[[Lin], Lin]) -> Kernel:
+    """A copy of ``kernel`` with ``fn`` applied to every index expression (loads, stores, index values)."""
+    memo: dict[KExpr, KExpr] = {}
+    phases = map_phases(kernel, lambda e: map_expr_indices(e, fn, memo), lambda i: _map_index(i, fn, memo))
     return dataclasses.replace(kernel, phases=phases)

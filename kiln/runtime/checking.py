@@ -113,6 +113,7 @@ def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
     env, write_back = graph.start(inputs)
     node_of = {name: n for n, name in graph.plan.buffer_of.items()}
     kernels = {k.name: k for k in graph.plan.kernels}
+    held = _held(graph.plan)
     index = 0
     for step, (kind, item) in enumerate(graph.program):
         if not graph.arena_mode:
@@ -121,16 +122,16 @@ def run_checked(graph: Any, inputs: Any) -> list[torch.Tensor]:
             for k, entry in enumerate(graph.segments[item]):
                 what = _kernel_step(kernels[entry], node_of, graph.plan.stored_into) if isinstance(entry, str) else \
                     _Step("native", entry.label, [entry.node], [entry.node])
-                _checked(graph, what, env, index, lambda item=item, k=k: graph.run_entry(item, k, env))
+                _checked(graph, what, env, index, lambda item=item, k=k: graph.run_entry(item, k, env), held)
                 index += 1
         elif kind == "fused":
             written = [node_of[b] for b in sorted(item.buffers()[1])]
             what = _Step("fused", getattr(item, "name", "matmul"), written, [item.node] + written)
-            _checked(graph, what, env, index, lambda item=item: graph.run_fused(item, env))
+            _checked(graph, what, env, index, lambda item=item: graph.run_fused(item, env), held)
             index += 1
         else:
             what = _Step("extern", str(item.attr("target")), [item], [item])
-            _checked(graph, what, env, index, lambda item=item: graph.run_extern(item, env))
+            _checked(graph, what, env, index, lambda item=item: graph.run_extern(item, env), held)
             index += 1
         for n in graph.drop_after[step]:
             env.pop(n, None)
@@ -148,12 +149,15 @@ def _kernel_step(kernel: Any, node_of: dict[str, Node], stored_into: dict[str, N
     return _Step("kernel", kernel.name, written, list(kernel.nodes), kernel.schedule, held_by)
 
 
-def _checked(graph: Any, step: _Step, env: dict, index: int, run: Callable[[], None]) -> None:
-    plan = graph.plan
-    # values a kernel stored into an input's buffer ([Note: write-backs in place]) are read from there by later
-    # steps: the reference reads them there too, rather than computing them again from the updated input
-    held = {v: n for n, b in plan.buffer_of.items() for v in [plan.stored_into.get(b)] if v is not None}
-    realized = set(plan.buffer_of) | set(held)
+def _held(plan: Any) -> dict[Node, Node]:
+    """Values a kernel stores into an input's buffer ([Note: write-backs in place]) -> that input: later steps
+    read them there, and so does the reference, rather than computing them again from the updated input."""
+    return {v: n for n, b in plan.buffer_of.items() for v in [plan.stored_into.get(b)] if v is not None}
+
+
+def _checked(graph: Any, step: _Step, env: dict, index: int, run: Callable[[], None],
+             held: dict[Node, Node]) -> None:
+    realized = set(graph.plan.buffer_of) | set(held)
     actual: dict[Node, torch.Tensor] = {}
     expected, order = _reference(step.written, realized,
                                  lambda n: actual.setdefault(n, graph.value(held.get(n, n), env)))

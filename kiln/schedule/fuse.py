@@ -169,12 +169,13 @@ def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list
             steps.append(ExternStep(n))
             ready[n] = len(steps) - 1
             continue
-        last = _earlier_group(steps, n, ready) if n not in breaks and horizontal else None
-        if last is None:
-            last = steps[-1] if steps and isinstance(steps[-1], Group) else None
+        at = _earlier_group(steps, n, ready) if n not in breaks and horizontal else None
+        if at is None:
+            at = len(steps) - 1
+        last = steps[at] if steps and isinstance(steps[at], Group) else None
         why = last.accepts(n) if last is not None and n not in breaks else None
         if last is not None and why is not None:
-            ready[n] = steps.index(last)
+            ready[n] = at
             if n.op in REDUCTION and last.axes is None:
                 last.axes = n.attr("axes")
             last.members.append(n)
@@ -188,8 +189,9 @@ def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list
     return steps, realized, aliases
 
 
-def _earlier_group(steps: list[Step], n: Node, ready: dict[Node, int]) -> Group | None:
-    """[Note: horizontal fusion] A pointwise kernel over ``n``'s iteration space, opened before the last step, that
+def _earlier_group(steps: list[Step], n: Node, ready: dict[Node, int]) -> int | None:
+    """[Note: horizontal fusion] The step of a pointwise kernel over ``n``'s iteration space, opened before the
+    last step, that
     ``n`` may join: one after every step ``n`` reads from, with no library call between it and ``n``.  Captured
     graphs interleave independent elementwise chains of different shapes - a foreach optimizer step updates every
     parameter's first moment, then every second moment, ... (``[512, 512]``, ``[512]``, ``[512, 512]``, ...) -
@@ -205,5 +207,5 @@ def _earlier_group(steps: list[Step], n: Node, ready: dict[Node, int]) -> Group 
         if not isinstance(s, Group):
             return None
         if s.axes is None and s.accepts(n) is not None:
-            return s
+            return k
     return None

@@ -44,8 +44,7 @@ from typing import Any
 import torch
 
 from kiln.ir.graph import Graph, Node, mutates, view_root
-from kiln.ir.kernel import (Acc, FullLoop, KExpr, KLoad, KOp, Kernel, ReduceLoop, RowAssign, RowStore, Store,
-                            index_exprs, subexprs)
+from kiln.ir.kernel import FullLoop, KExpr, KLoad, KOp, Kernel, Store, index_exprs, map_phases, subexprs
 from kiln.ir.ops import Op
 from kiln.ir.program import ExternStep, Plan
 from kiln.runtime import native
@@ -100,20 +99,7 @@ def _renamed(e: KExpr, old: str, new: str) -> KExpr:
 
 def _rename_loads(kernel: Kernel, old: str, new: str) -> None:
     """``kernel`` loading ``new`` where it loaded ``old`` (loads in values; ``_loads_in_indices`` was checked)."""
-    def store(st: Store) -> Store:
-        return Store(st.buf, st.index, _renamed(st.value, old, new))
-    phases: list[Any] = []
-    for p in kernel.phases:
-        if isinstance(p, ReduceLoop):
-            phases.append(ReduceLoop([Acc(a.name, a.kind, _renamed(a.value, old, new), a.dtype) for a in p.accs],
-                                     [store(st) for st in p.stores]))
-        elif isinstance(p, RowAssign):
-            phases.append(RowAssign(p.name, _renamed(p.value, old, new)))
-        elif isinstance(p, FullLoop):
-            phases.append(FullLoop([store(st) for st in p.stores]))
-        else:
-            phases.append(RowStore(store(p.store)))
-    kernel.phases = phases
+    kernel.phases = map_phases(kernel, lambda e: _renamed(e, old, new))
     kernel.__dict__.pop("_frozen_buffers", None)
 
 
@@ -153,6 +139,7 @@ def _stored_in_place(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) ->
                 writer.setdefault(b, k)
     writes_of = Counter(x for s in plan.steps if isinstance(s, ExternStep) and mutates(s.node)
                         for x in written_inputs(s.node))
+    reads = [_reads(s, plan) for s in plan.steps]  # (buffers, operand values) of each step
     chosen: dict[int, dict[str, str]] = {}  # kernel step -> {y's buffer: x's buffer}
     dropped: dict[int, tuple[int, str, list[Kernel]]] = {}  # copy step -> (kernel step, y's buffer, renamed)
     for c, s in enumerate(plan.steps):
@@ -179,10 +166,11 @@ def _stored_in_place(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) ->
             continue
         if any(ld for p in kernel.phases for st in p.stores for ld in _loads(st.value, by)):
             continue
-        later = [t for t in plan.steps[k + 1:] if t is not s]
-        if any(bx in _reads(t, plan)[0] or x in _reads(t, plan)[1] or y in _reads(t, plan)[1] for t in later):
+        later = [t for t in range(k + 1, len(plan.steps)) if t != c]
+        if any(bx in reads[t][0] or x in reads[t][1] or y in reads[t][1] for t in later):
             continue
-        renamed = [t for t in later if by in _reads(t, plan)[0]]  # kernels reading y: they read x's buffer now
+        # kernels reading y: they read x's buffer now
+        renamed = [plan.steps[t] for t in later if by in reads[t][0]]
         if any(not isinstance(t, Kernel) or _loads_in_indices(t, by) for t in renamed):
             continue
         chosen.setdefault(k, {})[by] = bx
