@@ -10,6 +10,7 @@ through ``JITFunction.warmup``; the C launchers it builds with the host compiler
 
     python -m benchmarks.compile_profile --model opt --device cuda --dtype bf16 [--mode default] [--top 40]
     python -m benchmarks.compile_profile --model encoder_fast --device cuda --dtype bf16 --breakdown --warm mha_self
+    python -m benchmarks.compile_profile --model encoder_fast --device cuda --dtype bf16 --breakdown --timeline
 """
 from __future__ import annotations
 
@@ -39,6 +40,9 @@ def main() -> None:
     p.add_argument("--order", default="inductor,kiln",
                    help="with --breakdown: which backend's first call is timed first (each starts from a collected "
                         "heap; see benchmarks/runner.first_call)")
+    p.add_argument("--timeline", action="store_true",
+                   help="with --breakdown: when each Triton kernel's stages ran (front end, MLIR, LLVM, ptxas), by "
+                        "thread, relative to the first call's start, and when kiln's backend began and ended")
     p.add_argument("--cprofile", action="store_true",
                    help="with --breakdown: each measured first call under cProfile too (its top functions printed)")
     args = p.parse_args()
@@ -109,6 +113,56 @@ def _instrument_triton(totals: dict[str, list[float]]) -> None:
     _timed(nvidia, "compile_module_from_src", totals, "host compiler (launchers, utils)")
 
 
+def _instrument_stages(events: list[tuple[str, str, int, float, float]]) -> None:
+    """Record ``(kernel, stage, thread, start, end)`` for Triton's front end (``ASTSource.make_ir``: the Python
+    AST walk to TTIR) and each backend stage (ttir, ttgir, llir, ptx, cubin: MLIR passes, LLVM, ptxas)."""
+    try:
+        import triton.compiler.compiler as tc
+        from triton.backends.nvidia.compiler import CUDABackend
+    except ImportError:
+        return
+    import threading
+    current: dict[int, str] = {}
+    make_ir = tc.ASTSource.make_ir
+
+    def timed_make_ir(self: Any, *a: Any, **k: Any) -> Any:
+        current[threading.get_ident()] = self.name
+        start = time.perf_counter()
+        try:
+            return make_ir(self, *a, **k)
+        finally:
+            events.append((self.name, "frontend", threading.get_ident(), start, time.perf_counter()))
+    tc.ASTSource.make_ir = timed_make_ir
+    add_stages = CUDABackend.add_stages
+
+    def timed_add_stages(self: Any, stages: dict, *a: Any, **k: Any) -> Any:
+        add_stages(self, stages, *a, **k)
+        for name, fn in list(stages.items()):
+            def wrapped(src: Any, metadata: Any, fn: Any = fn, name: str = name) -> Any:
+                start = time.perf_counter()
+                try:
+                    return fn(src, metadata)
+                finally:
+                    thread = threading.get_ident()
+                    events.append((current.get(thread, "?"), name, thread, start, time.perf_counter()))
+            stages[name] = wrapped
+    CUDABackend.add_stages = timed_add_stages
+
+
+def _print_timeline(events: list[tuple[str, str, int, float, float]], origin: float,
+                    marks: dict[str, float]) -> None:
+    threads = {t: k for k, t in enumerate(dict.fromkeys(e[2] for e in sorted(events, key=lambda e: e[3])))}
+    for label, at in sorted(marks.items(), key=lambda m: m[1]):
+        print(f"  {1e3 * (at - origin):8.1f} ms  {label}")
+    for kernel, stage, thread, start, end in sorted(events, key=lambda e: e[3]):
+        print(f"  {1e3 * (start - origin):8.1f} - {1e3 * (end - origin):7.1f} ms  thread {threads[thread]}  "
+              f"{stage:8s} {1e3 * (end - start):6.1f} ms  {kernel}")
+    by_stage: dict[str, float] = collections.defaultdict(float)
+    for _, stage, _, start, end in events:
+        by_stage[stage] += end - start
+    print("  summed by stage: " + ", ".join(f"{k} {1e3 * v:.0f} ms" for k, v in by_stage.items()))
+
+
 def _instrument_gc(totals: dict[str, list[float]], where: list[str]) -> None:
     """Each garbage collection's pause adds to ``totals`` (its generation in the label); for each full
     (generation-2) collection ``where`` gets the innermost torch/kiln/Triton frames it interrupted and whether
@@ -144,6 +198,31 @@ def breakdown(args: argparse.Namespace) -> None:
     gc_where: list[str] = []
     _instrument_triton(totals)
     _instrument_gc(totals, gc_where)
+    events: list[tuple[str, str, int, float, float]] = []
+    marks: dict[str, float] = {}
+    if args.timeline:
+        _instrument_stages(events)
+        import kiln.compiler
+        import kiln.frontend.dynamo
+
+        def mark_calls(owner: Any, name: str, label: str) -> None:
+            original = getattr(owner, name)
+
+            def timed(*a: Any, **k: Any) -> Any:
+                marks[f"{label} called"] = time.perf_counter()
+                try:
+                    return original(*a, **k)
+                finally:
+                    marks[f"{label} returned"] = time.perf_counter()
+            setattr(owner, name, timed)
+        mark_calls(kiln.frontend.dynamo, "kiln_backend", "kiln's Dynamo backend")  # (AOTAutograd's trace inside)
+        mark_calls(kiln.compiler, "compile_aten_graph", "kiln's compiler")
+        try:
+            import torch._inductor.compile_fx as inductor_fx
+            mark_calls(inductor_fx, "compile_fx", "Inductor's backend")
+            mark_calls(inductor_fx, "compile_fx_inner", "Inductor's compiler")
+        except ImportError:
+            pass
 
     def first_call(backend: str, name: str, profiled: bool = False) -> float:
         model, inputs = _build(args, name)
@@ -151,6 +230,8 @@ def breakdown(args: argparse.Namespace) -> None:
         gc.collect()  # (as benchmarks/runner.first_call: no backend pays for the garbage of the one before it)
         totals.clear()  # (what building the model cost is not the first call's)
         gc_where.clear()
+        events.clear()
+        marks.clear()
         profiler = cProfile.Profile() if profiled else None
         start = time.perf_counter()
         with torch.inference_mode(), (profiler or contextlib.nullcontext()):
@@ -161,6 +242,10 @@ def breakdown(args: argparse.Namespace) -> None:
             if args.device == "cuda":
                 torch.cuda.synchronize()
         took = time.perf_counter() - start
+        if events or marks:
+            marks["first call returned"] = start + took
+            print(f"--- {name} {backend}: timeline of the first call ---")
+            _print_timeline(events, start, marks)
         if profiler is not None:
             out = io.StringIO()
             stats = pstats.Stats(profiler, stream=out)

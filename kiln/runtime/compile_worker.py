@@ -49,6 +49,31 @@ def compile_job(job: dict) -> None:
         build_launcher(compiled)
 
 
+def _warm_up() -> None:
+    """Compile one tiny kernel before answering ready, into a scratch cache (so every worker pays it).  A worker's
+    first compile otherwise pays Triton's one-time set-up - its backend, the MLIR dialects, LLVM's target,
+    ``kiln.runtime``'s imports - on the first kernel a graph hands it, and a cold worker took longer over one
+    kernel than the parent's threads over all of a small graph's (session 35: workers took none of
+    encoder_fast's kernels).  Done while the parent is still tracing, as the rest of the start."""
+    import torch
+    import triton
+    import triton.language as tl
+    from kiln.runtime import triton_module  # noqa: F401  (what the jobs import)
+
+    @triton.jit
+    def _warm(p0, p1, BLOCK: tl.constexpr):
+        i = tl.arange(0, BLOCK)
+        tl.store(p1 + i, tl.load(p0 + i) * 2.0 + 1.0)
+    import tempfile
+    saved = triton.knobs.cache.dir
+    with tempfile.TemporaryDirectory(prefix="kiln-worker-warm-up-") as scratch:
+        triton.knobs.cache.dir = scratch  # (nothing of it in the caller's cache)
+        try:
+            _warm.warmup(torch.float32, torch.float32, grid=(1,), BLOCK=16)
+        finally:
+            triton.knobs.cache.dir = saved
+
+
 def main() -> None:
     # The answers go to the parent through the original stdout; file descriptor 1 then points at stderr, because
     # a failing compile prints its MLIR diagnostics (the module's IR) to fd 1 from C++, which would break the
@@ -58,6 +83,10 @@ def main() -> None:
     sys.stdout = sys.stderr
     _install_stub_driver(json.loads(sys.argv[1]))
     import torch  # noqa: F401  (imported before the first job, while the parent is still tracing)
+    try:
+        _warm_up()
+    except Exception:  # noqa: BLE001 - only an optimisation; a real job reports its own error
+        pass
     print(json.dumps({"ready": True}), file=answers, flush=True)
     for line in sys.stdin:
         job = json.loads(line)

@@ -38,7 +38,7 @@ import dataclasses
 from typing import Union
 
 from kiln import config
-from kiln.ir.graph import Graph, Node, readers_through_views, view_root
+from kiln.ir.graph import Graph, Node, mutates, readers_through_views, view_root
 from kiln.ir.program import ExternStep
 from kiln.ir.sym import size_hint
 from kiln.ir.ops import INLINABLE, REDUCTION, TRANSCENDENTAL, VIEW, Op, numel
@@ -159,6 +159,7 @@ def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list
     """
     realized, aliases = decide_realized(graph)
     horizontal = config.get().horizontal_fusion
+    loads = _Loads(realized)
     steps: list[Step] = []
     ready: dict[Node, int] = {}  # the step after which a node's value can be read (-1: the call's start)
     for n in graph.nodes:
@@ -169,7 +170,7 @@ def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list
             steps.append(ExternStep(n))
             ready[n] = len(steps) - 1
             continue
-        at = _earlier_group(steps, n, ready) if n not in breaks and horizontal else None
+        at = _earlier_group(steps, n, ready, loads) if n not in breaks and horizontal else None
         if at is None:
             at = len(steps) - 1
         last = steps[at] if steps and isinstance(steps[at], Group) else None
@@ -189,23 +190,62 @@ def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list
     return steps, realized, aliases
 
 
-def _earlier_group(steps: list[Step], n: Node, ready: dict[Node, int]) -> int | None:
-    """[Note: horizontal fusion] The step of a pointwise kernel over ``n``'s iteration space, opened before the
-    last step, that
-    ``n`` may join: one after every step ``n`` reads from, with no library call between it and ``n``.  Captured
-    graphs interleave independent elementwise chains of different shapes - a foreach optimizer step updates every
-    parameter's first moment, then every second moment, ... (``[512, 512]``, ``[512]``, ``[512, 512]``, ...) -
-    and joining only the last kernel made a kernel per parameter and op (64 for an 8-layer AdamW step); joined
-    back, one kernel per shape and stage.  Never across a library call: a call between may write what ``n``
-    reads (an in-place update) and an epilogue belongs right after its call.  Members read each other inline
-    (``kernel_build``), so a join needs no order between elements.  None where the last step is the one to try."""
-    if n.op in REDUCTION or not steps or not isinstance(steps[-1], Group) or steps[-1].accepts(n) is not None:
+def _earlier_group(steps: list[Step], n: Node, ready: dict[Node, int],
+                   loads: "_Loads") -> int | None:
+    """[Note: horizontal fusion] The step of a kernel over ``n``'s iteration space, opened before the last step,
+    that ``n`` may join: one after every step ``n`` reads from.  Captured graphs interleave independent elementwise
+    chains of different shapes - a foreach optimizer step updates every parameter's first moment, then every
+    second moment, ... (``[512, 512]``, ``[512]``, ``[512, 512]``, ...) - and joining only the last kernel made a
+    kernel per parameter and op (64 for an 8-layer AdamW step); joined back, one kernel per shape and stage.
+    Members read each other inline (``kernel_build``), so a join needs no order between elements.
+
+    Any join ``Group.accepts`` (a reduction over a pointwise kernel's space makes it a prologue, as when they are
+    adjacent).  Across a library call only where the call writes none of its arguments (an in-place update could
+    write what ``n`` reads) and ``n`` loads a value the kernel loads or computes (what the join saves is that
+    load, and a kernel; ``n``'s result, now computed before the call, lives longer - without a shared load that
+    is no trade): a padding mask's conversion to an additive mask for the attention call and the test for
+    queries with every key masked, read after the call, were two kernels over the same mask
+    (``nn.TransformerEncoderLayer``'s fused op), one since.  An epilogue of a call reads the call's result, so it
+    stays after it.  None where the last step is the one to try."""
+    if not steps or isinstance(steps[-1], Group) and steps[-1].accepts(n) is not None:
         return None
+    if not isinstance(steps[-1], Group) and mutates(steps[-1].node):
+        return None
+    crossed = not isinstance(steps[-1], Group)
     after = max((ready[i] for i in n.inputs), default=-1)
     for k in range(len(steps) - 2, after - 1, -1):
         s = steps[k]
         if not isinstance(s, Group):
-            return None
-        if s.axes is None and s.accepts(n) is not None:
+            if mutates(s.node):
+                return None
+            crossed = True
+            continue
+        if s.accepts(n) is not None and (not crossed or loads.of_node(n) & loads.of_group(s)):
             return k
     return None
+
+
+class _Loads:
+    """The realized values a node's inlined expression loads (through views and inlined producers), and those of
+    a kernel's members: what a join across a library call must share (``_earlier_group``)."""
+
+    def __init__(self, realized: set[Node]) -> None:
+        self.realized = realized
+        self.memo: dict[Node, frozenset[Node]] = {}
+
+    def of_node(self, n: Node) -> frozenset[Node]:
+        """Loads of ``n``'s own expression (its inputs, through views and inlined producers)."""
+        out: set[Node] = set()
+        for i in n.inputs:
+            out |= self._value(i)
+        return frozenset(out)
+
+    def _value(self, n: Node) -> frozenset[Node]:
+        if n not in self.memo:
+            root = view_root(n)
+            self.memo[n] = frozenset((root,)) if root in self.realized or not root.inputs else self.of_node(root)
+        return self.memo[n]
+
+    def of_group(self, g: Group) -> frozenset[Node]:
+        """What the kernel loads or computes (a member's value is read inline, with no load)."""
+        return frozenset(g.members).union(*(self.of_node(m) for m in g.members))

@@ -182,6 +182,32 @@ def test_interleaved_chains_of_two_shapes_fuse_by_shape():
     assert report.source.count("static void kernel_") == 6
 
 
+def test_a_reduction_of_a_mask_joins_the_mask_kernel_across_a_library_call():
+    """[Note: horizontal fusion] across a library call: a padding mask turned into an additive mask and, after a
+    product, tested for rows with every key masked - one kernel loading the mask once, not two.  Not where the
+    two share no load (the later result would only live longer)."""
+    def related(x, w, mask, other):
+        return torch.where(mask, float("-inf"), 0.0), torch.mm(x, w), mask.all(-1)
+
+    def unrelated(x, w, mask, other):
+        return torch.where(mask, float("-inf"), 0.0), torch.mm(x, w), other.all(-1)
+
+    def kernels(fn, args):
+        compiled, position = _compiled_report(fn)
+        torch.testing.assert_close(compiled(*args), fn(*args))
+        (report,) = reports_since(position)
+        return report.source.count("static void kernel_"), report.format(source=False)
+
+    masks = torch.rand(2, 6, 7) > 0.5
+    masks[:, 2] = True  # a row with every key masked
+    args = [torch.randn(6, 5), torch.randn(5, 7), masks[0], masks[1]]
+    count, text = kernels(related, args)
+    assert count == 1 and "prologue fused" in text, text
+    assert kernels(unrelated, args)[0] == 2
+    with kiln.config.scope(horizontal_fusion=False):
+        assert kernels(related, args)[0] == 2
+
+
 def test_kiln_check_runs_a_step_that_updates_its_inputs_in_place():
     """KILN_CHECK compares each kernel's stores with the reference: a kernel that stores an input's new value
     is judged against that value (not the input's old one), and a later kernel reading the updated input is
