@@ -26,7 +26,9 @@ from kiln.ir.tiling import plan_tiles
 from kiln.codegen.cpp_expr import (HELPERS, ExprPrinter, combine_text as _combine, ctype, identity_literal as _init,
                                    rounded, size_text, to_memory, value_type, vector_lanes as lanes)
 from kiln.codegen.cpp_columns import column_plan, write_columns
-from kiln.ir.kernel import Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore
+from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, Var
+from kiln.ir.kernel import (Acc, FullLoop, KIndex, KLoad, Kernel, ReduceLoop, RowAssign, RowStore, Store,
+                             index_atoms, map_expr_indices, phase_exprs, phase_stores, subexprs)
 from kiln.ir.loops import LoopNest
 from kiln.ir.ops import HALF, Op, compute_dtype, numel
 
@@ -44,6 +46,48 @@ def _round_half_accs(phase: ReduceLoop, lines: list[str], indent: str) -> None:
     for a in phase.accs:
         if a.dtype in HALF:
             lines.append(f"{indent}{a.name} = {rounded(a.name, a.dtype)};")
+
+
+def blocked_r(phase: ReduceLoop | FullLoop, rsize: Any, vw: int) -> ReduceLoop | FullLoop | None:
+    """[Note: reduction index blocked by the vector] ``phase`` with ``r`` written as ``vw*rb + l`` (block ``rb``,
+    lane ``l``), for a vector loop whose blocks start at multiples of ``vw`` - or None where that changes nothing.
+
+    A reduction over several dims of a view reaches the loop as one ``r`` unflattened by division: BatchNorm's
+    training statistics over an NCHW tensor ``[4, 64, 48, 48]`` read ``147456*(r / 2304) + 48*((r / 48) % 48) +
+    r % 48 + 2304*o0``, a division and a remainder per element and per lane (a gather: 4 % of the memory bound,
+    4.1 ms where the data takes 0.17).  Where every divisor is a multiple of ``vw``, a block never crosses a
+    boundary, and the simplifier proves it: the index becomes ``147456*(rb / 144) + 48*((rb / 3) % 48) +
+    16*(rb % 3) + l + 2304*o0`` - the block's part once, then contiguous lanes.  Only where no division is left
+    on ``l`` (and no gather: its index stays as it is)."""
+    if type(rsize) is not int or rsize < vw or vw < 2:
+        return None
+    r = Var("r", rsize)
+    exprs = phase_exprs(phase) + [KIndex(st.index, torch.int64) for st in phase_stores(phase)]
+    indices = [x.index for e in exprs for x in subexprs(e) if isinstance(x, (KLoad, KIndex))] + \
+        [st.index for st in phase_stores(phase)]
+    atoms = [a for i in indices for a in index_atoms(i)]
+    if any(isinstance(a, Dyn) for a in atoms) or not any(
+            isinstance(a, (FloorDiv, Mod)) and r in set(index_atoms(a.arg)) for a in atoms):
+        return None
+    lane = Var("l", vw)
+    into = {r: Lin.of(Var("rb", rsize // vw)) * vw + Lin.of(lane)}
+
+    def fn(index: Lin) -> Lin:
+        return index.substitute(into)
+    for i in indices:
+        if any(isinstance(a, (FloorDiv, Mod)) and lane in set(index_atoms(a.arg)) for a in index_atoms(fn(i))):
+            return None
+    memo: dict = {}
+
+    def value(e: Any) -> Any:
+        return map_expr_indices(e, fn, memo)
+
+    def store(st: Store) -> Store:
+        return Store(st.buf, fn(st.index), value(st.value))
+    if isinstance(phase, ReduceLoop):
+        return ReduceLoop([Acc(a.name, a.kind, value(a.value), a.dtype) for a in phase.accs],
+                          [store(st) for st in phase.stores])
+    return FullLoop([store(st) for st in phase.stores])
 
 
 class KernelWriter:
@@ -156,6 +200,28 @@ class KernelWriter:
         self._close(len(nest.loops))
 
     def _full_loop(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
+        vw = self._lanes or min((lanes(compute_dtype(st.value.dtype)) for st in phase.stores), default=0)
+        blocked = blocked_r(phase, self.k.rsize, vw)
+        if blocked is not None:  # ([Note: reduction index blocked by the vector]) blocks, then the remainder
+            rs = self.k.rsize
+            self.lines.append(f"{indent}for (int64_t rb = 0; rb < {rs // vw}; ++rb) {{")
+            self.lines.append(f"{indent}  #pragma omp simd")
+            self.lines.append(f"{indent}  for (int64_t l = 0; l < {vw}; ++l) {{")
+            body = row.child(self.lines, indent + "    ")
+            for st in blocked.stores:
+                value = body.expr(st.value)
+                self.lines.append(f"{indent}    {st.buf}[{body.index(st.index)}] = {to_memory(value, st.value.dtype)};")
+            self.lines.append(f"{indent}  }}")
+            self.lines.append(f"{indent}}}")
+            if rs % vw == 0:
+                return
+            self.lines.append(f"{indent}for (int64_t r = {rs - rs % vw}; r < {rs}; ++r) {{")
+            body = row.child(self.lines, indent + "  ")
+            for st in phase.stores:
+                value = body.expr(st.value)
+                self.lines.append(f"{indent}  {st.buf}[{body.index(st.index)}] = {to_memory(value, st.value.dtype)};")
+            self.lines.append(f"{indent}}}")
+            return
         self.lines.append(f"{indent}#pragma omp simd")
         self.lines.append(f"{indent}for (int64_t r = 0; r < {size_text(self.k.rsize)}; ++r) {{")
         body = row.child(self.lines, indent + "  ")
@@ -228,11 +294,14 @@ class KernelWriter:
                 decl = f"{acc_type(a.dtype)} " if suffix else ""
                 self.lines.append(f"{inner}{decl}{a.name}{suffix} = {a.name}_l[0];")
             return
+        blocked = blocked_r(phase, self.k.rsize, vw) if lo == "0" else None
         self.lines.append(f"{inner}for (; r0 + {vw} <= {hi}; r0 += {vw}) {{")
+        if blocked is not None:  # ([Note: reduction index blocked by the vector])
+            self.lines.append(f"{inner}  const int64_t rb = r0 / {vw};")
         self.lines.append(f"{inner}  #pragma omp simd")
         self.lines.append(f"{inner}  for (int64_t l = 0; l < {vw}; ++l) {{")
         self.lines.append(f"{inner}    const int64_t r = r0 + l;")
-        self._acc_body(phase, row, inner + "    ", "[l]")
+        self._acc_body(blocked or phase, row, inner + "    ", "[l]")
         self.lines.append(f"{inner}  }}")
         self.lines.append(f"{inner}}}")
         whole = hi.isdigit() and int(hi) % vw == 0  # no remainder after the vector loop

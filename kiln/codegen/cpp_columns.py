@@ -73,8 +73,10 @@ def column_lanes(kernel: Kernel, vector_width: int) -> int:
                 for load in _loads(a.value):
                     if _has_gather(load.index) or load.index.coefficient(row) not in (0, 1):
                         return 0
-                    if load.index.coefficient(red) == 1:
+                    if load.index.coefficient(red) == 1 and load.index.coefficient(row) != 0:
                         return 0  # contiguous along the row: the row-wise writer's vectors are better
+                    # (a value per ``r`` that every row reads - a LayerNorm backward's per-token mean and rstd in
+                    # its weight gradient's column sums - is one broadcast per ``r`` here)
                     strided |= load.index.coefficient(row) == 1 and load.index.coefficient(red) != 0
         elif isinstance(phase, RowStore):
             if phase.store.index.coefficient(row) != 1 or _has_gather(phase.store.index):

@@ -349,7 +349,8 @@ class _Writer:
         strides = m.plan.strides_of.get(n)
         index = n.attr("out_index")
         v = self.bind(n, strides)
-        self.emit(f"{v} = {self.glob(fast_callable(target, mode=self.m.mode), 'EXTERN')}({', '.join(parts)})"
+        call = fast_callable(target, mode=self.m.mode, first_output_only=index == 0)  # (no sibling: see above)
+        self.emit(f"{v} = {self.glob(call, 'EXTERN')}({', '.join(parts)})"
                   + (f"[{index}]" if index is not None else "") + what)
         if strides is None:
             self.emit(f"if not {v}.is_contiguous():")

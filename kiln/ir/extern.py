@@ -54,17 +54,21 @@ def checked_source(weight: Any) -> Any:
 _BOUND = ("convolution.default", "addmm.default", "mm.default", "bmm.default", "baddbmm.default")
 
 
-def fast_callable(target: Any, out: bool = False, mode: str = "default") -> Any:
+def fast_callable(target: Any, out: bool = False, mode: str = "default", first_output_only: bool = False) -> Any:
     """What a generated call calls for ``target`` (an OpOverload): its torch C binding where ``_BOUND`` lists it,
     else the op itself.  ``out``: the call writes into ``out=`` (the op's ``.out`` overload, which the binding
     picks when given ``out=``).  ``aten.scaled_dot_product_attention``: see [Note: attention's entry] (``mode``:
-    the compile's, which decides how much device time a call's host time is worth)."""
-    if target is torch.ops.aten.scaled_dot_product_attention.default and not out:
+    the compile's, which decides how much device time a call's host time is worth).  ``first_output_only``: the
+    call's first output is the only one read (``aten._scaled_dot_product_cudnn_attention``: see [Note: cuDNN
+    attention's first call])."""
+    cudnn = target is torch.ops.aten._scaled_dot_product_cudnn_attention.default and first_output_only
+    if (target is torch.ops.aten.scaled_dot_product_attention.default or cudnn) and not out:
         from kiln import config
         entry = config.get().gpu_attention_entry
         if entry != "composite":
             limit = None if entry == "efficient" else EFFICIENT_UP_TO[mode != "default"]
-            return functools.partial(attention_efficient_first, efficient_up_to=limit)
+            return functools.partial(cudnn_efficient_first if cudnn else attention_efficient_first,
+                                     efficient_up_to=limit)
     overload = f"{getattr(target, '_opname', '')}.{getattr(target, '_overloadname', '')}"
     if getattr(target, "namespace", None) == "aten" and overload in _BOUND:
         return getattr(torch._C._VariableFunctions, target._opname)
@@ -101,10 +105,45 @@ def attention_efficient_first(query: torch.Tensor, key: torch.Tensor, value: tor
     return _COMPOSITE(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
+def cudnn_efficient_first(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_bias: torch.Tensor | None,
+                          compute_log_sumexp: bool, dropout_p: float = 0.0, is_causal: bool = False,
+                          return_debug_mask: bool = False, *, scale: float | None = None,
+                          efficient_up_to: int | None = None) -> tuple[torch.Tensor, ...]:
+    """``aten._scaled_dot_product_cudnn_attention`` for a generated call that reads only its first output: up to
+    ``efficient_up_to`` scores (None: any) the memory-efficient op with the same additive bias, broadcast to
+    ``[B, H, T, S]`` as a view, else (or where that op refuses the tensors) the cuDNN op.
+
+    [Note: cuDNN attention's first call] Where TorchDynamo traced ``F.scaled_dot_product_attention`` with a mask
+    on Hopper, the graph holds the cuDNN op itself (torch chose it while tracing), and cuDNN builds an execution
+    plan the first time it sees a shape: 39 ms per new shape on the H100 (62 ms for the process's first), against
+    0.1 ms for the memory-efficient kernel's first call (``python -m benchmarks.attention_first_call``, session
+    38; encoder_fast's first run 57 -> 7 ms).  That is a compile-time cost per attention shape - per sequence
+    length under dynamic shapes - that eager's own choice (the composite picks the efficient kernel for a masked
+    call) never pays, and at the sizes where the efficient kernel is the faster one anyway ([Note: attention's
+    entry]: the same bounds) it buys nothing.
+    Both add the bias to the scaled scores and take softmax in fp32: results differ by rounding only."""
+    if query.is_cuda and not dropout_p and not return_debug_mask and (
+            efficient_up_to is None or query.numel() // query.shape[-1] * key.shape[-2] <= efficient_up_to):
+        bias = None
+        if attn_bias is not None:
+            shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
+            try:
+                bias = attn_bias.expand(shape)
+            except RuntimeError:
+                bias = attn_bias
+        try:
+            return (_EFFICIENT(query, key, value, bias, False, 0.0, is_causal, scale=scale)[0],)
+        except RuntimeError:
+            pass
+    return _CUDNN(query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask,
+                  scale=scale)
+
+
 # the most scores (batch x heads x queries x keys) for which the efficient op is taken: default mode, CUDA graphs
 EFFICIENT_UP_TO = (12 * 256 * 256, 12 * 128 * 128)
 _EFFICIENT = torch._C._VariableFunctions._scaled_dot_product_efficient_attention
 _COMPOSITE = torch._C._nn.scaled_dot_product_attention
+_CUDNN = torch._C._VariableFunctions._scaled_dot_product_cudnn_attention
 
 
 def substitute(template: Any, values: Sequence[Any], sizes: dict[str, int] | None = None) -> Any:

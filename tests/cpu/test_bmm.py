@@ -188,3 +188,62 @@ def test_a_graph_without_batched_products_does_not_build_the_library(monkeypatch
     with torch.inference_mode(), kiln.config.scope(disabled_passes="select_gemm"):
         got = kiln.compile(lambda t: torch.tanh(t) * 2 + t.sum(-1, keepdim=True), fallback=False)(x)
     torch.testing.assert_close(got, torch.tanh(x) * 2 + x.sum(-1, keepdim=True), rtol=1.3e-5, atol=1.5e-5)
+
+
+def _flat_layouts(m, k, n):
+    """(name, a, b, bias) of 2-D products of run-time operands in the layouts a training graph gives: a linear's
+    ``x @ W^T`` with a bias row, the backward's ``dY @ W`` and ``dY^T @ X``, sliced with offsets, a 2-D bias."""
+    x, w = _rand(m, k, seed=1), _rand(n, k, seed=2)
+    dy_t = _rand(k, m, seed=3).t()
+    sliced_a = _rand(m + 2, k + 3, seed=4)[1:1 + m, 3:]
+    sliced_b = _rand(k, n + 5, seed=5)[:, 2:2 + n]
+    return [("x @ W^T + bias", x, w.t(), _rand(n, seed=6)), ("dY @ W", x, _rand(k, n, seed=7), None),
+            ("dY^T @ X", dy_t, _rand(k, n, seed=8), None), ("sliced, offset", sliced_a, sliced_b, None),
+            ("2-D bias", x, w.t(), _rand(m, n, seed=9))]
+
+
+@pytest.mark.parametrize("shape", [(33, 70, 45), (128, 96, 64), (7, 600, 37), (1, 16, 1)],
+                         ids=lambda s: "x".join(map(str, s)))
+def test_products_of_run_time_operands_run_as_kiln_bmm(shape):
+    """[Note: products of run-time operands]: ``mm``/``addmm`` whose right operand is an input (a training
+    graph's weight, a gradient) run as kiln's one-batch product in every layout, matching eager; one whose right
+    operand is a weight stays with the GEMM selection."""
+    m, k, n = shape
+    atol = 1.5e-5 * max(1.0, (k / 64) ** 0.5)
+    for name, a, b, bias in _flat_layouts(m, k, n):
+        fn = (lambda p, q, r: torch.addmm(r, p, q)) if bias is not None else (lambda p, q, r: torch.mm(p, q))
+        position = mark()
+        with torch.inference_mode():
+            got = kiln.compile(fn, fallback=False, dynamic=False, choices="bmm=kiln")(a, b, bias)
+        torch.testing.assert_close(got.double(), fn(a.double(), b.double(), None if bias is None else bias.double()),
+                                   rtol=1.3e-5, atol=atol, msg=lambda msg, name=name: f"{name}: {msg}")
+        report = reports_since(position)[-1]
+        notes = " ".join(note for p in report.passes if p.name == "select_bmm" for note in p.notes)
+        assert "mm -> kiln bmm: 1" in notes, (name, notes)
+
+    linear = nn.Linear(40, 24).eval()
+    position = mark()
+    with torch.inference_mode():
+        kiln.compile(linear, fallback=False, choices="bmm=kiln")(_rand(5, 40, seed=1))
+    notes = " ".join(note for p in reports_since(position)[-1].passes if p.name == "select_bmm" for note in p.notes)
+    assert "kiln bmm" not in notes, notes
+
+
+def test_a_training_step_runs_its_products_as_kiln_bmm():
+    """A training step's forward and backward products (weights read as inputs, gradients ``dY @ W`` and
+    ``dY^T @ X``) as kiln's; gradients match eager's."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 40))
+    ref = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    x = _rand(20, 48, seed=3)
+    position = mark()
+    out = kiln.compile(model, fallback=False, choices="bmm=kiln")(x)
+    out.square().sum().backward()
+    h = torch.nn.functional.gelu(x @ ref[0].t() + ref[1])
+    (h @ ref[2].t() + ref[3]).square().sum().backward()
+    for p, q in zip(model.parameters(), ref):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4)
+    notes = " ".join(note for r in reports_since(position) for p in r.passes if p.name == "select_bmm"
+                     for note in p.notes)
+    import re
+    assert sum(int(c) for c in re.findall(r"-> kiln bmm: (\d+)", notes)) >= 5, notes  # 2 forward, 3 backward

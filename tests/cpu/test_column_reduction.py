@@ -97,3 +97,18 @@ def test_contiguous_and_short_rows_stay_row_wise():
     x = torch.randn(6, 5, 8)
     assert not _columns(_check(lambda t: t.sum(2), x))    # reduced elements side by side
     assert not _columns(_check(lambda t: t.sum(0), x[:, 0, :]))  # 8 rows: less than a vector
+
+
+def test_column_sums_reading_a_value_per_reduced_element():
+    """A LayerNorm backward's weight and bias gradients: column sums over the tokens of ``[T, C]`` that read a
+    per-token mean and rstd (contiguous along ``r``, the same for every row: a broadcast per ``r``), with the input
+    gradient's elementwise pass in the same kernel - all along the rows."""
+    gen = torch.Generator().manual_seed(5)
+    g, x = torch.randn(70, 48, generator=gen), torch.randn(70, 48, generator=gen)
+    mean, rstd = torch.randn(70, 1, generator=gen), torch.rand(70, 1, generator=gen) + 0.5
+
+    def grads(g, x, mean, rstd):
+        xhat = (x - mean) * rstd
+        return (g * xhat).sum(0), g.sum(0), g * rstd + xhat
+    report = _check(grads, g, x, mean, rstd)
+    assert _columns(report)

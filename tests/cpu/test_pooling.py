@@ -1,5 +1,6 @@
 """Pooling lowered to kernels (frontend/aten_pool.py): every configuration against eager, NaN propagation,
-indices still from ATen when used, and the interior loop of a strided window vectorizes."""
+max-pooling indices computed by kiln exactly as ATen's (ties, NaN, -inf, padding), and the interior loop of a
+strided window vectorizes."""
 import pytest
 import torch
 import torch.nn.functional as F
@@ -40,9 +41,21 @@ def test_max_pool_propagates_nan():
     run(lambda x: F.max_pool2d(x, 3, 2, 1), x)
 
 
-def test_max_pool_indices_come_from_aten():
-    run(lambda x: F.max_pool2d(x, 3, 2, 1, return_indices=True), torch.randn(1, 3, 10, 10),
-        externs_ok=("max_pool2d_with_indices",))
+@pytest.mark.parametrize("case", MAX_CASES)
+@pytest.mark.parametrize("shape", SHAPES)
+def test_max_pool_indices_are_atens(case, shape):
+    """[Note: max-pooling indices]: values in a few levels (ties within windows: the first maximum), NaNs (the
+    last one), whole windows of -inf (the first in-bounds position), in every configuration; no ATen call."""
+    k, s, p, d, c = case
+    gen = torch.Generator().manual_seed(sum(shape))
+    x = torch.randint(-2, 3, shape, generator=gen).float()
+    flat = x.view(-1)
+    picks = torch.randperm(flat.numel(), generator=gen)
+    flat[picks[:3]] = float("nan")
+    flat[picks[3:3 + flat.numel() // 4]] = float("-inf")
+    x[..., :3, :3] = float("-inf")  # a corner window of -inf alone
+    run(lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c, return_indices=True), x)
+    run(lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c, return_indices=True), torch.randn(shape))
 
 
 def test_strided_window_interior_vectorizes(tmp_path):

@@ -56,3 +56,38 @@ def test_masks_and_dropout_go_to_the_composite():
     mask[:, 0] = True
     want = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(attention_efficient_first(q, k, v, mask), want, rtol=1.3e-5, atol=1.5e-5)
+
+
+CUDNN = torch.ops.aten._scaled_dot_product_cudnn_attention.default
+
+
+def test_cudnn_attention_is_replaced_only_where_its_first_output_alone_is_read():
+    """[Note: cuDNN attention's first call]: the generated call's entry for ATen's cuDNN op is the efficient-first
+    function only where nothing but the attention output is read (a training graph's logsumexp is cuDNN's)."""
+    from kiln.ir.extern import cudnn_efficient_first
+    entry = fast_callable(CUDNN, first_output_only=True)
+    assert isinstance(entry, functools.partial) and entry.func is cudnn_efficient_first
+    assert entry.keywords["efficient_up_to"] == EFFICIENT_UP_TO[0]
+    assert fast_callable(CUDNN) is CUDNN
+    with config.scope(gpu_attention_entry="composite"):
+        assert fast_callable(CUDNN, first_output_only=True) is CUDNN
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="cuDNN attention needs a GPU")
+@pytest.mark.parametrize("mask_shape", [(1, 1, 1, 64), (2, 1, 48, 64), (2, 2, 48, 64), None])
+def test_efficient_first_computes_what_cudnn_does(mask_shape):
+    """The efficient op with cuDNN's additive bias broadcast to the scores: the same result as the cuDNN op, for a
+    key padding row, a per-query mask, one per head, none; a query whose keys are all masked too."""
+    from kiln.ir.extern import cudnn_efficient_first
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q = torch.randn(2, 2, 48, 64, device="cuda", dtype=torch.bfloat16, generator=gen)
+    k, v = (torch.randn(2, 2, 64, 64, device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(2))
+    bias = None
+    if mask_shape is not None:
+        masked = torch.rand(mask_shape, device="cuda", generator=gen) > 0.6
+        masked[..., :4] = False  # (every query keeps a key)
+        bias = torch.zeros(mask_shape, device="cuda", dtype=torch.bfloat16).masked_fill(masked, float("-inf"))
+    want = CUDNN(q, k, v, bias, False, 0.0, False, False, scale=0.125)[0]
+    for limit in (None, EFFICIENT_UP_TO[0], 0):
+        got = cudnn_efficient_first(q, k, v, bias, False, 0.0, False, False, scale=0.125, efficient_up_to=limit)[0]
+        torch.testing.assert_close(got.float(), want.float(), rtol=2e-2, atol=2e-2)

@@ -85,7 +85,9 @@ kernel_0_relu  outer=[2, 8, 35]
 
 def test_a_value_a_library_call_reads_is_stored_and_the_rest_fuses_around_it():
     """Partition: exp feeds a library call, so it gets a buffer of its own kernel; the row sum that also reads it
-    and the product after the call are kernels on each side of the call, in program order."""
+    joins that kernel across the call ([Note: horizontal fusion]: it reads a value the kernel computes - the
+    kernel keeps each row's exp in scratch, stores it for the call and sums it), and the product after the call is
+    a kernel after it."""
     b = GraphBuilder()
     x, w = _input(b, (6, 4), 0), _input(b, (4, 3), 1)
     e = b.add(Op.EXP, (x,))
@@ -100,17 +102,18 @@ graph(%in0: f32[6, 4], %in1: f32[4, 3]):
   %3 = expand(%2, shape=(6, 3)) : f32[6, 3]
   %4 = mul(%1, %3) : f32[6, 3]
   return (%4)""", """\
-  0 kernel kernel_0_exp: reads buf0; writes buf2
+  0 kernel kernel_0_exp_sum: reads buf0; writes buf2, buf4
   1 extern aten.mm.default(buf2, buf1) -> buf3
-  2 kernel kernel_1_sum: reads buf2; writes buf4
-  3 kernel kernel_2_mul: reads buf3, buf4; writes buf5""", """\
-kernel_0_exp  outer=[24]
-  loop   buf2[i0] = exp(buf0[i0])
-kernel_1_sum  outer=[6] rsize=4
-  reduce acc0 = sum(buf2[4*o0 + r])
+  2 kernel kernel_1_mul: reads buf3, buf4; writes buf5""", """\
+kernel_0_exp_sum  outer=[6] rsize=4
+  reduce acc0 = sum(scr0[r])
+  keep   scr0[r] = exp(buf0[4*o0 + r])
   rowout buf4[o0] = acc0
-kernel_2_mul  outer=[6, 3]
+  loop   buf2[4*o0 + r] = scr0[r]
+kernel_1_mul  outer=[6, 3]
   loop   buf5[3*i0 + i1] = mul(buf3[3*i0 + i1], buf4[i0])""")
+    with config.scope(horizontal_fusion=False):
+        assert [s.name for s in make_plan(g).kernels] == ["kernel_0_exp", "kernel_1_sum", "kernel_2_mul"]
 
 
 def test_layouts_run_convolutions_and_the_kernels_between_them_channels_last():
