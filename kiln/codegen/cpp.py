@@ -202,33 +202,31 @@ class KernelWriter:
     def _full_loop(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
         vw = self._lanes or min((lanes(compute_dtype(st.value.dtype)) for st in phase.stores), default=0)
         blocked = blocked_r(phase, self.k.rsize, vw)
-        if blocked is not None:  # ([Note: reduction index blocked by the vector]) blocks, then the remainder
-            rs = self.k.rsize
-            self.lines.append(f"{indent}for (int64_t rb = 0; rb < {rs // vw}; ++rb) {{")
-            self.lines.append(f"{indent}  #pragma omp simd")
-            self.lines.append(f"{indent}  for (int64_t l = 0; l < {vw}; ++l) {{")
-            body = row.child(self.lines, indent + "    ")
-            for st in blocked.stores:
-                value = body.expr(st.value)
-                self.lines.append(f"{indent}    {st.buf}[{body.index(st.index)}] = {to_memory(value, st.value.dtype)};")
-            self.lines.append(f"{indent}  }}")
-            self.lines.append(f"{indent}}}")
-            if rs % vw == 0:
-                return
-            self.lines.append(f"{indent}for (int64_t r = {rs - rs % vw}; r < {rs}; ++r) {{")
-            body = row.child(self.lines, indent + "  ")
-            for st in phase.stores:
-                value = body.expr(st.value)
-                self.lines.append(f"{indent}  {st.buf}[{body.index(st.index)}] = {to_memory(value, st.value.dtype)};")
+        if blocked is None:
+            self.lines.append(f"{indent}#pragma omp simd")
+            self.lines.append(f"{indent}for (int64_t r = 0; r < {size_text(self.k.rsize)}; ++r) {{")
+            self._stores(phase, row, indent + "  ")
             self.lines.append(f"{indent}}}")
             return
-        self.lines.append(f"{indent}#pragma omp simd")
-        self.lines.append(f"{indent}for (int64_t r = 0; r < {size_text(self.k.rsize)}; ++r) {{")
-        body = row.child(self.lines, indent + "  ")
-        for s in phase.stores:
-            value = body.expr(s.value)
-            self.lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {to_memory(value, s.value.dtype)};")
+        # ([Note: reduction index blocked by the vector]) whole blocks, then the remainder
+        rs = self.k.rsize
+        self.lines.append(f"{indent}for (int64_t rb = 0; rb < {rs // vw}; ++rb) {{")
+        self.lines.append(f"{indent}  #pragma omp simd")
+        self.lines.append(f"{indent}  for (int64_t l = 0; l < {vw}; ++l) {{")
+        self._stores(blocked, row, indent + "    ")
+        self.lines.append(f"{indent}  }}")
         self.lines.append(f"{indent}}}")
+        if rs % vw:
+            self.lines.append(f"{indent}for (int64_t r = {rs - rs % vw}; r < {rs}; ++r) {{")
+            self._stores(phase, row, indent + "  ")
+            self.lines.append(f"{indent}}}")
+
+    def _stores(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
+        """A pass over the row's element stores, as the body of a loop opened at ``indent`` minus one level."""
+        body = row.child(self.lines, indent)
+        for st in phase.stores:
+            value = body.expr(st.value)
+            self.lines.append(f"{indent}{st.buf}[{body.index(st.index)}] = {to_memory(value, st.value.dtype)};")
 
     def _reduce_loop(self, phase: ReduceLoop, row: ExprPrinter, indent: str) -> None:
         if any(a.kind in (Op.ARGMAX, Op.ARGMIN) for a in phase.accs):
