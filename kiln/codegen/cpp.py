@@ -27,8 +27,8 @@ from kiln.codegen.cpp_expr import (HELPERS, ExprPrinter, combine_text as _combin
                                    rounded, size_text, to_memory, value_type, vector_lanes as lanes)
 from kiln.codegen.cpp_columns import column_plan, write_columns
 from kiln.ir.index import Dyn, FloorDiv, Lin, Mod, Var
-from kiln.ir.kernel import (Acc, FullLoop, KIndex, KLoad, Kernel, ReduceLoop, RowAssign, RowStore, Store,
-                             index_atoms, map_expr_indices, phase_exprs, phase_stores, subexprs)
+from kiln.ir.kernel import (Acc, FullLoop, Kernel, ReduceLoop, RowAssign, RowStore, Store, index_atoms,
+                             map_expr_indices, phase_indices)
 from kiln.ir.loops import LoopNest
 from kiln.ir.ops import HALF, Op, compute_dtype, numel
 
@@ -62,9 +62,7 @@ def blocked_r(phase: ReduceLoop | FullLoop, rsize: Any, vw: int) -> ReduceLoop |
     if type(rsize) is not int or rsize < vw or vw < 2:
         return None
     r = Var("r", rsize)
-    exprs = phase_exprs(phase) + [KIndex(st.index, torch.int64) for st in phase_stores(phase)]
-    indices = [x.index for e in exprs for x in subexprs(e) if isinstance(x, (KLoad, KIndex))] + \
-        [st.index for st in phase_stores(phase)]
+    indices = list(phase_indices(phase))
     atoms = [a for i in indices for a in index_atoms(i)]
     if any(isinstance(a, Dyn) for a in atoms) or not any(
             isinstance(a, (FloorDiv, Mod)) and r in set(index_atoms(a.arg)) for a in atoms):

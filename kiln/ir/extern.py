@@ -96,12 +96,10 @@ def attention_efficient_first(query: torch.Tensor, key: torch.Tensor, value: tor
     validates its inputs before it launches anything, so a refusal (head size, alignment) costs nothing but the
     fallback.  Both compute softmax in fp32 with the same causal convention (top-left), so results differ by
     rounding only."""
-    if query.is_cuda and attn_mask is None and not dropout_p and not enable_gqa and (
-            efficient_up_to is None or query.numel() // query.shape[-1] * key.shape[-2] <= efficient_up_to):
-        try:
-            return _EFFICIENT(query, key, value, None, False, 0.0, is_causal, scale=scale)[0]
-        except RuntimeError:
-            pass
+    if attn_mask is None and not dropout_p and not enable_gqa:
+        out = _efficient_within(query, key, value, None, is_causal, scale, efficient_up_to)
+        if out is not None:
+            return out
     return _COMPOSITE(query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
 
 
@@ -122,21 +120,32 @@ def cudnn_efficient_first(query: torch.Tensor, key: torch.Tensor, value: torch.T
     call) never pays, and at the sizes where the efficient kernel is the faster one anyway ([Note: attention's
     entry]: the same bounds) it buys nothing.
     Both add the bias to the scaled scores and take softmax in fp32: results differ by rounding only."""
-    if query.is_cuda and not dropout_p and not return_debug_mask and (
-            efficient_up_to is None or query.numel() // query.shape[-1] * key.shape[-2] <= efficient_up_to):
-        bias = None
+    if not dropout_p and not return_debug_mask:
+        bias = attn_bias
         if attn_bias is not None:
-            shape = (query.shape[0], query.shape[1], query.shape[2], key.shape[2])
             try:
-                bias = attn_bias.expand(shape)
+                bias = attn_bias.expand(query.shape[0], query.shape[1], query.shape[2], key.shape[2])
             except RuntimeError:
-                bias = attn_bias
-        try:
-            return (_EFFICIENT(query, key, value, bias, False, 0.0, is_causal, scale=scale)[0],)
-        except RuntimeError:
-            pass
+                pass  # (passed as it is: the op refuses what it cannot read)
+        out = _efficient_within(query, key, value, bias, is_causal, scale, efficient_up_to)
+        if out is not None:
+            return (out,)
     return _CUDNN(query, key, value, attn_bias, compute_log_sumexp, dropout_p, is_causal, return_debug_mask,
                   scale=scale)
+
+
+def _efficient_within(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, bias: torch.Tensor | None,
+                      is_causal: bool, scale: float | None, efficient_up_to: int | None) -> torch.Tensor | None:
+    """The memory-efficient op's output for CUDA tensors with at most ``efficient_up_to`` scores (None: any), or
+    None where the problem is larger, the tensors are not on a GPU or the op refuses them (it checks its inputs
+    before it launches anything)."""
+    if not query.is_cuda or (efficient_up_to is not None
+                             and query.numel() // query.shape[-1] * key.shape[-2] > efficient_up_to):
+        return None
+    try:
+        return _EFFICIENT(query, key, value, bias, False, 0.0, is_causal, scale=scale)[0]
+    except RuntimeError:
+        return None
 
 
 # the most scores (batch x heads x queries x keys) for which the efficient op is taken: default mode, CUDA graphs

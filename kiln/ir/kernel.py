@@ -130,16 +130,7 @@ class Kernel:
     def indices(self) -> Iterator[Lin]:
         """Every index expression the kernel evaluates: of loads, index values and stores."""
         for p in self.phases:
-            for e in phase_exprs(p):
-                for x in subexprs(e):
-                    if isinstance(x, (KLoad, KIndex)):
-                        yield x.index
-            for st in phase_stores(p):
-                yield st.index
-                for x in index_exprs(st.index):
-                    for y in subexprs(x):
-                        if isinstance(y, (KLoad, KIndex)):
-                            yield y.index
+            yield from phase_indices(p)
 
     def freeze_buffers(self) -> None:
         """Remember ``buffers()`` from now on: for a kernel that no longer changes (a symbolic graph's kernels,
@@ -220,6 +211,20 @@ def phase_exprs(p: Phase) -> list[KExpr]:
     if isinstance(p, FullLoop):
         return [s.value for s in p.stores]
     return [p.store.value]
+
+
+def phase_indices(p: Phase) -> Iterator[Lin]:
+    """Every index expression one phase evaluates: of loads, index values and stores (with their gathers')."""
+    for e in phase_exprs(p):
+        for x in subexprs(e):
+            if isinstance(x, (KLoad, KIndex)):
+                yield x.index
+    for st in phase_stores(p):
+        yield st.index
+        for x in index_exprs(st.index):
+            for y in subexprs(x):
+                if isinstance(y, (KLoad, KIndex)):
+                    yield y.index
 
 
 def phase_stores(p: Phase) -> list[Store]:

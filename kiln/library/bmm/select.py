@@ -170,8 +170,6 @@ def select_bmm(graph: Graph, log: RewriteLog | None = None) -> Graph:
         if not all(isinstance(t, Node) for t in (x, y)) or not (d is None or isinstance(d, Node)):
             return None
         flat = len(x.shape) == 2  # mm / addmm: one batch
-        if flat and d is not None and len(d.shape) > 2:
-            return None
         # (symbolic sizes: chosen at their traced sizes' buckets; the call binds each size's from the size table,
         # [Note: native calls at any size])
         batch, m, k = (bucket_hint(v) for v in ((1, *x.shape) if flat else x.shape))
