@@ -69,13 +69,54 @@ def blocked_r(phase: ReduceLoop | FullLoop, rsize: Any, vw: int) -> ReduceLoop |
         return None
     lane = Var("l", vw)
     into = {r: Lin.of(Var("rb", rsize // vw)) * vw + Lin.of(lane)}
+    if any(_divides(lane, i.substitute(into)) for i in indices):
+        return None
+    return _substituted(phase, into)
+
+
+def runs_r(phase: ReduceLoop | FullLoop, rsize: Any, vw: int) -> tuple[int, ReduceLoop | FullLoop] | None:
+    """[Note: reduction rows in runs] ``(K, phase)`` with ``r`` written as ``K*ro + ri`` - runs of ``K``
+    contiguous elements - where blocks of the vector width cannot be used, or None.
+
+    BatchNorm's statistics over an NCHW tensor whose planes are not a multiple of the vector ([4, 256, 6, 6],
+    ResNet's last stages) read ``147456*(r / 36) + r % 36 + 36*o0``: blocks of 16 would cross plane boundaries
+    (``blocked_r`` gives up) and every lane computed a division, a remainder and a gather (6 % of the memory
+    bound).  Split at the plane, the index is ``147456*ro + ri + 36*o0``: per plane, whole vectors over ``ri``
+    and one partial (masked) vector for the last ``K % vw`` - lanes are independent partial sums, so a short
+    last vector only leaves some lanes out.  ``K`` is the largest divisor of ``r`` in the indices that divides
+    the row and leaves no division on ``ri``; taken only where some access walks ``ri`` contiguously."""
+    if type(rsize) is not int or vw < 2:
+        return None
+    r = Var("r", rsize)
+    indices = list(phase_indices(phase))
+    atoms = [a for i in indices for a in index_atoms(i)]
+    if any(isinstance(a, Dyn) for a in atoms):
+        return None
+    divisors = {a.k for a in atoms if isinstance(a, (FloorDiv, Mod)) and type(a.k) is int
+                and r in set(index_atoms(a.arg))}
+    for k in sorted(divisors, reverse=True):
+        if k < 2 or k >= rsize or rsize % k:
+            continue
+        inner = Var("ri", k)
+        into = {r: Lin.of(Var("ro", rsize // k)) * k + Lin.of(inner)}
+        mapped = [i.substitute(into) for i in indices]
+        if any(_divides(inner, i) for i in mapped) or not any(i.coefficient(inner) == 1 for i in mapped):
+            continue
+        return k, _substituted(phase, into)
+    return None
+
+
+def _divides(v: Var, index: Lin) -> bool:
+    """Does ``index`` divide ``v`` (or take its remainder) anywhere?"""
+    return any(isinstance(a, (FloorDiv, Mod)) and v in set(index_atoms(a.arg)) for a in index_atoms(index))
+
+
+def _substituted(phase: ReduceLoop | FullLoop, into: dict[Var, Lin]) -> ReduceLoop | FullLoop:
+    """``phase`` with its loop variables replaced by ``into`` in every index."""
+    memo: dict = {}
 
     def fn(index: Lin) -> Lin:
         return index.substitute(into)
-    for i in indices:
-        if any(isinstance(a, (FloorDiv, Mod)) and lane in set(index_atoms(a.arg)) for a in index_atoms(fn(i))):
-            return None
-    memo: dict = {}
 
     def value(e: Any) -> Any:
         return map_expr_indices(e, fn, memo)
@@ -200,6 +241,16 @@ class KernelWriter:
     def _full_loop(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
         vw = self._lanes or min((lanes(compute_dtype(st.value.dtype)) for st in phase.stores), default=0)
         blocked = blocked_r(phase, self.k.rsize, vw)
+        runs = runs_r(phase, self.k.rsize, vw) if blocked is None else None
+        if runs is not None:  # ([Note: reduction rows in runs])
+            k, split = runs
+            self.lines.append(f"{indent}for (int64_t ro = 0; ro < {self.k.rsize // k}; ++ro) {{")
+            self.lines.append(f"{indent}  #pragma omp simd")
+            self.lines.append(f"{indent}  for (int64_t ri = 0; ri < {k}; ++ri) {{")
+            self._stores(split, row, indent + "    ")
+            self.lines.append(f"{indent}  }}")
+            self.lines.append(f"{indent}}}")
+            return
         if blocked is None:
             self.lines.append(f"{indent}#pragma omp simd")
             self.lines.append(f"{indent}for (int64_t r = 0; r < {size_text(self.k.rsize)}; ++r) {{")
@@ -280,8 +331,8 @@ class KernelWriter:
         for a in phase.accs:
             self.lines.append(f"{inner}{acc_type(a.dtype)} {a.name}_l[{vw}];")
             self.lines.append(f"{inner}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] = {_init(a.kind, a.dtype)};")
-        self.lines.append(f"{inner}int64_t r0 = {lo};")
         if vw == 1:
+            self.lines.append(f"{inner}int64_t r0 = {lo};")
             self.lines.append(f"{inner}for (; r0 < {hi}; ++r0) {{")
             self.lines.append(f"{inner}  const int64_t r = r0;")
             self._acc_body(phase, row, inner + "  ", "[0]")
@@ -291,6 +342,12 @@ class KernelWriter:
                 self.lines.append(f"{inner}{decl}{a.name}{suffix} = {a.name}_l[0];")
             return
         blocked = blocked_r(phase, self.k.rsize, vw) if lo == "0" else None
+        runs = runs_r(phase, self.k.rsize, vw) if lo == "0" and blocked is None else None
+        if runs is not None:
+            self._run_reduce(*runs, row, inner, vw)
+            self._combine_lanes(phase, inner, vw, suffix, True)
+            return
+        self.lines.append(f"{inner}int64_t r0 = {lo};")
         self.lines.append(f"{inner}for (; r0 + {vw} <= {hi}; r0 += {vw}) {{")
         if blocked is not None:  # ([Note: reduction index blocked by the vector])
             self.lines.append(f"{inner}  const int64_t rb = r0 / {vw};")
@@ -317,6 +374,29 @@ class KernelWriter:
             self.lines.append(f"{inner}for (int64_t r = r0; r < {hi}; ++r) {{")
             self._acc_body(phase, row, inner + "  ", "[0]")
             self.lines.append(f"{inner}}}")
+        self._combine_lanes(phase, inner, vw, suffix, lanes_in_registers)
+
+    def _run_reduce(self, k: int, split: ReduceLoop, row: ExprPrinter, inner: str, vw: int) -> None:
+        """([Note: reduction rows in runs]) per run of ``k``: whole vectors, then one partial vector."""
+        self.lines.append(f"{inner}for (int64_t ro = 0; ro < {self.k.rsize // k}; ++ro) {{")
+        if k >= vw:
+            self.lines.append(f"{inner}  for (int64_t ri0 = 0; ri0 + {vw} <= {k}; ri0 += {vw}) {{")
+            self.lines.append(f"{inner}    #pragma omp simd")
+            self.lines.append(f"{inner}    for (int64_t l = 0; l < {vw}; ++l) {{")
+            self.lines.append(f"{inner}      const int64_t ri = ri0 + l;")
+            self._acc_body(split, row, inner + "      ", "[l]")
+            self.lines.append(f"{inner}    }}")
+            self.lines.append(f"{inner}  }}")
+        if k % vw:
+            self.lines.append(f"{inner}  #pragma omp simd")
+            self.lines.append(f"{inner}  for (int64_t l = 0; l < {k % vw}; ++l) {{")
+            self.lines.append(f"{inner}    const int64_t ri = {k - k % vw} + l;")
+            self._acc_body(split, row, inner + "    ", "[l]")
+            self.lines.append(f"{inner}  }}")
+        self.lines.append(f"{inner}}}")
+
+    def _combine_lanes(self, phase: ReduceLoop, inner: str, vw: int, suffix: str, lanes_in_registers: bool) -> None:
+        """The lanes into ``<acc><suffix>``."""
         for a in phase.accs:
             name = a.name + suffix
             decl = f"{acc_type(a.dtype)} " if suffix else ""

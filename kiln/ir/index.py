@@ -242,7 +242,15 @@ def _quotient(a: Mod) -> Lin:
 
 
 def _recombine(acc: dict[Atom, Size]) -> dict[Atom, Size]:
-    """c*k*(x // k) + c*(x % k)  ->  c*x : undoes the split that a reshape round trip introduces."""
+    """Undo the split that a reshape round trip introduces:
+
+        c*k*(x // k) + c*(x % k)          ->  c*x
+        c*k*((x // k) % m) + c*(x % k)    ->  c*(x % (k*m))
+
+    The second is a reduction over the last two dims of NCHW flattened into one index ``r`` and unflattened
+    again: ``48*((r / 48) % 48) + r % 48`` is ``r % 2304`` - one remainder instead of two, and a remainder by a
+    multiple of the vector width (see [Note: reduction index blocked by the vector], codegen/cpp.py) where 48 is
+    not."""
     changed = True
     while changed:
         changed = False
@@ -253,9 +261,21 @@ def _recombine(acc: dict[Atom, Size]) -> dict[Atom, Size]:
             if q.const or len(q.terms) != 1 or q.terms[0][1] != 1:
                 continue
             partner = q.terms[0][0]
-            if acc.get(partner) == sym.size(c * a.k):
+            outer = sym.size(c * a.k)
+            if acc.get(partner) == outer:
                 del acc[a], acc[partner]
                 for b, d in a.arg.terms:
+                    acc[b] = acc.get(b, 0) + d * c
+                acc = {b: d for b, d in acc.items() if d != 0}
+                changed = True
+                break
+            wrapped = next((m for m, d in acc.items() if isinstance(m, Mod) and d == outer and m.arg == q), None)
+            if wrapped is not None:
+                joined = mod(a.arg, sym.size(a.k * wrapped.k))
+                if joined.const:
+                    continue
+                del acc[a], acc[wrapped]
+                for b, d in joined.terms:
                     acc[b] = acc.get(b, 0) + d * c
                 acc = {b: d for b, d in acc.items() if d != 0}
                 changed = True

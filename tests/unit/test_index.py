@@ -324,3 +324,29 @@ def test_random_linear_expressions_divmod(seed):
         # a nested split-and-merge
         q2 = floordiv(q, 2)
         np.testing.assert_array_equal(np.broadcast_to(evaluate(q2, env), base.shape), base // k // 2)
+
+
+def test_reduction_over_trailing_dims_recombines_into_one_remainder():
+    # BatchNorm's statistics over (N, H, W) of NCHW [4, C, 24, 24]: one index r over N*H*W, unflattened into
+    # (n, h, w) and read at 24*h + w - that is r % 576, one remainder (a multiple of the vector width) for two
+    r = Var("r", 4 * 24 * 24)
+    n, h, w = unflatten(Lin.of(r), (4, 24, 24))
+    flat = n * (64 * 576) + h * 24 + w
+    assert flat == Lin.of(FloorDiv(Lin.of(r), 576)) * (64 * 576) + Lin.of(Mod(Lin.of(r), 576))
+    env = grid([r])
+    want = torch.arange(4 * 64 * 576).reshape(4, 64, 24, 24)[:, 0].reshape(-1).numpy()
+    np.testing.assert_array_equal(evaluate(flat, env), want)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_nested_remainders_recombine_and_keep_their_value(seed):
+    # c*k*((x // k) % m) + c*(x % k) == c*(x % (k*m)), for nested splits of random shapes and a scale c
+    rng = random.Random(3000 + seed)
+    shape = tuple(rng.randint(1, 6) for _ in range(rng.randint(2, 4)))
+    x = Var("x", int(np.prod(shape)) * rng.randint(1, 3))
+    c = rng.choice([1, 2, 3])
+    parts = unflatten(Lin.of(x), shape)
+    tail = linearize(parts[1:], contiguous_strides(shape[1:])) * c
+    inner = int(np.prod(shape[1:]))
+    assert tail == mod(Lin.of(x), inner) * c, f"{shape}: {tail}"
+    np.testing.assert_array_equal(evaluate(tail, grid([x])), c * (np.arange(x.size) % inner))
