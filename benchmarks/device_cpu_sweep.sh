@@ -17,6 +17,8 @@
 #   the default, see kiln/config.py compile_workers; COMPILE_TAG names the logs of a second run in the call)
 #   DYN_BACKENDS=eager,inductor-dyn,kiln-dyn DYN_EXTRA="--breakdown 32,256" bash benchmarks/device_cpu_sweep.sh dynamic
 #   HF_BACKENDS=kiln,inductor HF_CACHES="dynamic static" bash benchmarks/device_cpu_sweep.sh hf    (HF GPT-2 generate)
+#   TRAIN_MODELS=mlp,gpt TRAIN_EXTRA=--compile-step bash benchmarks/device_cpu_sweep.sh train    (issue 20's training
+#   benchmark, bf16 autocast at the issue's sizes; eager, Inductor and kiln in default and reduce-overhead)
 #   (issue 19's GPT over 15 lengths, benchmarks/dynamic_shapes.py; $OUT/dyn.{log,json})
 #   BUDGET_S=560 ZOO_MODELS=bert,gpt2 ZOO_DTYPE=bf16 bash benchmarks/device_cpu_sweep.sh zoo    (the zoo benchmark:
 #   eager, Inductor, kiln in default and reduce-overhead; rows as each model finishes, $OUT/zoo.json at the end;
@@ -59,6 +61,8 @@ for what in "$@"; do
     for cache in ${HF_CACHES:-dynamic static}; do
       timeout $(left) python3 -m benchmarks.hf_decode --device cuda --dtype ${HF_DTYPE:-bf16} --backends ${HF_BACKENDS:-kiln,inductor,kiln-ro} --tokens 32 --cache $cache > $OUT/hf_$cache.log 2>&1; echo "hf $cache rc=$?"; grep -v -i "warn\|transformers\]" $OUT/hf_$cache.log | tail -5
     done;;
+  train)  # issue 20's training benchmark on the GPU: TRAIN_MODELS, TRAIN_BACKENDS, TRAIN_EXTRA (e.g. "--compile-step")
+    timeout $(left) python3 -m benchmarks.training --device cuda --size ${TRAIN_SIZE:-full} --autocast --models ${TRAIN_MODELS:-mlp,gpt,resnet18,bert,llama} --backends ${TRAIN_BACKENDS:-eager,inductor,kiln,inductor-ro,kiln-ro} --steps ${TRAIN_STEPS:-20} ${TRAIN_EXTRA:-} --json $OUT/train${TRAIN_TAG:-}.json > $OUT/train${TRAIN_TAG:-}.log 2>&1; echo "train${TRAIN_TAG:-} rc=$?"; grep -v -i "warn\|Profiler" $OUT/train${TRAIN_TAG:-}.log | tail -${TRAIN_LINES:-40};;
   ab)  # AB_MODELS, AB_B (kiln options of B, e.g. "disabled_passes=merge_linears"), AB_MODE, AB_DTYPE
     timeout $(left) python3 -m benchmarks.ab_options --device cuda --dtype ${AB_DTYPE:-bf16} --mode ${AB_MODE:-default} --models ${AB_MODELS:-gpt2} --b "${AB_B}" --rounds 9 --calls 20 > $OUT/ab.log 2>&1; echo "ab rc=$?"; grep -v -i warn $OUT/ab.log | tail -8;;
   fuzz)

@@ -5,6 +5,9 @@ memory, and how far each compiled run's loss and parameters drift from eager's.
                                   [--size small|full] [--steps 20] [--repeats 5] [--backends eager,inductor,kiln]
                                   [--autocast] [--compile-step] [--foreach] [--json F]
 
+Backends: ``eager``, ``inductor``, ``kiln``, and ``inductor-ro``, ``kiln-ro`` (mode="reduce-overhead": CUDA graphs
+over the forward and backward on a GPU).
+
 A step is what a training loop runs: ``zero_grad(set_to_none=True)``, forward, loss, backward, AdamW's
 ``step()`` (eager in every backend unless ``--compile-step``: then each compiled backend also compiles
 ``opt.step`` - the issue's "+ ``torch.compile(opt.step)``" column; ``--foreach``: AdamW's foreach implementation,
@@ -151,11 +154,16 @@ class Run:
         if backend == "eager":
             self.fn: Callable = self.model
         else:
-            if backend == "kiln":
-                import kiln  # noqa: F401  (registers the backend)
-            self.fn = torch.compile(self.model, backend=backend)
+            compiler, _, suffix = backend.partition("-")  # "kiln-ro": kiln in reduce-overhead mode
+            mode = {"": "default", "ro": "reduce-overhead"}[suffix]
+            if compiler == "kiln":
+                import kiln
+                compile_fn: Callable = lambda f: kiln.compile(f, mode=mode)  # noqa: E731
+            else:
+                compile_fn = lambda f: torch.compile(f, backend=compiler, mode=mode)  # noqa: E731
+            self.fn = compile_fn(self.model)
             if compile_step:
-                self.opt_step = torch.compile(self.opt.step, backend=backend)
+                self.opt_step = compile_fn(self.opt.step)
         self.times: list[float] = []
         self.last_loss = float("nan")
         self.peak_mib = float("nan")

@@ -135,6 +135,14 @@ class Config:
     # off (the default since session 36): a private pool per recording.  H100, the GPT over 15 lengths: 6.2 ms
     # shared against 5.2 private (Inductor 6.6) - the copies of held outputs cost more than the memory saves.
     cuda_graph_shared_pool: bool = False
+    # Training graphs (forward and backward) under reduce-overhead / max-autotune on the GPU: recorded as CUDA
+    # graphs like inference graphs ([Note: training graphs], frontend/training.py); off: they run as in default mode.
+    # Off until measured on a GPU (built in session 39 without one; tests/gpu/test_training_cuda_graphs.py).
+    training_cuda_graphs: bool = False
+    # reduce-overhead's graph on copies reads inputs that keep their address in place instead of copying them
+    # ([Note: a graph on copies reads settled inputs in place], runtime/triton_module.py): a training step's
+    # parameters and saved activations.  Off until measured on a GPU (as training_cuda_graphs).
+    cuda_graph_inputs_in_place: bool = False
     # GPU, dynamic shapes, a static module per size: build a size's module at the n-th call at that size; the calls
     # before run eagerly.  A build compiles that size's kernels (~1 s), so a decoding loop - a new length every step,
     # each seen once - runs eagerly instead of compiling at every token; sizes that come back are compiled.
@@ -245,6 +253,8 @@ class Config:
         "dynamic_shapes": ("KILN_DYNAMIC_SHAPES", bool),
         "gpu_symbolic_kernels": ("KILN_GPU_SYMBOLIC_KERNELS", bool),
         "cuda_graph_shared_pool": ("KILN_CUDA_GRAPH_SHARED_POOL", bool),
+        "training_cuda_graphs": ("KILN_TRAINING_CUDA_GRAPHS", bool),
+        "cuda_graph_inputs_in_place": ("KILN_CUDA_GRAPH_INPUTS_IN_PLACE", bool),
         "gpu_dynamic_build_after": ("KILN_GPU_DYNAMIC_BUILD_AFTER", int),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),

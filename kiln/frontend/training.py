@@ -21,10 +21,12 @@ driven partition is the next step), with torch's Inductor op classes.  Inference
 model coexist: TorchDynamo guards on grad mode, and an inference graph compiled while training goes on notices
 its frozen weights changing ([Note: frozen weights that change], compiler.py).
 
-reduce-overhead's CUDA graphs are not used for training graphs yet: a forward's saved activations must outlive
-the next replay (gradient accumulation runs two forwards before the backwards), which kiln's recordings do by
-copying held outputs - correct, but not yet measured on a GPU - so both graphs run in default mode and the
-report says so.
+Under reduce-overhead (and max-autotune) both graphs replay CUDA graphs, as inference graphs do
+(``Config.training_cuda_graphs``).  The forward's recording reads the parameters where they lie and copies only
+the batch; the backward's reads the saved activations - the forward replay's outputs, at the same addresses every
+step - in place once they have settled ([Note: a graph on copies reads settled inputs in place],
+runtime/triton_module.py).  A forward's saved activations that must outlive the next replay (gradient
+accumulation: two forwards before the backwards) are moved onto copies before it ([Note: outputs of a replay]).
 """
 from __future__ import annotations
 
@@ -54,10 +56,11 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
 
     graph_mode = mode
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
-    if on_gpu and mode in ("reduce-overhead", "max-autotune"):
+    if on_gpu and mode in ("reduce-overhead", "max-autotune") and not cfg.training_cuda_graphs:
         graph_mode = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
 
-    note = "" if graph_mode == mode else f"; mode {mode!r} runs as {graph_mode!r} here (no CUDA graphs yet)"
+    note = "" if graph_mode == mode else (f"; mode {mode!r} runs as {graph_mode!r} here (training_cuda_graphs "
+                                          f"off)")
 
     partition: dict[str, str] = {}  # the partition's summary, for both graphs' reports
 

@@ -452,6 +452,8 @@ class GraphReplay:
 
     WARMUP_CALLS = 1
     MAX_GRAPHS = 2  # graphs recorded on callers' own input buffers, before falling back to copies
+    SETTLE_CALLS = 2  # calls in a row at one address before a copied input is read in place
+    MAX_COPY_RECORDINGS = 4  # recordings of the graph on copies reading some inputs in place
 
     def __init__(self, module: TritonGraph, on_record: Callable[[], None] | None = None,
                  report: CompileReport | None = None, pool: GraphPool | None = None):
@@ -476,7 +478,25 @@ class GraphReplay:
         self.seen: list[tuple] = []  # input addresses of the latest calls that had no graph of their own
         self.misses = 0  # calls after the warm-up whose addresses had not been seen
         self.copy_graph: _Recording | None = None
-        self.static_inputs: list[torch.Tensor] = []
+        # [Note: a graph on copies reads settled inputs in place] The graph on copies copies only the inputs
+        # whose address moves: one that came at the same address in every call seen (a parameter; a training
+        # backward's saved activations, the forward replay's outputs) is read where the caller keeps it,
+        # like the inputs of a graph keyed by addresses - a training step's forward would otherwise copy every
+        # parameter into a second set of buffers before each replay.  ``in_place``: input -> the address the
+        # graph reads; a call passing another tensor there drops the graph (the next miss records again).  An
+        # input copied so far that then keeps its address for ``SETTLE_CALLS`` calls (the backward's activations
+        # settle once the forward replays) has the graph recorded again with it in place.  An input that moved
+        # after being read in place is copied from then on; after ``MAX_COPY_RECORDINGS`` recordings a graph
+        # that no longer fits is recorded once more with every input copied.  Only addresses are kept, never
+        # the caller's tensors: a reference would keep a forward's output alias alive and make its next replay
+        # copy it.
+        self.static_inputs: list[torch.Tensor | None] = []  # the copies (None: read in place)
+        self.in_place: dict[int, int] = {}
+        self.streak: list[int] = []  # per copied input: calls in a row at the previous call's address
+        self.last_addresses: tuple = ()
+        self.moved: set[int] = set()  # inputs once read in place that came elsewhere later: copied for good
+        self.settle = config.get().cuda_graph_inputs_in_place  # (off: every input of the graph on copies copied)
+        self.copy_recordings = 0
         self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
         self.unprotected_runs = 0  # calls run without the graph: the caller held views of earlier outputs
         # [Note: replaying a graph that updates its inputs] (a static KV cache's decode step) A graph recorded on
@@ -503,12 +523,21 @@ class GraphReplay:
                 entry = self.graphs[key] = self._record(list(inputs))
             elif entry is None:
                 self._saw(key)
+                moved = {k for k, a in self.in_place.items() if key[k] != a}
+                if self.copy_graph is not None and moved:
+                    self.moved |= moved  # (copied from now on)
+                    self.copy_graph, self.misses = None, 0
                 if self.copy_graph is None:
                     self.misses += 1
                     if self.misses < 2:  # one more plain call: these addresses may come again
                         return self.module(inputs)
-                    self.static_inputs = [x.clone() for x in inputs]
-                    self.copy_graph = self._record(self.static_inputs)
+                    settled = self._settled_in_every_call_seen(key) - self.moved
+                    self._record_copy_graph(inputs, settled if self.copy_recordings < self.MAX_COPY_RECORDINGS
+                                            else set())
+                else:
+                    settled = self._settled_since_recording(key) - self.moved
+                    if settled and self.copy_recordings < self.MAX_COPY_RECORDINGS:
+                        self._record_copy_graph(inputs, set(self.in_place) | settled)
         except Exception as exc:  # noqa: BLE001 - never break the user's model: run it without CUDA graphs
             # (an op that cannot be captured - one that waits for the device - fails only when recorded)
             self.capture_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -519,7 +548,8 @@ class GraphReplay:
             return self.module(inputs)
         if entry is None:
             for static, x in zip(self.static_inputs, inputs):
-                static.copy_(x)
+                if static is not None:
+                    static.copy_(x)
             entry = self.copy_graph
         if not (entry.release_outputs() if self.pool is None else self.pool.release()):
             self.unprotected_runs += 1
@@ -527,11 +557,40 @@ class GraphReplay:
         entry.graph.replay()
         if entry is self.copy_graph:
             for k in self.updated:
-                inputs[k].copy_(self.static_inputs[k])
+                if self.static_inputs[k] is not None:
+                    inputs[k].copy_(self.static_inputs[k])
         outputs = entry.hand_out()
         if self.pool is not None:
             self.pool.note_handed(entry)
         return outputs
+
+    def _settled_in_every_call_seen(self, key: tuple) -> set[int]:
+        """Inputs at the same address in every call seen without a graph of its own (this one included)."""
+        if not self.settle:
+            return set()
+        return {k for k, a in enumerate(key) if len(self.seen) >= 2 and all(s[k] == a for s in self.seen)}
+
+    def _settled_since_recording(self, key: tuple) -> set[int]:
+        """Copied inputs that came at the previous call's address ``SETTLE_CALLS`` calls in a row."""
+        if not self.settle:
+            return set()
+        for k, a in enumerate(key):
+            if k not in self.in_place:
+                self.streak[k] = self.streak[k] + 1 if a == self.last_addresses[k] else 0
+        self.last_addresses = key
+        return {k for k, n in enumerate(self.streak) if n >= self.SETTLE_CALLS and k not in self.in_place}
+
+    def _record_copy_graph(self, inputs: list[torch.Tensor], in_place: set[int]) -> None:
+        """([Note: a graph on copies reads settled inputs in place]) Record the graph on copies of the inputs
+        outside ``in_place``, the others read at the caller's addresses."""
+        self.copy_graph = None  # (the previous recording's copies and pool go first)
+        self.static_inputs = [x if k in in_place else x.clone() for k, x in enumerate(inputs)]
+        self.copy_graph = self._record(list(self.static_inputs))
+        self.copy_recordings += 1
+        self.in_place = {k: inputs[k].data_ptr() for k in in_place}
+        self.static_inputs = [None if k in in_place else x for k, x in enumerate(self.static_inputs)]
+        self.streak = [0] * len(inputs)
+        self.last_addresses = tuple(x.data_ptr() for x in inputs)
 
     def _saw(self, key: tuple) -> None:
         """Remember the input addresses of a call without a graph of its own (the last ``MAX_GRAPHS + 2``)."""
