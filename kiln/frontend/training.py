@@ -21,8 +21,9 @@ driven partition is the next step), with torch's Inductor op classes.  Inference
 model coexist: TorchDynamo guards on grad mode, and an inference graph compiled while training goes on notices
 its frozen weights changing ([Note: frozen weights that change], compiler.py).
 
-Under reduce-overhead (and max-autotune) both graphs replay CUDA graphs, as inference graphs do
-(``Config.training_cuda_graphs``).  The forward's recording reads the parameters where they lie and copies only
+With ``Config.training_cuda_graphs`` (off until measured on a GPU: built in session 39 without one), under
+reduce-overhead (and max-autotune) both graphs replay CUDA graphs, as inference graphs do; off, they run as in
+default mode and the report says so.  The forward's recording reads the parameters where they lie and copies only
 the batch; the backward's reads the saved activations - the forward replay's outputs, at the same addresses every
 step - in place once they have settled ([Note: a graph on copies reads settled inputs in place],
 runtime/triton_module.py).  A forward's saved activations that must outlive the next replay (gradient
