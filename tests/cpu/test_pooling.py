@@ -58,6 +58,27 @@ def test_max_pool_indices_are_atens(case, shape):
     run(lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c, return_indices=True), torch.randn(shape))
 
 
+@pytest.mark.parametrize("case", MAX_CASES[:4])
+def test_max_pool_indices_and_gradient_of_a_channels_last_input(case):
+    """The same indices (ties, NaN) read from an NHWC input, and the gradient routed through them."""
+    import kiln
+    k, s, p, d, c = case
+    gen = torch.Generator().manual_seed(k * 7 + s)
+    x = torch.randint(-2, 3, (2, 8, 13, 11), generator=gen).float().to(memory_format=torch.channels_last)
+    x[0, 1, 2, 3] = float("nan")
+    run(lambda x: F.max_pool2d(x, k, s, p, d, ceil_mode=c, return_indices=True), x)
+    mine, ref = x.clone().requires_grad_(), x.clone().requires_grad_()
+    weights = torch.randn(2, 8, 13, 11, generator=gen)
+
+    def loss(t):
+        out = F.max_pool2d(t, k, s, p, d, ceil_mode=c)
+        return (out * weights[..., :out.shape[2], :out.shape[3]]).sum()
+    torch._dynamo.reset()
+    kiln.compile(loss, fallback=False)(mine).backward()
+    loss(ref).backward()
+    torch.testing.assert_close(mine.grad, ref.grad, equal_nan=True)
+
+
 def test_strided_window_interior_vectorizes(tmp_path):
     """The bounds checks of the padded window are split off (ir/index_split.py): the interior loop has plain
     stride-2 loads, which GCC vectorizes (a masked strided load it does not)."""
