@@ -655,8 +655,10 @@ class _Recording:
             if holders != 1:
                 return False
             copy = alias.clone()
+            version = alias._version
             with torch.inference_mode(alias.is_inference()):
                 alias.set_(copy.untyped_storage(), copy.storage_offset(), copy.shape, copy.stride())
+            _keep_version(alias, version)
             self.handed[k] = None
         return True
 
@@ -674,6 +676,22 @@ class _Recording:
             else:
                 result.append(o.clone())
         return result
+
+
+def _keep_version(t: torch.Tensor, version: int) -> None:
+    """Put ``t``'s version counter back after ``set_`` moved it onto a copy of its own values: autograd saved it
+    for a backward (a training forward's output, read by the loss's backward; gradient accumulation's first
+    forward, whose activations the second forward's replay moves) and would refuse the tensor as modified in
+    place, though no value changed."""
+    if t.is_inference() or t._version == version:
+        return
+    setter = getattr(torch._C._autograd, "_unsafe_set_version_counter", None)
+    if setter is None:
+        return
+    try:
+        setter((t,), (version,))
+    except TypeError:  # (an older signature: one tensor, one version)
+        setter(t, version)
 
 
 @contextlib.contextmanager
