@@ -491,7 +491,7 @@ class GraphReplay:
         # the caller's tensors: a reference would keep a forward's output alias alive and make its next replay
         # copy it.
         self.static_inputs: list[torch.Tensor | None] = []  # the copies (None: read in place)
-        self.in_place: dict[int, int] = {}
+        self.in_place: dict[int, tuple] = {}  # input -> (address, strides) the graph reads
         self.streak: list[int] = []  # per copied input: calls in a row at the previous call's address
         self.last_addresses: tuple = ()
         self.moved: set[int] = set()  # inputs once read in place that came elsewhere later: copied for good
@@ -508,12 +508,15 @@ class GraphReplay:
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         for k, (x, (shape, dtype)) in enumerate(zip(inputs, self.expected)):
-            if tuple(x.shape) != shape or x.dtype != dtype or not x.is_cuda or not x.is_contiguous():
-                if x.is_cuda and tuple(x.shape) == shape and x.dtype == dtype:
-                    return self.module(inputs)  # a strided input: the plain module copies it
+            if tuple(x.shape) != shape or x.dtype != dtype or not x.is_cuda:
                 raise InputMismatch(k, dtype, shape, "cuda", x)
+            if not self.settle and not x.is_contiguous():
+                return self.module(inputs)  # (strided inputs replay only with cuda_graph_inputs_in_place, for now)
         self.calls += 1
-        key = tuple(x.data_ptr() for x in inputs)
+        # (an input's strides are part of its key: a graph recorded on a strided input - a slice of a batch, a
+        # channels-last activation a backward saved - reads that layout; the graph on copies copies any layout
+        # into its own buffers, which keep the layout of the input they were cloned from where it is dense)
+        key = tuple((x.data_ptr(), x.stride()) for x in inputs)
         if self.calls <= self.WARMUP_CALLS or profiling.current() is not None or self.capture_error:
             self._saw(key)
             return self.module(inputs)  # (kiln.profile: step by step)
@@ -587,10 +590,10 @@ class GraphReplay:
         self.static_inputs = [x if k in in_place else x.clone() for k, x in enumerate(inputs)]
         self.copy_graph = self._record(list(self.static_inputs))
         self.copy_recordings += 1
-        self.in_place = {k: inputs[k].data_ptr() for k in in_place}
+        self.in_place = {k: (inputs[k].data_ptr(), inputs[k].stride()) for k in in_place}
         self.static_inputs = [None if k in in_place else x for k, x in enumerate(self.static_inputs)]
         self.streak = [0] * len(inputs)
-        self.last_addresses = tuple(x.data_ptr() for x in inputs)
+        self.last_addresses = tuple((x.data_ptr(), x.stride()) for x in inputs)
 
     def _saw(self, key: tuple) -> None:
         """Remember the input addresses of a call without a graph of its own (the last ``MAX_GRAPHS + 2``)."""

@@ -395,3 +395,29 @@ def test_a_recording_that_fails_leaves_the_graph_running_without_cuda_graphs(mon
     assert count.item() == want.item() == 4 and len(tries) == 1
     [report] = reports_since(position)
     assert report.memory["cuda_graph"].startswith("not used: recording failed (RuntimeError: operation not")
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="CUDA graphs")
+def test_strided_inputs_replay_the_graph(monkeypatch):
+    """Inputs in another layout than contiguous (a slice of a wider batch, a transposed tensor, as a training
+    step's batch slice and a backward's channels-last activations come) replay the graph - on copies in the
+    graph's own buffers - instead of running the plain module every call."""
+    replayed = []
+    replay = torch.cuda.CUDAGraph.replay
+
+    def counting(graph):
+        replayed.append(1)
+        return replay(graph)
+    monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counting)
+
+    def f(x, y):
+        return torch.relu(x) * y + 1.0
+
+    compiled = kiln.compile(f, mode="reduce-overhead", target="triton", fallback=False,
+                            cuda_graph_inputs_in_place=True)  # (off by default until measured)
+    with torch.inference_mode():
+        for _ in range(6):
+            x = torch.randn(32, 65, device=DEVICE)[:, :64]
+            y = torch.randn(64, 32, device=DEVICE).t()
+            torch.testing.assert_close(compiled(x, y), f(x, y), rtol=1e-6, atol=1e-6)
+    assert len(replayed) >= 3, len(replayed)
