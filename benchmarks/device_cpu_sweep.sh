@@ -63,6 +63,8 @@ for what in "$@"; do
     done;;
   train)  # issue 20's training benchmark on the GPU: TRAIN_MODELS, TRAIN_BACKENDS, TRAIN_EXTRA (e.g. "--compile-step")
     timeout $(left) python3 -m benchmarks.training --device cuda --size ${TRAIN_SIZE:-full} --autocast --models ${TRAIN_MODELS:-mlp,gpt,resnet18,bert,llama} --backends ${TRAIN_BACKENDS:-eager,inductor,kiln,inductor-ro,kiln-ro} --steps ${TRAIN_STEPS:-20} ${TRAIN_EXTRA:-} --json $OUT/train${TRAIN_TAG:-}.json > $OUT/train${TRAIN_TAG:-}.log 2>&1; echo "train${TRAIN_TAG:-} rc=$?"; grep -v -i "warn\|Profiler" $OUT/train${TRAIN_TAG:-}.log | tail -${TRAIN_LINES:-40};;
+  replays)  # CUDA graphs over training steps (benchmarks/cuda_graph_replays.py): REPLAY_MODELS
+    timeout $(left) python3 -m benchmarks.cuda_graph_replays --models ${REPLAY_MODELS:-mlp,gpt,resnet18} > $OUT/replays.log 2>&1; echo "replays rc=$?"; grep -v -i warn $OUT/replays.log | tail -20;;
   ab)  # AB_MODELS, AB_B (kiln options of B, e.g. "disabled_passes=merge_linears"), AB_MODE, AB_DTYPE
     timeout $(left) python3 -m benchmarks.ab_options --device cuda --dtype ${AB_DTYPE:-bf16} --mode ${AB_MODE:-default} --models ${AB_MODELS:-gpt2} --b "${AB_B}" --rounds 9 --calls 20 > $OUT/ab.log 2>&1; echo "ab rc=$?"; grep -v -i warn $OUT/ab.log | tail -8;;
   fuzz)

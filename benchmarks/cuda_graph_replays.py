@@ -1,0 +1,53 @@
+"""How reduce-overhead's CUDA graphs behave over a training loop (issue 20 point 4): per kiln graph (each training
+step has a forward and a backward), its calls, the graphs recorded, the inputs its graph on copies reads in place
+and copies ([Note: a graph on copies reads settled inputs in place]), the calls that ran the plain module because
+the caller held views of earlier outputs, and the step times - to see whether the steady state replays.
+
+    python -m benchmarks.cuda_graph_replays [--models mlp,gpt,resnet18] [--size full] [--steps 12] [--autocast]
+
+Runs kiln in mode reduce-overhead with ``training_cuda_graphs`` and ``cuda_graph_inputs_in_place`` on (both off by
+default until measured; the options of this run only), on the models of ``benchmarks.training``.  Needs CUDA.
+"""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--models", default="mlp,gpt,resnet18")
+    ap.add_argument("--size", default="full", choices=("small", "full"))
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--autocast", action="store_true")
+    args = ap.parse_args()
+    from kiln import config
+    from kiln.runtime import triton_module
+    from benchmarks.training import Run, _model
+
+    made: list = []
+    init = triton_module.GraphReplay.__init__
+
+    def noting(self, *a, **k):
+        init(self, *a, **k)
+        made.append(self)
+    triton_module.GraphReplay.__init__ = noting
+    with config.scope(training_cuda_graphs=True, cuda_graph_inputs_in_place=True):
+        for name in args.models.split(","):
+            model, batches, loss = _model(name, args.size, "cuda")
+            made.clear()
+            run = Run("kiln-ro", model, loss, "cuda", args.autocast)
+            times = [run.step(*batches(i)) * 1e3 for i in range(args.steps)]
+            print(f"{name}: step ms " + " ".join(f"{t:.2f}" for t in times))
+            for g in made:
+                copied = sum(x is not None for x in g.static_inputs)
+                print(f"  graph ({len(g.expected)} inputs): calls {g.calls}, keyed graphs {len(g.graphs)}, "
+                      f"recordings on copies {g.copy_recordings}, read in place {len(g.in_place)}, copied {copied}, "
+                      f"moved {len(g.moved)}, plain calls for held views {g.unprotected_runs}, "
+                      f"capture error {g.capture_error}")
+    torch.cuda.synchronize()
+
+
+if __name__ == "__main__":
+    main()
