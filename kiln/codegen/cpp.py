@@ -242,14 +242,9 @@ class KernelWriter:
         vw = self._lanes or min((lanes(compute_dtype(st.value.dtype)) for st in phase.stores), default=0)
         blocked = blocked_r(phase, self.k.rsize, vw)
         runs = runs_r(phase, self.k.rsize, vw) if blocked is None else None
-        if runs is not None:  # ([Note: reduction rows in runs])
+        if runs is not None:  # ([Note: reduction rows in runs]) per run, its elements
             k, split = runs
-            self.lines.append(f"{indent}for (int64_t ro = 0; ro < {self.k.rsize // k}; ++ro) {{")
-            self.lines.append(f"{indent}  #pragma omp simd")
-            self.lines.append(f"{indent}  for (int64_t ri = 0; ri < {k}; ++ri) {{")
-            self._stores(split, row, indent + "    ")
-            self.lines.append(f"{indent}  }}")
-            self.lines.append(f"{indent}}}")
+            self._nested_stores(split, row, indent, ("ro", self.k.rsize // k), ("ri", k))
             return
         if blocked is None:
             self.lines.append(f"{indent}#pragma omp simd")
@@ -259,16 +254,21 @@ class KernelWriter:
             return
         # ([Note: reduction index blocked by the vector]) whole blocks, then the remainder
         rs = self.k.rsize
-        self.lines.append(f"{indent}for (int64_t rb = 0; rb < {rs // vw}; ++rb) {{")
-        self.lines.append(f"{indent}  #pragma omp simd")
-        self.lines.append(f"{indent}  for (int64_t l = 0; l < {vw}; ++l) {{")
-        self._stores(blocked, row, indent + "    ")
-        self.lines.append(f"{indent}  }}")
-        self.lines.append(f"{indent}}}")
+        self._nested_stores(blocked, row, indent, ("rb", rs // vw), ("l", vw))
         if rs % vw:
             self.lines.append(f"{indent}for (int64_t r = {rs - rs % vw}; r < {rs}; ++r) {{")
             self._stores(phase, row, indent + "  ")
             self.lines.append(f"{indent}}}")
+
+    def _nested_stores(self, phase: FullLoop, row: ExprPrinter, indent: str, outer: tuple[str, int],
+                       inner: tuple[str, int]) -> None:
+        """A row pass as two loops: ``outer`` (variable, count) around the vector loop ``inner``."""
+        self.lines.append(f"{indent}for (int64_t {outer[0]} = 0; {outer[0]} < {outer[1]}; ++{outer[0]}) {{")
+        self.lines.append(f"{indent}  #pragma omp simd")
+        self.lines.append(f"{indent}  for (int64_t {inner[0]} = 0; {inner[0]} < {inner[1]}; ++{inner[0]}) {{")
+        self._stores(phase, row, indent + "    ")
+        self.lines.append(f"{indent}  }}")
+        self.lines.append(f"{indent}}}")
 
     def _stores(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
         """A pass over the row's element stores, as the body of a loop opened at ``indent`` minus one level."""
@@ -381,19 +381,19 @@ class KernelWriter:
         self.lines.append(f"{inner}for (int64_t ro = 0; ro < {self.k.rsize // k}; ++ro) {{")
         if k >= vw:
             self.lines.append(f"{inner}  for (int64_t ri0 = 0; ri0 + {vw} <= {k}; ri0 += {vw}) {{")
-            self.lines.append(f"{inner}    #pragma omp simd")
-            self.lines.append(f"{inner}    for (int64_t l = 0; l < {vw}; ++l) {{")
-            self.lines.append(f"{inner}      const int64_t ri = ri0 + l;")
-            self._acc_body(split, row, inner + "      ", "[l]")
-            self.lines.append(f"{inner}    }}")
+            self._lane_loop(split, row, inner + "    ", vw, "ri0")
             self.lines.append(f"{inner}  }}")
         if k % vw:
-            self.lines.append(f"{inner}  #pragma omp simd")
-            self.lines.append(f"{inner}  for (int64_t l = 0; l < {k % vw}; ++l) {{")
-            self.lines.append(f"{inner}    const int64_t ri = {k - k % vw} + l;")
-            self._acc_body(split, row, inner + "    ", "[l]")
-            self.lines.append(f"{inner}  }}")
+            self._lane_loop(split, row, inner + "  ", k % vw, str(k - k % vw))
         self.lines.append(f"{inner}}}")
+
+    def _lane_loop(self, split: ReduceLoop, row: ExprPrinter, indent: str, count: int, start: str) -> None:
+        """One vector (``count`` lanes) of a run, from element ``start``."""
+        self.lines.append(f"{indent}#pragma omp simd")
+        self.lines.append(f"{indent}for (int64_t l = 0; l < {count}; ++l) {{")
+        self.lines.append(f"{indent}  const int64_t ri = {start} + l;")
+        self._acc_body(split, row, indent + "  ", "[l]")
+        self.lines.append(f"{indent}}}")
 
     def _combine_lanes(self, phase: ReduceLoop, inner: str, vw: int, suffix: str, lanes_in_registers: bool) -> None:
         """The lanes into ``<acc><suffix>``."""
