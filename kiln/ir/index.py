@@ -262,24 +262,21 @@ def _recombine(acc: dict[Atom, Size]) -> dict[Atom, Size]:
                 continue
             partner = q.terms[0][0]
             outer = sym.size(c * a.k)
-            if acc.get(partner) == outer:
-                del acc[a], acc[partner]
-                for b, d in a.arg.terms:
-                    acc[b] = acc.get(b, 0) + d * c
-                acc = {b: d for b, d in acc.items() if d != 0}
-                changed = True
-                break
-            wrapped = next((m for m, d in acc.items() if isinstance(m, Mod) and d == outer and m.arg == q), None)
-            if wrapped is not None:
-                joined = mod(a.arg, sym.size(a.k * wrapped.k))
+            if acc.get(partner) == outer:  # c*k*(x // k) + c*(x % k)
+                other, joined = partner, a.arg
+            else:  # c*k*((x // k) % m) + c*(x % k)
+                other = next((m for m, d in acc.items() if isinstance(m, Mod) and d == outer and m.arg == q), None)
+                if other is None:
+                    continue
+                joined = mod(a.arg, sym.size(a.k * other.k))
                 if joined.const:
                     continue
-                del acc[a], acc[wrapped]
-                for b, d in joined.terms:
-                    acc[b] = acc.get(b, 0) + d * c
-                acc = {b: d for b, d in acc.items() if d != 0}
-                changed = True
-                break
+            del acc[a], acc[other]
+            for b, d in joined.terms:
+                acc[b] = acc.get(b, 0) + d * c
+            acc = {b: d for b, d in acc.items() if d != 0}
+            changed = True
+            break
     return acc
 
 

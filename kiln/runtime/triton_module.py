@@ -535,12 +535,12 @@ class GraphReplay:
                     if self.misses < 2:  # one more plain call: these addresses may come again
                         return self.module(inputs)
                     settled = self._settled_in_every_call_seen(key) - self.moved
-                    self._record_copy_graph(inputs, settled if self.copy_recordings < self.MAX_COPY_RECORDINGS
+                    self._record_copy_graph(inputs, key, settled if self.copy_recordings < self.MAX_COPY_RECORDINGS
                                             else set())
                 else:
                     settled = self._settled_since_recording(key) - self.moved
                     if settled and self.copy_recordings < self.MAX_COPY_RECORDINGS:
-                        self._record_copy_graph(inputs, set(self.in_place) | settled)
+                        self._record_copy_graph(inputs, key, set(self.in_place) | settled)
         except Exception as exc:  # noqa: BLE001 - never break the user's model: run it without CUDA graphs
             # (an op that cannot be captured - one that waits for the device - fails only when recorded)
             self.capture_error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
@@ -569,9 +569,9 @@ class GraphReplay:
 
     def _settled_in_every_call_seen(self, key: tuple) -> set[int]:
         """Inputs at the same address in every call seen without a graph of its own (this one included)."""
-        if not self.settle:
+        if not self.settle or len(self.seen) < 2:
             return set()
-        return {k for k, a in enumerate(key) if len(self.seen) >= 2 and all(s[k] == a for s in self.seen)}
+        return {k for k, a in enumerate(key) if all(s[k] == a for s in self.seen)}
 
     def _settled_since_recording(self, key: tuple) -> set[int]:
         """Copied inputs that came at the previous call's address ``SETTLE_CALLS`` calls in a row."""
@@ -583,17 +583,17 @@ class GraphReplay:
         self.last_addresses = key
         return {k for k, n in enumerate(self.streak) if n >= self.SETTLE_CALLS and k not in self.in_place}
 
-    def _record_copy_graph(self, inputs: list[torch.Tensor], in_place: set[int]) -> None:
+    def _record_copy_graph(self, inputs: list[torch.Tensor], key: tuple, in_place: set[int]) -> None:
         """([Note: a graph on copies reads settled inputs in place]) Record the graph on copies of the inputs
-        outside ``in_place``, the others read at the caller's addresses."""
+        outside ``in_place``, the others read at the caller's addresses (``key``: this call's)."""
         self.copy_graph = None  # (the previous recording's copies and pool go first)
         self.static_inputs = [x if k in in_place else x.clone() for k, x in enumerate(inputs)]
         self.copy_graph = self._record(list(self.static_inputs))
         self.copy_recordings += 1
-        self.in_place = {k: (inputs[k].data_ptr(), inputs[k].stride()) for k in in_place}
+        self.in_place = {k: key[k] for k in in_place}
         self.static_inputs = [None if k in in_place else x for k, x in enumerate(self.static_inputs)]
         self.streak = [0] * len(inputs)
-        self.last_addresses = tuple((x.data_ptr(), x.stride()) for x in inputs)
+        self.last_addresses = key
 
     def _saw(self, key: tuple) -> None:
         """Remember the input addresses of a call without a graph of its own (the last ``MAX_GRAPHS + 2``)."""
