@@ -143,6 +143,9 @@ class Config:
     # ([Note: a graph on copies reads settled inputs in place], runtime/triton_module.py): a training step's
     # parameters and saved activations.  Off until measured on a GPU (as training_cuda_graphs).
     cuda_graph_inputs_in_place: bool = False
+    # Training: saved activations that are short elementwise chains over values the backward holds anyway are
+    # recomputed there instead of saved ([Note: recompute what the backward can rebuild], frontend/partition.py).
+    training_recompute: bool = True
     # GPU, dynamic shapes, a static module per size: build a size's module at the n-th call at that size; the calls
     # before run eagerly.  A build compiles that size's kernels (~1 s), so a decoding loop - a new length every step,
     # each seen once - runs eagerly instead of compiling at every token; sizes that come back are compiled.
@@ -255,6 +258,7 @@ class Config:
         "cuda_graph_shared_pool": ("KILN_CUDA_GRAPH_SHARED_POOL", bool),
         "training_cuda_graphs": ("KILN_TRAINING_CUDA_GRAPHS", bool),
         "cuda_graph_inputs_in_place": ("KILN_CUDA_GRAPH_INPUTS_IN_PLACE", bool),
+        "training_recompute": ("KILN_TRAINING_RECOMPUTE", bool),
         "gpu_dynamic_build_after": ("KILN_GPU_DYNAMIC_BUILD_AFTER", int),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),

@@ -26,6 +26,15 @@ Used when every load of the accumulated values walks the rows contiguously (coef
 broadcast) and at least one walks ``r`` with a stride other than 1, with nothing but accumulations, per-row
 values, per-row stores and elementwise passes over the row that store along the rows (a LayerNorm over NCHW
 channels) in the kernel: no row scratch, no arg-reductions.
+
+[Note: a column reduction's elementwise output] A row scratch holds a value the reduction loop computes and a
+later pass over the row stores (GELU's backward and the bias gradient summed from it: ``scr0[r] = g * gelu'(x)``,
+``acc += scr0[r]``, then ``out[r] = scr0[r]``).  Where that pass is the kernel's last and stores nothing that
+depends on the row's results, its stores move into the reduction loop and the scratch goes
+(``_stores_in_reduce_loop``): the column writer then computes the value once per element, stores it and
+accumulates it in the same lanes.  (A bias gradient of ``[32, 1024]``: 0.18 -> ~0.01 ms on one core; it was a
+gather along ``r`` per element.)  In-place writes stay valid: the moved store was the last, and nothing after it
+reads along ``r``.
 """
 from __future__ import annotations
 
@@ -33,7 +42,10 @@ from kiln.codegen.cpp_expr import (ExprPrinter, combine_text, identity_literal, 
                                    vector_lanes)
 from kiln.ir.loop_collapse import collapse_rows
 from kiln.ir.index import Lin, Var
-from kiln.ir.kernel import FullLoop, Kernel, KExpr, KLoad, ReduceLoop, RowAssign, RowStore, index_exprs, subexprs
+import dataclasses
+
+from kiln.ir.kernel import (Acc, FullLoop, Kernel, KExpr, KLoad, KOp, KVar, ReduceLoop, RowAssign, RowStore, Store,
+                            index_exprs, subexprs)
 from kiln.ir.ops import HALF, Op, compute_dtype, numel
 
 _COLUMN_KINDS = (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN)
@@ -67,7 +79,7 @@ def column_lanes(kernel: Kernel, vector_width: int) -> int:
     strided = False
     for phase in kernel.phases:
         if isinstance(phase, ReduceLoop):
-            if phase.stores or any(a.kind not in _COLUMN_KINDS for a in phase.accs):
+            if any(a.kind not in _COLUMN_KINDS for a in phase.accs) or not _column_stores(phase.stores, row):
                 return 0
             for a in phase.accs:
                 for load in _loads(a.value):
@@ -82,14 +94,59 @@ def column_lanes(kernel: Kernel, vector_width: int) -> int:
             if phase.store.index.coefficient(row) != 1 or _has_gather(phase.store.index):
                 return 0
         elif isinstance(phase, FullLoop):
-            for st in phase.stores:
-                if st.index.coefficient(row) != 1 or _has_gather(st.index):
-                    return 0
-                if any(_has_gather(ld.index) or ld.index.coefficient(row) not in (0, 1) for ld in _loads(st.value)):
-                    return 0
+            if not _column_stores(phase.stores, row):
+                return 0
         elif not isinstance(phase, RowAssign):
             return 0
     return vector_width * min(BLOCK_VECTORS, kernel.outer[-1] // vector_width) if strided else 0
+
+
+def _column_stores(stores: list[Store], row: Var) -> bool:
+    """Do these elementwise stores walk the rows contiguously, from loads that do too (or broadcast)?"""
+    for st in stores:
+        if st.index.coefficient(row) != 1 or _has_gather(st.index):
+            return False
+        if any(_has_gather(ld.index) or ld.index.coefficient(row) not in (0, 1) for ld in _loads(st.value)):
+            return False
+    return True
+
+
+def _stores_in_reduce_loop(kernel: Kernel) -> Kernel | None:
+    """``kernel`` without its row scratch, the last pass's stores moved into the reduction loop ([Note: a column
+    reduction's elementwise output]); ``kernel`` itself if it has no scratch; None where the move does not apply
+    (several reduction loops or passes, a scratch value the last pass does not take, a stored value that depends
+    on the row's results)."""
+    if not kernel.scratch:
+        return kernel
+    phases = kernel.phases
+    reduce_at = [i for i, p in enumerate(phases) if isinstance(p, ReduceLoop)]
+    passes = [i for i, p in enumerate(phases) if isinstance(p, FullLoop)]
+    if len(reduce_at) != 1 or passes != [len(phases) - 1]:
+        return None
+    loop, last = phases[reduce_at[0]], phases[-1]
+    assert isinstance(loop, ReduceLoop) and isinstance(last, FullLoop)
+    values = {st.buf: st.value for st in loop.stores}
+    if set(values) != set(kernel.scratch) or any(st.buf in kernel.scratch for st in last.stores):
+        return None
+    memo: dict[KExpr, KExpr] = {}
+
+    def inlined(e: KExpr) -> KExpr:
+        if e not in memo:
+            if isinstance(e, KLoad) and e.buf in values:
+                memo[e] = inlined(values[e.buf])
+            elif isinstance(e, KOp):
+                memo[e] = KOp(e.op, tuple(inlined(a) for a in e.args), e.dtype)
+            else:
+                memo[e] = e
+        return memo[e]
+    stores = [Store(st.buf, st.index, inlined(st.value)) for st in last.stores]
+    accs = [Acc(a.name, a.kind, inlined(a.value), a.dtype) for a in loop.accs]
+    exprs = [st.value for st in stores] + [a.value for a in accs]
+    for x in (y for e in exprs for y in subexprs(e)):
+        if isinstance(x, KVar) or (isinstance(x, KLoad) and x.buf in values):
+            return None  # a row result (computed after the loop) or a scratch read inside an index
+    moved = phases[:reduce_at[0]] + [ReduceLoop(accs, stores)] + phases[reduce_at[0] + 1:-1]
+    return dataclasses.replace(kernel, phases=moved, scratch={})
 
 
 def column_plan(kernel: Kernel) -> tuple[Kernel, int] | None:
@@ -98,7 +155,10 @@ def column_plan(kernel: Kernel) -> tuple[Kernel, int] | None:
     accs = [a for p in kernel.phases if isinstance(p, ReduceLoop) for a in p.accs]
     if not accs:
         return None
-    merged = collapse_rows(kernel)
+    without_scratch = _stores_in_reduce_loop(kernel)
+    if without_scratch is None:
+        return None
+    merged = collapse_rows(without_scratch)
     vw = column_lanes(merged, min(vector_lanes(compute_dtype(a.value.dtype)) for a in accs))
     return (merged, vw) if vw else None
 
@@ -120,7 +180,8 @@ def write_columns(kernel: Kernel, vw: int, lines: list[str], parallel_min_work: 
     # [Note: no overlap where the kernel may write in place] A pass over the row that stores elementwise may
     # store over its own input (runtime/inplace.py): a block overlapping the previous one would then re-read
     # rows already overwritten.  Such a kernel's last block masks its lanes past the end instead.
-    guarded = n % vw != 0 and any(isinstance(p, FullLoop) for p in kernel.phases)
+    guarded = n % vw != 0 and any(isinstance(p, FullLoop) or (isinstance(p, ReduceLoop) and p.stores)
+                                  for p in kernel.phases)
     if guarded:
         lines.append(f"{indent}const int64_t c = c0, live = {n} - c0 < {vw} ? {n} - c0 : {vw};  // lanes in rows")
     else:
@@ -163,7 +224,8 @@ def write_columns(kernel: Kernel, vw: int, lines: list[str], parallel_min_work: 
                 lines.append(f"{indent}for (int l = 0; l < {vw}; ++l) {a.name}_c[l] = "
                              f"{identity_literal(a.kind, a.dtype)};")
 
-            def accumulate(p: ExprPrinter, ind: str, accs=phase.accs) -> None:
+            def accumulate(p: ExprPrinter, ind: str, accs=phase.accs, loop_stores=phase.stores) -> None:
+                stores(loop_stores)(p, ind)  # (elementwise outputs computed in the loop: the note above)
                 for a in accs:
                     v = p.expr(a.value)
                     if compute_dtype(a.dtype) != compute_dtype(a.value.dtype):

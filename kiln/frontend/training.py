@@ -7,7 +7,8 @@ partitions it into a forward graph - the outputs plus the values the backward ne
 hands each to a compiler::
 
     Dynamo graph --AOTAutograd (joint graph, decompositions)--> partition (torch's min-cut: what to save, what
-        to recompute) --> forward graph  -- kiln --> compiled forward (outputs, saved activations)
+        to recompute; then kiln's: saved values the backward can rebuild cheaply)
+        --> forward graph  -- kiln --> compiled forward (outputs, saved activations)
                       --> backward graph -- kiln --> compiled backward (gradients), compiled at the first backward
 
 Both are ordinary ATen graphs for kiln, with one difference from inference: nothing is frozen.  Parameters are
@@ -16,8 +17,10 @@ GEMM panels, folded BatchNorm) do not apply; activations' fusion, the memory pla
 Buffers updated in the forward (BatchNorm's running statistics in training mode) are AOTAutograd's input
 mutations, written back by its runtime wrapper.
 
-The partition is torch's min-cut rematerialization (the baseline the issue names; kiln's own, cost-model
-driven partition is the next step), with torch's Inductor op classes.  Inference and training graphs of one
+The partition starts from torch's min-cut rematerialization (the baseline the issue names), with torch's
+Inductor op classes; kiln then moves the saved values that are short elementwise chains over what the backward
+holds anyway - a GELU's or a LayerNorm's output next to its input, BatchNorm + ReLU in training mode - into the
+backward ([Note: recompute what the backward can rebuild], frontend/partition.py).  Inference and training graphs of one
 model coexist: TorchDynamo guards on grad mode, and an inference graph compiled while training goes on notices
 its frozen weights changing ([Note: frozen weights that change], compiler.py).
 
@@ -54,6 +57,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
 
     from kiln.compiler import compile_aten_graph
     from kiln.frontend.decompositions import decomposition_table
+    from kiln.frontend.partition import Recomputed, recompute_saved
 
     graph_mode = mode
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
@@ -67,7 +71,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
 
     def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
-        partition["summary"] = partition_summary(bw)
+        moved = recompute_saved(fw, bw, kwargs["num_fwd_outputs"]) if cfg.training_recompute else Recomputed()
+        partition["summary"] = partition_summary(bw) + (f"; {moved.describe()}" if moved.names else "")
         return fw, bw
 
     def compiler(part: str) -> Callable:
@@ -77,9 +82,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
             if part == "forward":
                 _no_donated_buffers()
             summary = partition.get("summary")
+            described = f"; the partition (torch's min-cut, then kiln's): {summary}" if summary else ""
             return compile_aten_graph(fx_gm, {}, cfg=cfg, mode=graph_mode, name=f"{name} ({part})",
-                                      training=part + note + (f"; torch's min-cut partition: {summary}"
-                                                              if summary else ""))
+                                      training=part + note + described)
         return compile_part
 
     return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),

@@ -112,3 +112,60 @@ def test_column_sums_reading_a_value_per_reduced_element():
         return (g * xhat).sum(0), g.sum(0), g * rstd + xhat
     report = _check(grads, g, x, mean, rstd)
     assert _columns(report)
+
+
+def _gelu_grad(g, x):
+    """GELU's backward, the elementwise value a bias gradient sums: erf and exp per element (the row writer kept it
+    in a row scratch and gathered along ``r``)."""
+    return g * (0.5 * (1 + torch.erf(x * 0.7071067811865476)) + x * torch.exp(-0.5 * x * x) * 0.3989422804014327)
+
+
+@pytest.mark.parametrize("cols", [64, 69, 200])
+def test_elementwise_output_stored_from_the_reduction_loop(cols):
+    """[Note: a column reduction's elementwise output]: the input gradient and the bias gradient summed from it
+    over the tokens - one kernel, the value stored and accumulated in the same lanes, no row scratch."""
+    gen = torch.Generator().manual_seed(cols)
+    g, x = torch.randn(32, cols, generator=gen), torch.randn(32, cols, generator=gen) * 2
+
+    def grads(g, x):
+        d = _gelu_grad(g, x)
+        return d, d.sum(0)
+    report = _check(grads, g, x)
+    assert _columns(report) and "scr0" not in report.source
+
+
+def test_elementwise_output_over_its_dying_input():
+    """Without an arena the stored value may take the memory of the incoming gradient it reads (runtime/
+    inplace.py); the last block of 69 columns is then masked, not overlapped (its lanes would re-read columns
+    already overwritten)."""
+    gen = torch.Generator().manual_seed(11)
+
+    def inputs():
+        return [torch.randn(32, 40, generator=gen), torch.randn(40, 69, generator=gen),
+                torch.randn(32, 69, generator=gen)]
+
+    def grads(p, q, x):
+        d = _gelu_grad(p @ q, x)
+        return d, d.sum(0)
+    report = _check(grads, *inputs())
+    assert _columns(report) and "l < live" in report.source
+    per_step = CompileReport("no arena")
+    with torch.inference_mode():
+        module = build_cpu(report.optimized, per_step, arena=False)
+        assert per_step.memory["in_place"] >= 1
+        for _ in range(2):
+            args = inputs()
+            for got, want in zip(module(args), grads(*args)):
+                torch.testing.assert_close(got, want, rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_pass_reading_the_row_result_keeps_its_scratch():
+    """A last pass that reads the row's sum (a softmax backward's ``y * (g - sum)``-like form over a leading
+    dimension) cannot store from the reduction loop: such kernels keep the row writer's scratch, and match."""
+    gen = torch.Generator().manual_seed(12)
+    g, x = torch.randn(32, 72, generator=gen), torch.randn(32, 72, generator=gen)
+
+    def grads(g, x):
+        d = _gelu_grad(g, x)
+        return d * d.sum(0, keepdim=True)
+    _check(grads, g, x)

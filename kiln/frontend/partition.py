@@ -1,0 +1,355 @@
+"""kiln's part of the training partition: saved activations that the backward recomputes from what it has anyway.
+
+[Note: recompute what the backward can rebuild] torch's min-cut partitioner (the baseline, run first) saves a
+forward value whenever recomputing it in the backward would have to be *materialized* there - written to memory
+as the input of a library call - on the rule that a recomputation is only free where it fuses into a consumer.
+The typical casualties are the inputs of the weight gradients' matrix products: GELU's output (the second
+Linear's weight gradient reads it) is saved next to GELU's input (GELU's own backward reads that), and a
+LayerNorm's output (the next Linear's weight gradient) next to the LayerNorm's input and statistics.  Each pair
+holds the same information twice, for the whole time between the forward and the backward: per transformer
+layer that is one activation of the MLP's width and two of the model's.
+
+kiln takes the min-cut's result and, for each saved value that is a short chain of elementwise ops and views
+over values the backward holds anyway (other saved values, or the forward's inputs - parameters and the batch,
+which cost no memory of their own), drops it from the saved set and rebuilds it in the backward.  The cost is
+one elementwise pass in the backward - read the chain's inputs (often read there already: GELU's backward reads
+its input), write the value - against the bytes the value would hold from its forward to its backward::
+
+    min-cut:  forward  -> saved: addmm [M, 4H], gelu [M, 4H] (view), ...
+              backward:  mm(grad^T, gelu) ; gelu_backward(grad, addmm)
+    kiln:     forward  -> saved: addmm [M, 4H], ...                          (one [M, 4H] activation fewer)
+              backward:  gelu = gelu(addmm) ; mm(grad^T, gelu) ; gelu_backward(grad, addmm)
+
+What qualifies (``_chain``): ops tagged pointwise (not random, not in place), dtype conversions and views, at
+most ``MAX_CHAIN_OPS`` of them, reading no more than ``MAX_READ_RATIO`` times the value's bytes, for a value of at
+least ``MIN_BYTES``; a value another recomputation reads stays saved.  Sizes that are symbols reach the backward
+only where it has them already (a saved size).  The rewrite keeps AOTAutograd's conventions: the forward's
+outputs are its user outputs, then the saved tensors, then the saved sizes; the backward's inputs are the saved
+sizes, the saved tensors, then the incoming gradients, in the same order as the forward returns them.
+
+The report (``partition_summary`` in frontend/training.py) names what was saved and what recomputed, and this
+pass adds what it moved and the bytes.  ``Config.training_recompute`` switches it off.
+"""
+from __future__ import annotations
+
+import dataclasses
+import operator
+from typing import Any
+
+import torch
+import torch.fx
+
+MAX_CHAIN_OPS = 12     # non-view ops one recomputation may repeat (past this, the backward's pass is no longer cheap)
+MAX_READ_RATIO = 3.0   # bytes the chain reads, at most this many times the value's bytes
+MIN_BYTES = 64 * 1024  # smaller values are not worth a pass of their own
+
+_VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torch.ops.aten.reshape.default,
+          torch.ops.aten.permute.default, torch.ops.aten.transpose.int, torch.ops.aten.t.default,
+          torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim,
+          torch.ops.aten.squeeze.dims, torch.ops.aten.squeeze.default, torch.ops.aten.alias.default,
+          torch.ops.aten.slice.Tensor, torch.ops.aten.select.int}
+_CONVERSIONS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default,
+                torch.ops.aten.clone.default}
+
+
+@dataclasses.dataclass
+class Recomputed:
+    """What the pass moved from saved to recomputed: the values' names and bytes, and the forward inputs it had
+    to hand to the backward (no memory: parameters and the batch are held anyway)."""
+    names: list[str] = dataclasses.field(default_factory=list)
+    nbytes: int = 0
+    ops: int = 0
+    inputs_added: int = 0
+
+    def describe(self) -> str:
+        if not self.names:
+            return ""
+        return (f"kiln recomputes {len(self.names)} more in the backward instead of saving them "
+                f"({self.nbytes / 2 ** 20:.2f} MiB fewer saved, {self.ops} elementwise ops repeated)")
+
+
+def _bytes(node: torch.fx.Node) -> int:
+    value = node.meta.get("val")
+    if not isinstance(value, torch.Tensor):
+        return 0
+    numel = 1
+    for d in value.shape:
+        numel *= _hint(d)
+    return numel * value.element_size()
+
+
+def _hint(d: Any) -> int:
+    """A size as a number: an int, or a SymInt's traced value (its hint; 1 where it has none)."""
+    if isinstance(d, int):
+        return d
+    try:
+        hint = d.node.hint
+        return int(hint) if hint is not None else 1
+    except Exception:  # noqa: BLE001 - an unusual size object: counted as 1
+        return 1
+
+
+def _recomputable(node: torch.fx.Node) -> bool:
+    """An op the backward may repeat: pointwise (deterministic, not in place), a conversion or a view."""
+    if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
+        return False
+    if not isinstance(node.meta.get("val"), torch.Tensor):
+        return False
+    target = node.target
+    if target in _VIEWS or target in _CONVERSIONS:
+        return True
+    tags = target.tags
+    if torch.Tag.pointwise not in tags or torch.Tag.nondeterministic_seeded in tags:
+        return False
+    return not target._schema.is_mutable
+
+
+def _chain(value: torch.fx.Node, available: set[str]) -> tuple[list[torch.fx.Node], set[str]] | None:
+    """The forward nodes that rebuild ``value`` from nodes named in ``available`` (what the backward has), in
+    the forward's order, and the names of those it reads; None where the value is not a short elementwise
+    chain over them (a library call, a reduction, a random op, or too long / too wide a chain).  A
+    normalization's output whose statistics the backward has counts as elementwise (``_normalized``)."""
+    nodes: dict[torch.fx.Node, None] = {}
+    leaves: set[str] = set()
+    stack = [value]
+    while stack:
+        node = stack.pop()
+        if node in nodes:
+            continue
+        if node is not value and node.name in available:
+            leaves.add(node.name)
+            continue
+        norm = _normalized(node, available)
+        if norm is not None:
+            nodes[node] = None
+            stack.extend(a for a in norm if isinstance(a, torch.fx.Node))
+            continue
+        if not _recomputable(node):
+            return None
+        nodes[node] = None
+        for arg in node.all_input_nodes:
+            if not isinstance(arg.meta.get("val"), torch.Tensor) and arg.name not in available:
+                return None  # a size the backward does not have
+            stack.append(arg)
+    ops = sum(4 if _normalized(n, available) is not None else 0 if n.target in _VIEWS else 1 for n in nodes)
+    if ops > MAX_CHAIN_OPS:
+        return None
+    order = {n: i for i, n in enumerate(value.graph.nodes)}
+    return sorted(nodes, key=order.__getitem__), leaves
+
+
+# normalizations whose output (item 0) is elementwise given their statistics (items 1, 2: the mean and the
+# reciprocal standard deviation): (input, weight, bias) argument positions, and whether the statistics are per
+# channel (dimension 1: batch norm) or per row with the normalized dimensions kept as size 1 (layer norm)
+_NORMALIZATIONS = {
+    torch.ops.aten.native_layer_norm.default: ((0, 2, 3), False),
+    torch.ops.aten._native_batch_norm_legit_functional.default: ((0, 1, 2), True),
+    torch.ops.aten._native_batch_norm_legit.default: ((0, 1, 2), True),
+    torch.ops.aten.native_batch_norm.default: ((0, 1, 2), True),
+}
+
+
+def _normalized(node: torch.fx.Node, available: set[str]) -> list[Any] | None:
+    """For item 0 of a normalization whose mean and reciprocal standard deviation the backward has (and, for batch
+    norm, in training mode: the statistics are the batch's): ``[input, weight, bias, mean, rstd]`` (weight and bias
+    None where absent); else None."""
+    if node.op != "call_function" or node.target is not operator.getitem or node.args[1] != 0:
+        return None
+    norm = node.args[0]
+    if not isinstance(norm, torch.fx.Node) or norm.target not in _NORMALIZATIONS:
+        return None
+    (x, w, b), per_channel = _NORMALIZATIONS[norm.target]
+    if per_channel and not _training_flag(norm):
+        return None  # (evaluation mode: normalized by the running statistics, which the forward updates)
+    stats = {u.args[1]: u for u in norm.users if u.target is operator.getitem}
+    held = [_held_view(stats[i], available) if i in stats else None for i in (1, 2)]
+    if held[0] is None or held[1] is None:
+        return None
+    args = list(norm.args) + [None] * 8
+    return [args[x], args[w], args[b], held[0], held[1]]
+
+
+def _held_view(stat: torch.fx.Node, available: set[str]) -> torch.fx.Node | None:
+    """``stat`` where the backward has it, or a view of it the backward has (the partition often saves batch
+    norm's mean as the ``[1, C, 1, 1]`` view its backward reads); None where it has neither, or only a view of a
+    statistic whose sizes are symbols (viewing it back would need them)."""
+    if stat.name in available:
+        return stat
+    if not all(isinstance(d, int) for d in stat.meta["val"].shape):
+        return None
+    stack = list(stat.users)
+    while stack:
+        user = stack.pop()
+        if user.op != "call_function" or user.target not in _VIEWS:
+            continue
+        if user.name in available:
+            return user
+        stack.extend(user.users)
+    return None
+
+
+def _training_flag(norm: torch.fx.Node) -> bool:
+    """A batch norm's ``training`` argument (position 5 in each overload of the table)."""
+    value = norm.args[5] if len(norm.args) > 5 else norm.kwargs.get("training")
+    return value is True
+
+
+def _emit_normalized(graph: torch.fx.Graph, node: torch.fx.Node, parts: list[Any]) -> torch.fx.Node:
+    """``(x - mean) * rstd [* weight] [+ bias]`` in ``graph`` (parts mapped to its nodes), in float32 and converted
+    to the output's type; batch norm's per-channel vectors viewed as ``[1, C, 1, ...]``."""
+    x, w, b, mean, rstd = parts
+    out = node.meta["val"]
+    per_channel = _NORMALIZATIONS[node.args[0].target][1]
+    aten = torch.ops.aten
+    fake = _fake_mode(out)
+
+    def call(target: Any, *args: Any) -> torch.fx.Node:
+        new = graph.call_function(target, tuple(args))
+        with fake:
+            new.meta["val"] = target(*[a.meta["val"] if isinstance(a, torch.fx.Node) else a for a in args])
+        return new
+
+    def channel(v: torch.fx.Node) -> torch.fx.Node:
+        return call(aten.view.default, v, [1, -1] + [1] * (out.dim() - 2)) if per_channel else v
+
+    def stat(v: torch.fx.Node, index: int) -> torch.fx.Node:
+        if per_channel:
+            return channel(v)
+        shape = next(u for u in node.args[0].users if u.args[1] == index).meta["val"].shape
+        return v if tuple(v.meta["val"].shape) == tuple(shape) else call(aten.view.default, v, list(shape))
+    y = call(aten.mul.Tensor, call(aten.sub.Tensor, x, stat(mean, 1)), stat(rstd, 2))
+    if w is not None:
+        y = call(aten.mul.Tensor, y, channel(w))
+    if b is not None:
+        y = call(aten.add.Tensor, y, channel(b))
+    if y.meta["val"].dtype != out.dtype:
+        y = call(torch.ops.prims.convert_element_type.default, y, out.dtype)
+    return y
+
+
+def _fake_mode(value: torch.Tensor) -> Any:
+    mode = getattr(value, "fake_mode", None)
+    if mode is None:
+        from torch._guards import detect_fake_mode
+        mode = detect_fake_mode([value])
+    return mode if mode is not None else _NoMode()
+
+
+class _NoMode:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: Any) -> None:
+        return None
+
+
+def recompute_saved(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_outputs: int) -> Recomputed:
+    """Move cheap saved values of a min-cut partition to the backward, in place on both graphs (the note above).
+    Leaves the graphs as they were where their shape is not the one expected (the pass then does nothing)."""
+    done = Recomputed()
+    out_node = fw.graph.output_node()
+    outputs = list(out_node.args[0])
+    saved = outputs[num_fwd_outputs:]
+    bw_inputs = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
+    fw_inputs = {n.name: n for n in fw.graph.nodes if n.op == "placeholder"}
+    if not all(isinstance(s, torch.fx.Node) and s.name in bw_inputs for s in saved):
+        return done  # not the layout this pass knows
+    saved_tensors = [s for s in saved if isinstance(s.meta.get("val"), torch.Tensor)]
+    if not saved_tensors:
+        return done
+    kept = {s.name for s in saved}
+    fw_nodes = {n.name: n for n in fw.graph.nodes}
+    user_roots = {_storage_root(o) for o in outputs[:num_fwd_outputs] if isinstance(o, torch.fx.Node)}
+    pinned: set[str] = set()  # saved values some recomputation reads
+    chains: dict[str, list[torch.fx.Node]] = {}
+    for value in sorted(saved_tensors, key=_bytes, reverse=True):
+        size = _bytes(value)
+        if value.op == "placeholder" or value.name in pinned or size < MIN_BYTES:
+            continue
+        if value.meta.get("saved_tensor_with_no_vc_check", False):
+            continue
+        root = _storage_root(value)
+        if root.op == "placeholder" or root in user_roots or any(
+                _storage_root(fw_nodes[name]) is root for name in kept if name != value.name):
+            continue  # its memory stays held anyway (an input, a user output, another saved view of it)
+        found = _chain(value, (kept - {value.name}) | set(fw_inputs))
+        if found is None:
+            continue
+        nodes, leaves = found
+        if sum(_bytes(fw_nodes[name]) for name in leaves) > MAX_READ_RATIO * size:
+            continue
+        kept.discard(value.name)
+        pinned |= leaves
+        chains[value.name] = nodes
+        done.names.append(value.name)
+        done.nbytes += size
+        done.ops += sum(1 for n in nodes if n.target not in _VIEWS)  # (a normalization counts once)
+    if not chains:
+        return done
+
+    # forward inputs the backward now reads: handed over as saved tensors, first in the saved tensors' order
+    needed = sorted({a.name for nodes in chains.values() for n in nodes for a in _reads(n, kept)
+                     if a.name in fw_inputs and a.name not in bw_inputs})
+    first_saved = next(bw_inputs[s.name] for s in saved if isinstance(s.meta.get("val"), torch.Tensor))
+    with bw.graph.inserting_before(first_saved):
+        for name in needed:
+            placeholder = bw.graph.placeholder(name)
+            placeholder.meta = dict(fw_inputs[name].meta)
+            bw_inputs[name] = placeholder
+    done.inputs_added = len(needed)
+
+    for name, nodes in chains.items():
+        old = bw_inputs[name]
+        first_user = min(old.users, key=_position(bw)) if old.users else None
+        env: dict[torch.fx.Node, torch.fx.Node] = {}
+
+        def mapped(arg: torch.fx.Node) -> torch.fx.Node:
+            return env[arg] if arg in env else bw_inputs[arg.name]
+        with bw.graph.inserting_before(first_user) if first_user is not None else bw.graph.inserting_after(old):
+            for node in nodes:
+                parts = _normalized(node, kept)
+                if parts is not None:
+                    env[node] = _emit_normalized(bw.graph, node,
+                                                 [mapped(p) if isinstance(p, torch.fx.Node) else p for p in parts])
+                else:
+                    env[node] = bw.graph.node_copy(node, mapped)
+        old.replace_all_uses_with(env[nodes[-1]])
+        bw.graph.erase_node(old)
+
+    removed = set(chains)
+    kept_saved = [s for s in saved if s.name not in removed]
+    new_saved = [fw_inputs[name] for name in needed] + kept_saved
+    descs = out_node.meta.get("desc")
+    out_node.args = (tuple(outputs[:num_fwd_outputs] + new_saved),)
+    if isinstance(descs, list) and len(descs) == len(outputs) and all(d is not None for d in descs):
+        kinds = [type(d) for s, d in zip(saved, descs[num_fwd_outputs:]) if s.name not in removed]
+        plain = next((k for k in kinds if k.__name__ == "SavedForBackwardsAOTOutput"), None)
+        kinds = [plain] * len(needed) + kinds
+        out_node.meta["desc"] = descs[:num_fwd_outputs] + [k(i) if k is not None else None
+                                                             for i, k in enumerate(kinds)]
+    fw.graph.eliminate_dead_code()
+    bw.graph.eliminate_dead_code()
+    fw.graph.lint()
+    bw.graph.lint()
+    fw.recompile()
+    bw.recompile()
+    return done
+
+
+def _reads(node: torch.fx.Node, available: set[str]) -> list[torch.fx.Node]:
+    """The nodes a chain node's recomputation reads: a normalization's parts, or its inputs."""
+    parts = _normalized(node, available)
+    return [p for p in parts if isinstance(p, torch.fx.Node)] if parts is not None else node.all_input_nodes
+
+
+def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
+    """The node whose memory a value lives in: itself, or for a view the root of what it views."""
+    while node.op == "call_function" and node.target in _VIEWS and node.args and isinstance(node.args[0],
+                                                                                            torch.fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _position(gm: torch.fx.GraphModule) -> Any:
+    order = {n: i for i, n in enumerate(gm.graph.nodes)}
+    return order.__getitem__

@@ -1,0 +1,127 @@
+"""kiln's part of the training partition ([Note: recompute what the backward can rebuild], frontend/partition.py):
+saved activations that are short elementwise chains over what the backward holds anyway - GELU's output next to
+its input, a LayerNorm's output next to its input and statistics, BatchNorm + ReLU in training mode - are rebuilt
+in the backward instead of saved.  Each model is compiled with the pass on and off: the gradients (and BatchNorm's
+running statistics) match eager's either way, and the report shows fewer saved bytes with it on."""
+import copy
+import re
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.report import mark, reports_since
+
+
+def _step(model, inputs, recompute):
+    """One forward and backward of a compiled copy (the pass on or off): (the copy, its output, the forward's
+    partition summary)."""
+    torch._dynamo.reset()
+    copied = copy.deepcopy(model)
+    position = mark()
+    with kiln.config.scope(training_recompute=recompute):
+        out = torch.compile(copied, backend="kiln")(*inputs)
+        out.float().square().mean().backward()
+    reports = reports_since(position)
+    assert reports and all(r.fallback is None for r in reports), [r.fallback for r in reports]
+    return copied, out, reports[0].training
+
+
+def _saved_mib(summary):
+    return float(re.search(r"saved \d+ activations, ([\d.]+) MiB", summary).group(1))
+
+
+def _check(model, inputs, rtol=1.3e-5, atol=1.5e-5, moved=True):
+    ref = copy.deepcopy(model)
+    ref_out = ref(*inputs)
+    ref_out.float().square().mean().backward()
+    summaries = {}
+    for recompute in (False, True):
+        got, out, summaries[recompute] = _step(model, inputs, recompute)
+        torch.testing.assert_close(out, ref_out, rtol=rtol, atol=atol)
+        for (name, p), q in zip(got.named_parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
+        for (name, b), c in zip(got.named_buffers(), ref.buffers()):
+            torch.testing.assert_close(b, c, rtol=rtol, atol=atol, msg=lambda m: f"buffer {name}: {m}")
+    assert "kiln recomputes" not in summaries[False]
+    if moved:
+        assert "kiln recomputes" in summaries[True], summaries[True]
+        assert _saved_mib(summaries[True]) < _saved_mib(summaries[False]), summaries
+    return summaries[True]
+
+
+def test_gelu_output_for_the_next_weight_gradient():
+    """Linear -> GELU -> Linear: the second Linear's weight gradient reads GELU's output, GELU's backward its
+    input; only the input is saved, the output rebuilt (and its bias gradient's column sums stay one kernel)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    _check(model, (torch.randn(128, 64),))
+
+
+def test_layer_norm_output_from_its_statistics():
+    """LayerNorm -> Linear, with a residual: the LayerNorm's output is rebuilt from its input, mean and rstd."""
+    torch.manual_seed(1)
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = nn.LayerNorm(128), nn.Linear(128, 128)
+
+        def forward(self, x):
+            return x + self.fc(self.norm(x))
+    _check(Block(), (torch.randn(2, 160, 128) * 3 + 1,))
+
+
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_relu_in_training_mode(affine):
+    """Conv -> BatchNorm (training mode: the batch's statistics, running statistics updated) -> ReLU -> Conv:
+    the ReLU's output the second convolution's weight gradient reads is rebuilt from the first's output."""
+    torch.manual_seed(2)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16, affine=affine), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1)).train()
+    _check(model, (torch.randn(4, 8, 32, 32),), rtol=1e-4, atol=1e-5)
+
+
+def test_batch_norm_in_evaluation_mode_is_left_saved():
+    """In evaluation mode a BatchNorm normalizes by its running statistics: not rebuilt from batch statistics
+    (there are none); the gradients still match."""
+    torch.manual_seed(3)
+    model = nn.Sequential(nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1)).eval()
+    summary = _check(model, (torch.randn(4, 8, 32, 32),), rtol=1e-4, atol=1e-5, moved=False)
+    assert "kiln recomputes" not in summary, summary
+
+
+def test_bf16_layer_norm_and_gelu():
+    """A bf16 model: the LayerNorm's output rebuilt in float32 from bf16 input and float32 statistics, rounded to
+    bf16 as the forward's was (checked against an fp32 run at bf16 tolerance)."""
+    torch.manual_seed(4)
+    model = nn.Sequential(nn.LayerNorm(128), nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)).to(torch.bfloat16)
+    x = torch.randn(256, 128, dtype=torch.bfloat16)
+    got, out, summary = _step(model, (x,), recompute=True)
+    assert "kiln recomputes" in summary, summary
+    ref = copy.deepcopy(model).float()
+    ref_out = ref(x.float())
+    ref_out.square().mean().backward()
+    torch.testing.assert_close(out.float(), ref_out, rtol=2e-2, atol=2e-2)
+    for (name, p), q in zip(got.named_parameters(), ref.parameters()):
+        err = ((p.grad.float() - q.grad).norm() / q.grad.norm()).item()
+        assert err < 2e-2, f"{name}: relative error {err:.2e}"
+
+
+def test_backward_twice_with_retain_graph():
+    """The rebuilt values are the backward's own: a second backward over the same saved values gives the same
+    gradients again."""
+    torch.manual_seed(5)
+    model = nn.Sequential(nn.LayerNorm(64), nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 64))
+    ref = copy.deepcopy(model)
+    x = torch.randn(128, 64)
+    torch._dynamo.reset()
+    compiled = torch.compile(model, backend="kiln")
+    for m in (compiled, ref):
+        loss = m(x).square().mean()
+        loss.backward(retain_graph=True)
+        loss.backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1.3e-5, atol=1.5e-5)
