@@ -70,6 +70,8 @@ def _checked(name: str, value: Any, label: str) -> Any:
     value = float(value) if typ is float else tuple(value) if typ == tuple[str, ...] else value
     if name in _CHOICES and value not in _CHOICES[name]:
         raise ValueError(f"kiln: {label} expects one of {list(_CHOICES[name])}, got {value!r}")
+    if name == "training_memory_budget" and not 0 < value <= 1:
+        raise ValueError(f"kiln: {label} expects a share of the saved bytes in (0, 1], got {value!r}")
     if name in _NON_NEGATIVE and value < 0:
         raise ValueError(f"kiln: {label} expects a value >= 0, got {value!r}")
     if name == "winograd_tiles" and not all(re.fullmatch(r"[0-9]+", t.strip()) for t in value.split(",")
@@ -146,6 +148,10 @@ class Config:
     # Training: saved activations that are short elementwise chains over values the backward holds anyway are
     # recomputed there instead of saved ([Note: recompute what the backward can rebuild], frontend/partition.py).
     training_recompute: bool = True
+    # Training: the share of the saved activations' bytes (after the step above) the forward may keep for the
+    # backward, in (0, 1].  Below 1, kiln recomputes more - matrix products and convolutions included, the cheapest
+    # per byte first by its cost model - until the rest fits ([Note: a memory budget], frontend/partition.py).
+    training_memory_budget: float = 1.0
     # GPU, dynamic shapes, a static module per size: build a size's module at the n-th call at that size; the calls
     # before run eagerly.  A build compiles that size's kernels (~1 s), so a decoding loop - a new length every step,
     # each seen once - runs eagerly instead of compiling at every token; sizes that come back are compiled.
@@ -259,6 +265,7 @@ class Config:
         "training_cuda_graphs": ("KILN_TRAINING_CUDA_GRAPHS", bool),
         "cuda_graph_inputs_in_place": ("KILN_CUDA_GRAPH_INPUTS_IN_PLACE", bool),
         "training_recompute": ("KILN_TRAINING_RECOMPUTE", bool),
+        "training_memory_budget": ("KILN_TRAINING_MEMORY_BUDGET", float),
         "gpu_dynamic_build_after": ("KILN_GPU_DYNAMIC_BUILD_AFTER", int),
         "layout_optimization": ("KILN_LAYOUT_OPTIMIZATION", bool),
         "layout_autotune": ("KILN_LAYOUT_AUTOTUNE", bool),

@@ -71,8 +71,10 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
 
     def partition_fn(joint: torch.fx.GraphModule, joint_inputs: Any, **kwargs: Any) -> Any:
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
-        moved = recompute_saved(fw, bw, kwargs["num_fwd_outputs"]) if cfg.training_recompute else Recomputed()
-        partition["summary"] = partition_summary(bw) + (f"; {moved.describe()}" if moved.names else "")
+        moved = recompute_saved(fw, bw, kwargs["num_fwd_outputs"], cfg.training_memory_budget) \
+            if cfg.training_recompute else Recomputed()
+        described = moved.describe()
+        partition["summary"] = partition_summary(bw) + (f"; {described}" if described else "")
         return fw, bw
 
     def compiler(part: str) -> Callable:

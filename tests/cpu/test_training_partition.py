@@ -14,13 +14,13 @@ import kiln
 from kiln.report import mark, reports_since
 
 
-def _step(model, inputs, recompute):
-    """One forward and backward of a compiled copy (the pass on or off): (the copy, its output, the forward's
-    partition summary)."""
+def _step(model, inputs, recompute, budget=1.0):
+    """One forward and backward of a compiled copy (the pass on or off, a memory budget): (the copy, its output,
+    the forward's partition summary)."""
     torch._dynamo.reset()
     copied = copy.deepcopy(model)
     position = mark()
-    with kiln.config.scope(training_recompute=recompute):
+    with kiln.config.scope(training_recompute=recompute, training_memory_budget=budget):
         out = torch.compile(copied, backend="kiln")(*inputs)
         out.float().square().mean().backward()
     reports = reports_since(position)
@@ -32,13 +32,13 @@ def _saved_mib(summary):
     return float(re.search(r"saved \d+ activations, ([\d.]+) MiB", summary).group(1))
 
 
-def _check(model, inputs, rtol=1.3e-5, atol=1.5e-5, moved=True):
+def _check(model, inputs, rtol=1.3e-5, atol=1.5e-5, moved=True, budget=1.0):
     ref = copy.deepcopy(model)
     ref_out = ref(*inputs)
     ref_out.float().square().mean().backward()
     summaries = {}
     for recompute in (False, True):
-        got, out, summaries[recompute] = _step(model, inputs, recompute)
+        got, out, summaries[recompute] = _step(model, inputs, recompute, budget if recompute else 1.0)
         torch.testing.assert_close(out, ref_out, rtol=rtol, atol=atol)
         for (name, p), q in zip(got.named_parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=rtol, atol=atol, msg=lambda m: f"{name}: {m}")
@@ -125,3 +125,38 @@ def test_backward_twice_with_retain_graph():
         loss.backward()
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p.grad, q.grad, rtol=1.3e-5, atol=1.5e-5)
+
+
+def _budget(summary):
+    found = re.search(r"memory budget ([\d.]+): saved activations ([\d.]+) -> ([\d.]+) MiB \((met|not met)", summary)
+    assert found, summary
+    return float(found.group(1)), float(found.group(2)), float(found.group(3)), found.group(4) == "met"
+
+
+def test_memory_budget_recomputes_products():
+    """[Note: a memory budget]: at 0.3 of the saved bytes, the hidden layers' products are repeated in the
+    backward too (the cheapest per byte first); the gradients still match eager's."""
+    torch.manual_seed(6)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 64))
+    summary = _check(model, (torch.randn(128, 64),), budget=0.3)
+    budget, before, after, met = _budget(summary)
+    assert budget == 0.3 and met and after <= 0.3 * before + 0.01, summary
+    assert "products or convolutions" in summary, summary
+
+
+def test_memory_budget_with_convolutions_and_batch_norm():
+    """Convolutions repeated under a budget, BatchNorm in training mode between them: gradients and running
+    statistics match eager's (the statistics are updated once, by the forward)."""
+    torch.manual_seed(7)
+    model = nn.Sequential(nn.Conv2d(4, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(),
+                          nn.Conv2d(16, 8, 3, padding=1)).train()
+    summary = _check(model, (torch.randn(4, 4, 24, 24),), rtol=1e-4, atol=1e-5, budget=0.4)
+    assert _budget(summary)[3] and "products or convolutions" in summary, summary
+
+
+def test_memory_budget_out_of_range_is_refused():
+    with pytest.raises(ValueError, match=r"training_memory_budget.*\(0, 1\]"):
+        kiln.compile(nn.Linear(4, 4), training_memory_budget=0)
+    with pytest.raises(ValueError, match=r"training_memory_budget.*\(0, 1\]"):
+        kiln.compile(nn.Linear(4, 4), training_memory_budget=1.5)
