@@ -18,7 +18,9 @@ in rounds of ``--repeats``, the backends interleaved step by step (each backend'
 and the median step time per backend.  After the steps, each compiled backend's last loss and parameters
 against eager's (``_drift``: the largest relative difference of any parameter, as a tensor and elementwise;
 issue 20's bar: 1e-4 in fp32, 2e-2 with bf16 autocast).  Peak memory is the CUDA allocator's peak over a step
-(GPU only).
+(GPU only).  ``--fp64-reference``: eager in float64 trains alongside on the same batches (untimed), and each run's
+drift from it is printed too - eager's own float32 drift from the exact result is the yardstick for a compiled
+run's.
 
 Models (``--size full`` = the issue's anchors; ``small`` sizes the CPU can step in about a second):
 - ``mlp``: 3 x (Linear 1024-4096-1024 + GELU), LayerNorm; batch 64; MSE (small: 256-1024, batch 32);
@@ -49,6 +51,18 @@ MODELS = ("mlp", "gpt", "resnet18", "bert", "llama")
 NOISE_GRADIENT = 1e-6  # an entry's gradient this far below the model's RMS gradient is rounding noise (_drift)
 
 
+def _wide(x: torch.Tensor) -> torch.Tensor:
+    """Logits in at least float32 for the loss (bf16 autocast's are bf16; the float64 reference's stay float64)."""
+    return x.float() if x.dtype in (torch.bfloat16, torch.float16) else x
+
+
+def _double(xs: Any) -> Any:
+    """The batch for the float64 reference: floating tensors in float64, the rest as they are."""
+    if isinstance(xs, tuple):
+        return tuple(_double(x) for x in xs)
+    return xs.double() if isinstance(xs, torch.Tensor) and xs.is_floating_point() else xs
+
+
 def _model(name: str, size: str, device: str) -> tuple[torch.nn.Module, Callable[[int], tuple], Callable]:
     """(model in train mode, ``batch(step) -> (inputs, target)``, ``loss(output, target)``)."""
     full = size == "full"
@@ -70,7 +84,7 @@ def _model(name: str, size: str, device: str) -> tuple[torch.nn.Module, Callable
             return (ids[:, :-1],), ids[:, 1:]
 
         def loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+            return F.cross_entropy(_wide(logits.flatten(0, 1)), target.flatten())
         return model.train(), batches, loss
     if name == "resnet18":
         batch, image = (16, 224) if full else (4, 96)
@@ -80,7 +94,7 @@ def _model(name: str, size: str, device: str) -> tuple[torch.nn.Module, Callable
             g = torch.Generator().manual_seed(step)
             return ((torch.randn(batch, 3, image, image, generator=g).to(device),),
                     torch.randint(0, 1000, (batch,), generator=g).to(device))
-        return model.train(), batches, lambda out, target: F.cross_entropy(out.float(), target)
+        return model.train(), batches, lambda out, target: F.cross_entropy(_wide(out), target)
     if name in ("bert", "llama"):
         return _transformers_model(name, full, device)
     raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
@@ -109,7 +123,7 @@ def _transformers_model(name: str, full: bool, device: str) -> tuple[torch.nn.Mo
             return ((ids.to(device), padding_mask(batch, seq, lengths).to(device)),
                     torch.randint(0, 2, (batch,), generator=g).to(device))
         return _Logits(net, ("input_ids", "attention_mask")).train(), batches, \
-            lambda out, target: F.cross_entropy(out.float(), target)
+            lambda out, target: F.cross_entropy(_wide(out), target)
     size = dict(hidden_size=512, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
                 intermediate_size=1376, vocab_size=32000) if full else \
         dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=2,
@@ -124,7 +138,7 @@ def _transformers_model(name: str, full: bool, device: str) -> tuple[torch.nn.Mo
         return (ids[:, :-1],), ids[:, 1:]
 
     def lm_loss(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        return F.cross_entropy(logits.flatten(0, 1).float(), target.flatten())
+        return F.cross_entropy(_wide(logits.flatten(0, 1)), target.flatten())
     return _Logits(net, ("input_ids",)).train(), lm_batches, lm_loss
 
 
@@ -223,18 +237,26 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
     backends = args.backends.split(",")
     runs = [Run(b, model, loss, args.device, args.autocast, args.compile_step, True if args.foreach else None)
             for b in backends]
+    # the float64 reference (--fp64-reference): eager in float64 on the same batches, untimed - how far each run,
+    # eager's float32 included, strays from the exact result, against how far they stray from each other
+    ref = Run("eager", copy.deepcopy(model).double(), loss, args.device, False, False,
+              True if args.foreach else None) if args.fp64_reference else None
     compile_s: dict[str, float] = {}
     position = mark()
     inputs, target = batches(0)
     for run in runs:  # the first step: compiles included
         torch._dynamo.reset() if run.backend == "eager" else None
         compile_s[run.backend] = run.step(inputs, target)
+    if ref is not None:
+        ref.step(_double(inputs), _double(target))
     kiln_reports = [r for r in reports_since(position)]
     for step in range(1, args.steps + 1):
         inputs, target = batches(step)
         order = runs[step % len(runs):] + runs[:step % len(runs)]  # (rotated: no backend always follows another)
         for run in order:
             run.times.append(run.step(inputs, target))
+        if ref is not None:
+            ref.step(_double(inputs), _double(target))
     eager = next((r for r in runs if r.backend == "eager"), None)
     rows = {}
     for run in runs:
@@ -244,6 +266,7 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "loss": run.last_loss,
             "param_drift": _drift(run, eager) if eager is not None and run is not eager else (0.0, 0.0, []),
             "vs_eager": (statistics.median(eager.times) / median) if eager is not None else float("nan"),
+            "fp64_drift": _drift(run, ref) if ref is not None else None,
         }
     rows["kiln_graphs"] = [{"name": r.name, "training": r.training, "fallback": r.fallback,
                             "kernels": len(r.kernels or []), "externs": len(r.externs or [])} for r in kiln_reports]
@@ -261,6 +284,8 @@ def main() -> None:
     ap.add_argument("--autocast", action="store_true", help="bf16 autocast around forward and loss")
     ap.add_argument("--compile-step", action="store_true", help="compiled backends also compile opt.step")
     ap.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (a GPU's default)")
+    ap.add_argument("--fp64-reference", action="store_true",
+                    help="also train eager in float64 (untimed) and give each run's drift from it")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -275,6 +300,10 @@ def main() -> None:
             print(f"| {name} | {backend} | {r['step_ms']:.2f} | {r['vs_eager']:.2f} | {r['compile_s']:.2f} | "
                   f"{r['peak_mib']:.0f} | {r['loss']:.5f} | {r['param_drift'][0]:.1e} / {r['param_drift'][1]:.1e} |",
                   flush=True)
+        if args.fp64_reference:
+            drifts = [f"{b} {rows[b]['fp64_drift'][0]:.1e} / {rows[b]['fp64_drift'][1]:.1e}"
+                      for b in args.backends.split(",")]
+            print("  drift from the float64 reference (norm / max): " + ", ".join(drifts))
         left_out = sorted({n for b in args.backends.split(",") for n in rows[b]["param_drift"][2]})
         if left_out:
             print(f"  drift leaves out entries of {len(left_out)} parameter(s) whose eager gradient is at rounding "
