@@ -160,3 +160,24 @@ def test_memory_budget_out_of_range_is_refused():
         kiln.compile(nn.Linear(4, 4), training_memory_budget=0)
     with pytest.raises(ValueError, match=r"training_memory_budget.*\(0, 1\]"):
         kiln.compile(nn.Linear(4, 4), training_memory_budget=1.5)
+
+
+def test_symbolic_batch():
+    """``dynamic=True``: the rebuilt values' sizes are symbols the backward has (saved sizes); one symbolic
+    forward and backward serve every batch, gradients as eager's at each."""
+    torch.manual_seed(8)
+    model = nn.Sequential(nn.LayerNorm(32), nn.Linear(32, 1024), nn.GELU(), nn.Linear(1024, 8))
+    ref = copy.deepcopy(model)
+    torch._dynamo.reset()
+    position = mark()
+    compiled = torch.compile(model, backend="kiln", dynamic=True)
+    for batch in (64, 97, 130):
+        x = torch.randn(batch, 32)
+        for m in (compiled, ref):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    reports = reports_since(position)
+    assert all(r.fallback is None and r.dynamic for r in reports)
+    assert any("kiln recomputes" in (r.training or "") for r in reports), [r.training for r in reports]
