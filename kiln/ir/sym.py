@@ -131,6 +131,73 @@ class SymMod(_Arithmetic):
 
 
 @dataclasses.dataclass(frozen=True)
+class SymExtreme(_Arithmetic):
+    """The least (``smallest``) or greatest of ``args``, where no one of them is so at every size: a diagonal's
+    length ``Min(s0, s1)`` over a matrix of two unrelated sizes, ``Max(s0, s1)`` of a broadcast-like size.  Made by
+    ``extreme`` (canonical: flattened, deduplicated, dominated arguments dropped, ordered), which returns the
+    argument itself where one provably is the extreme.  C++ renders it as nested conditionals; the Triton kernels
+    do not take it (``has_extreme``: such a graph gets a module per size)."""
+    args: tuple["Size", ...]
+    smallest: bool
+
+    def bounds(self) -> tuple[float, float]:
+        pick = min if self.smallest else max
+        intervals = [_bounds(a) for a in self.args]
+        return pick(lo for lo, _ in intervals), pick(hi for _, hi in intervals)
+
+    def __repr__(self) -> str:
+        return f"{'Min' if self.smallest else 'Max'}({', '.join(repr(a) for a in self.args)})"
+
+
+def extreme(args: list["Size"], smallest: bool) -> "Size":
+    """``min(args)`` (``smallest``) or ``max(args)`` as a size: the argument that provably is the extreme, else a
+    ``SymExtreme`` of the arguments no other provably beats (nested extremes of the same kind flattened)."""
+    flat: list[Size] = []
+    for a in args:
+        a = size(a)
+        inner = _only_atom(a)
+        if isinstance(inner, SymExtreme) and inner.smallest == smallest:
+            flat.extend(inner.args)
+        else:
+            flat.append(a)
+    unique = list(dict.fromkeys(flat))
+    picked = _provable_extreme(unique, smallest)
+    if picked is not None:
+        return picked
+
+    def beaten(a: Size) -> bool:  # another argument is provably at least as extreme at every size
+        return any(b is not a and b != a and (provably_le(b, a) if smallest else provably_le(a, b)) for b in unique)
+    kept = [a for a in unique if not beaten(a)]
+    if len(kept) == 1:
+        return kept[0]
+    return SizeExpr.of(SymExtreme(tuple(sorted(kept, key=repr)), smallest))
+
+
+def _only_atom(x: "Size") -> Any:
+    """The atom ``x`` is, when it is one atom alone (coefficient 1, power 1, no constant)."""
+    if isinstance(x, SizeExpr) and not x.const and len(x.terms) == 1:
+        (monomial, coef), = x.terms
+        if coef == 1 and len(monomial) == 1 and monomial[0][1] == 1:
+            return monomial[0][0]
+    return None
+
+
+def has_extreme(x: Any) -> bool:
+    """Does size ``x`` (or any size in a list or tuple) hold a ``SymExtreme``?"""
+    if isinstance(x, (list, tuple)):
+        return any(has_extreme(v) for v in x)
+    if isinstance(x, SymExtreme):
+        return True
+    if isinstance(x, (SymFloorDiv, SymMod)):
+        return has_extreme(x.arg) or has_extreme(x.k)
+    if isinstance(x, FloatSize):
+        return any(has_extreme(a) for a in x.args)
+    if isinstance(x, SizeExpr):
+        return any(has_extreme(a) for a in x.atoms())
+    return False
+
+
+@dataclasses.dataclass(frozen=True)
 class FloatSize:
     """A float computed from sizes (Dynamo's ``SymFloat``: the scale ``1 / sqrt(D)`` of attention over a symbolic
     head size): ``op`` applied to ``args`` (sizes, ``FloatSize``s, Python numbers).  ``op``: ``float`` (an int size
@@ -147,7 +214,7 @@ _FLOAT_OPS = {"pow": lambda a, b: a ** b, "truediv": lambda a, b: a / b, "mul": 
               "add": lambda a, b: a + b, "sub": lambda a, b: a - b}
 
 
-Atom = Union[Symbol, SymFloorDiv, SymMod]
+Atom = Union[Symbol, SymFloorDiv, SymMod, SymExtreme]
 Monomial = tuple[tuple[Atom, int], ...]  # (atom, power >= 1), ordered by repr
 Size = Union[int, "SizeExpr"]
 
@@ -227,6 +294,8 @@ class SizeExpr:
         for a in self.atoms():
             if isinstance(a, Symbol):
                 found.add(a)
+            elif isinstance(a, SymExtreme):
+                found = found.union(*(symbols_of(v) for v in a.args))
             else:
                 found |= symbols_of(a.arg) | symbols_of(a.k)
         return found
@@ -256,7 +325,7 @@ def size(x: "Size | Atom") -> Size:
 
 
 def is_symbolic(x: Any) -> bool:
-    return isinstance(x, (SizeExpr, Symbol, SymFloorDiv, SymMod, FloatSize))
+    return isinstance(x, (SizeExpr, Symbol, SymFloorDiv, SymMod, SymExtreme, FloatSize))
 
 
 def as_symbol(x: Any) -> Symbol | None:
@@ -416,6 +485,8 @@ def evaluate(x: "Size | Atom", env: dict[str, int]) -> int:
         return evaluate(x.arg, env) // evaluate(x.k, env)
     if isinstance(x, SymMod):
         return evaluate(x.arg, env) % evaluate(x.k, env)
+    if isinstance(x, SymExtreme):
+        return (min if x.smallest else max)(evaluate(a, env) for a in x.args)
     total = x.const
     for m, c in x.terms:
         v = c
@@ -494,6 +565,14 @@ def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | 
         return str(x) if lang != "cpp" or abs(x) < 2**31 else f"INT64_C({x})"
     if isinstance(x, Symbol):
         return spell(x)
+    if isinstance(x, SymExtreme):
+        parts = [render(a, lang, name) for a in x.args]
+        if lang != "cpp":
+            return f"{'min' if x.smallest else 'max'}({', '.join(parts)})"
+        text, sign = parts[0], "<" if x.smallest else ">"
+        for p in parts[1:]:  # (nested conditionals: no header needed, each operand a plain int64 expression)
+            text = f"(({text}) {sign} ({p}) ? ({text}) : ({p}))"
+        return text
     if isinstance(x, (SymFloorDiv, SymMod)):
         a, k = render(x.arg, lang, name), render_factor(x.k, lang, name)
         if lang == "cpp" and _bounds(x.arg)[0] < 0:  # (C's / and % truncate: the prelude's floor versions)
@@ -611,10 +690,8 @@ def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
         return mod(floordiv(args[0], args[1]), args[2])
     if kind in ("Mod", "PythonMod") and len(args) == 2:
         return mod(args[0], args[1])
-    if kind in ("Min", "Max") and args:
-        picked = _provable_extreme(args, kind == "Min")
-        if picked is not None:
-            return picked
+    if kind in ("Min", "Max") and args and not any(_is_float(a) for a in args):
+        return extreme(args, kind == "Min")
     raise UnsupportedSize(f"size expression {expr} ({kind})")
 
 

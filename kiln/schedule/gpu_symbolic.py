@@ -22,8 +22,9 @@ operands no view can give (``relayout_copies``: such an operand is copied by ATe
 transposed 2-D tiles.  Each size's launches go through kiln's static launcher, the size values fixed in its
 records ([Note: static launch]).  A float computed from sizes (``n / 3``, ``n ** 0.5``) is an fp32 parameter
 after the sizes, its value per size computed on the host in double precision (``TritonKernelWriter.float_params``).
-A graph these kernels cannot express (a float64 computed from sizes) raises ``NotImplementedError`` at compile
-time, and the caller builds a static module per size instead ([Note: a GPU module per size]).
+A graph these kernels cannot express (a float64 computed from sizes, a size that is the least or greatest of two
+sizes - ``Min(s0, s1)``, ``sym.SymExtreme``) raises ``NotImplementedError`` at compile time, and the caller builds a
+static module per size instead ([Note: a GPU module per size]).
 """
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ import torch
 from kiln import config
 from kiln.ir.graph import Graph
 from kiln.ir.kernel import Kernel
-from kiln.ir.sym import size_hint, symbols_of
+from kiln.ir.sym import has_extreme, size_hint, symbols_of
 from kiln.report import CompileReport
 from kiln.schedule.plan import make_plan
 from kiln.schedule.specialize import Specializer
@@ -65,6 +66,9 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
     from kiln.runtime.dynamic import SizedTritonGraph
     from kiln.runtime.triton_module import GraphPool, TritonGraph, with_cuda_graph
     start = time.perf_counter()
+    if any(has_extreme(n.shape) or has_extreme(list(n.attrs.values())) for n in graph.nodes):
+        raise NotImplementedError("a size that is the least or greatest of two sizes (Min/Max): no Triton kernel "
+                                  "with size parameters takes it")
     # (GPU layouts: convolutions and the kernels between them channels-last, as ``plan.triton_graph``)
     with config.scope(layout_optimization=True):
         plan = make_plan(graph)

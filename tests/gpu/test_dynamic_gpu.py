@@ -153,3 +153,19 @@ def test_a_float_attribute_dynamo_passes_as_a_cpu_tensor():
     if HAS_CUDA:
         assert any(r.host_inputs for r in reports), [r.format(source=False) for r in reports]
     torch._dynamo.reset()
+
+
+def test_min_of_two_sizes_gets_a_module_per_size():
+    """A diagonal over a matrix of two symbolic sizes (``Min(s0, s1)``): the kernels with size parameters do not
+    take it, so the graph is built per size ([Note: a GPU module per size]) - compiled, not run eagerly."""
+    def f(x):
+        d = torch.diagonal(x, 0, -2, -1)
+        return torch.relu(d) + x.mean()
+    position = mark()
+    compiled = kiln.compile(f, target="triton", dynamic=True, gpu_dynamic_build_after=1)
+    with torch.inference_mode():
+        for shape in ((3, 5, 7), (4, 9, 6), (2, 6, 6)):
+            x = torch.randn(*shape, device=DEVICE)
+            torch.testing.assert_close(compiled(x), f(x), rtol=2e-5, atol=2e-5)
+    report = _symbolic_report(position)
+    assert report.dynamic["builds"] >= 2

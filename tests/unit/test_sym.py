@@ -186,13 +186,16 @@ def test_dynamo_expressions_convert_and_evaluate():
             checked += 1
     assert checked > 10 and len(env) >= 2
     import sympy
-    with pytest.raises(UnsupportedSize):
-        from_sympy(sympy.Max(sympy.Symbol("s27"), 3), symbols | {"s27": T})
+    # a Max that no argument provably is: an extreme of sizes (tests/unit/test_sym_extreme.py), evaluated per call
+    big = from_sympy(sympy.Max(sympy.Symbol("s27"), 3), symbols | {"s27": T})
+    assert evaluate(big, {"s27": 2}) == 3 and evaluate(big, {"s27": 9}) == 9
+    with pytest.raises(UnsupportedSize):  # (what kiln has no form for)
+        from_sympy(sympy.Abs(sympy.Symbol("s27") - 5), symbols | {"s27": T})
 
 
 def test_min_and_max_of_sizes_that_differ_by_constants():
     """``Min(s0, s0 - 1)`` (sympy leaves it; a diagonal's length above the main one of a square matrix) is
-    ``s0 - 1`` at every size; a ``Min`` of two unrelated sizes has no form."""
+    ``s0 - 1`` at every size; a ``Min`` of two unrelated sizes is an extreme (``sym.SymExtreme``)."""
     import sympy
     s = Symbol("s0", 2, None)
     t = Symbol("s1", 2, None)
@@ -203,5 +206,5 @@ def test_min_and_max_of_sizes_that_differ_by_constants():
         assert evaluate(from_sympy(sympy.Min(x, x - 1, evaluate=False), names), env) == n - 1
         assert evaluate(from_sympy(sympy.Max(x + 2, x - 1, evaluate=False), names), env) == n + 2
         assert evaluate(from_sympy(sympy.Min(2 * x, 2 * x + 3, evaluate=False), names), env) == 2 * n
-    with pytest.raises(UnsupportedSize):
-        from_sympy(sympy.Min(x, y), names)
+    m = from_sympy(sympy.Min(x, y), names)  # (unrelated sizes: an extreme, tests/unit/test_sym_extreme.py)
+    assert evaluate(m, {x.name: 4, y.name: 9}) == 4 and evaluate(m, {x.name: 8, y.name: 3}) == 3
