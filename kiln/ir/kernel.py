@@ -62,12 +62,52 @@ class KVar:
 
 @dataclasses.dataclass(frozen=True)
 class KOp:
+    """``op`` over ``args``.  Expressions are DAGs (a value read twice is one object, reached twice): the hash is
+    computed once per node and kept, equality tries identity and the hashes first, and ``subexprs`` visits each
+    node once - a tree walk is exponential in the depth of such sharing (a running maximum over a 5 x 5 window
+    never finished building)."""
     op: Op
     args: tuple["KExpr", ...]
     dtype: torch.dtype
 
+    def __hash__(self) -> int:
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.op, self.args, self.dtype))
+            object.__setattr__(self, "_hash", h)
+        return h
+
+    def __eq__(self, other: object) -> bool:
+        if self is other:
+            return True
+        if not isinstance(other, KOp) or hash(self) != hash(other):
+            return False
+        return _dag_equal(self, other)
+
+    def __getstate__(self) -> dict:
+        # (the kept hash is this process's: string hashing differs between processes)
+        return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
 
 KExpr = Union[KConst, KLoad, KIndex, KVar, KOp]
+
+
+def _dag_equal(a: KOp, b: KOp) -> bool:
+    """Structural equality of two expression DAGs, each pair of nodes compared once (two separately built copies
+    of a DAG with shared nodes would otherwise be compared path by path)."""
+    stack, seen = [(a, b)], set()
+    while stack:
+        x, y = stack.pop()
+        if x is y or (id(x), id(y)) in seen:
+            continue
+        seen.add((id(x), id(y)))
+        if isinstance(x, KOp) and isinstance(y, KOp):
+            if x.op != y.op or x.dtype != y.dtype or len(x.args) != len(y.args) or hash(x) != hash(y):
+                return False
+            stack.extend(zip(x.args, y.args))
+        elif x != y:  # (leaves; a gather index inside a load compares its own expressions the same way)
+            return False
+    return True
 
 
 @dataclasses.dataclass
@@ -260,10 +300,15 @@ def index_exprs(index: Lin) -> list[KExpr]:
 
 
 def subexprs(e: KExpr) -> Iterator[KExpr]:
-    """``e`` and every expression inside it, including those inside gather indices."""
+    """``e`` and every expression inside it, including those inside gather indices - each node once (a node
+    reached along several paths of the DAG is not visited again)."""
     stack = [e]
+    seen: set[int] = set()
     while stack:
         x = stack.pop()
+        if id(x) in seen:
+            continue
+        seen.add(id(x))
         yield x
         if isinstance(x, KOp):
             stack.extend(x.args)
