@@ -54,8 +54,15 @@ _VIEWS = {torch.ops.aten.view.default, torch.ops.aten._unsafe_view.default, torc
           torch.ops.aten.expand.default, torch.ops.aten.unsqueeze.default, torch.ops.aten.squeeze.dim,
           torch.ops.aten.squeeze.dims, torch.ops.aten.squeeze.default, torch.ops.aten.alias.default,
           torch.ops.aten.slice.Tensor, torch.ops.aten.select.int}
+# multi-output views: their items (``getitem``) are views of the input (the query, key and value of a fused product)
+_SPLITS = {torch.ops.aten.split.Tensor, torch.ops.aten.split_with_sizes.default, torch.ops.aten.unbind.int,
+           torch.ops.aten.chunk.default}
+# tensors made from nothing but sizes (position indices): cheap to make again
+_FACTORIES = {torch.ops.aten.arange.default, torch.ops.aten.arange.start, torch.ops.aten.arange.start_step,
+              torch.ops.aten.full.default, torch.ops.aten.zeros.default, torch.ops.aten.ones.default,
+              torch.ops.aten.scalar_tensor.default}
 _CONVERSIONS = {torch.ops.aten._to_copy.default, torch.ops.prims.convert_element_type.default,
-                torch.ops.aten.clone.default}
+                torch.ops.aten.clone.default, torch.ops.aten.cat.default}  # (copies: a cat fuses as one)
 
 
 @dataclasses.dataclass
@@ -104,14 +111,23 @@ def _hint(d: Any) -> int:
         return 1
 
 
+def _split_item(node: torch.fx.Node) -> bool:
+    """An item of a multi-output view (``getitem(split(x), i)``): a view of ``x``."""
+    return (node.op == "call_function" and node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node)
+            and node.args[0].target in _SPLITS)
+
+
 def _recomputable(node: torch.fx.Node) -> bool:
-    """An op the backward may repeat: pointwise (deterministic, not in place), a conversion or a view."""
+    """An op the backward may repeat: pointwise (deterministic, not in place), a conversion, a view (an item of a
+    split too), a tensor made from sizes alone."""
+    if _split_item(node) or (node.op == "call_function" and node.target in _SPLITS):
+        return True
     if node.op != "call_function" or not isinstance(node.target, torch._ops.OpOverload):
         return False
     if not isinstance(node.meta.get("val"), torch.Tensor):
         return False
     target = node.target
-    if target in _VIEWS or target in _CONVERSIONS:
+    if target in _VIEWS or target in _CONVERSIONS or target in _FACTORIES:
         return True
     tags = target.tags
     if torch.Tag.pointwise not in tags or torch.Tag.nondeterministic_seeded in tags:
@@ -138,10 +154,14 @@ GPU_FLOPS_PER_BYTE = 300.0  # the machine balance the budget's cost model weighs
 CPU_FLOPS_PER_BYTE = 20.0   # cores against HBM; an AVX-512 core against its share of DRAM): a rough ranking
 
 
+def _is_view(node: torch.fx.Node) -> bool:
+    return node.target in _VIEWS or node.target in _SPLITS or _split_item(node)
+
+
 def _cost(node: torch.fx.Node, balance: float) -> float:
     """What repeating ``node`` costs, in FLOPs: a product's or convolution's multiply-adds, else the bytes it reads
     and writes times ``balance`` (views: nothing)."""
-    if node.target in _VIEWS:
+    if _is_view(node):
         return 0.0
     out = node.meta.get("val")
     if node.target in _PRODUCTS:
@@ -184,10 +204,10 @@ def _chain(value: torch.fx.Node, available: set[str],
             return None
         nodes[node] = None
         for arg in node.all_input_nodes:
-            if not isinstance(arg.meta.get("val"), torch.Tensor) and arg.name not in available:
+            if not isinstance(arg.meta.get("val"), (torch.Tensor, list, tuple)) and arg.name not in available:
                 return None  # a size the backward does not have
             stack.append(arg)
-    ops = sum(4 if _normalized(n, available) is not None else 0 if n.target in _VIEWS else 1 for n in nodes)
+    ops = sum(4 if _normalized(n, available) is not None else 0 if _is_view(n) else 1 for n in nodes)
     if ops > MAX_CHAIN_OPS and not expensive:
         return None
     order = {n: i for i, n in enumerate(value.graph.nodes)}
@@ -333,6 +353,7 @@ class _Chooser:
         # its memory stays held anyway where it is an input's, a user output's, or another saved value's view's
         return not (root.op == "placeholder" or root in self.user_roots or any(
             _storage_root(self.fw_nodes[name]) is root for name in self.kept if name != value.name))
+        # (several saved views of one memory - none of the benchmark's models has them after the min-cut - stay)
 
     def _chain(self, value: torch.fx.Node, expensive: bool) -> tuple[list[torch.fx.Node], set[str]] | None:
         return _chain(value, (self.kept - {value.name}) | self.fw_inputs, expensive)
@@ -348,7 +369,7 @@ class _Chooser:
         self.leaves[value.name] = set(leaves)
         self.done.names.append(value.name)
         self.done.nbytes += _bytes(value)
-        self.done.ops += sum(1 for n in nodes if n.target not in _VIEWS)  # (a normalization counts once)
+        self.done.ops += sum(1 for n in nodes if not _is_view(n))  # (a normalization counts once)
         self.done.products += sum(1 for n in nodes if n.target in _PRODUCTS
                                   or n.target is torch.ops.aten.convolution.default)
 
@@ -481,9 +502,13 @@ def _reads(node: torch.fx.Node, available: set[str]) -> list[torch.fx.Node]:
 
 def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
     """The node whose memory a value lives in: itself, or for a view the root of what it views."""
-    while node.op == "call_function" and node.target in _VIEWS and node.args and isinstance(node.args[0],
-                                                                                            torch.fx.Node):
-        node = node.args[0]
+    while node.op == "call_function" and node.args and isinstance(node.args[0], torch.fx.Node):
+        if node.target in _VIEWS:
+            node = node.args[0]
+        elif _split_item(node):
+            node = node.args[0].args[0]
+        else:
+            break
     return node
 
 

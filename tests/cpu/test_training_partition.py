@@ -181,3 +181,43 @@ def test_symbolic_batch():
     reports = reports_since(position)
     assert all(r.fallback is None and r.dynamic for r in reports)
     assert any("kiln recomputes" in (r.training or "") for r in reports), [r.training for r in reports]
+
+
+def test_memory_budget_through_chunked_products():
+    """A fused gate/up product chunked in two (SwiGLU): the chunks are views (items of a split), rebuilt with the
+    product under a budget; at 0.3 the budget is met and the gradients match eager's."""
+    torch.manual_seed(9)
+
+    class SwiGLU(nn.Module):
+        def __init__(self, d=64, hidden=256):
+            super().__init__()
+            self.gate_up, self.down = nn.Linear(d, 2 * hidden), nn.Linear(hidden, d)
+
+        def forward(self, x):
+            gate, up = self.gate_up(x).chunk(2, dim=-1)
+            return x + self.down(nn.functional.silu(gate) * up)
+    summary = _check(SwiGLU(), (torch.randn(256, 64),), rtol=1e-4, atol=1e-5, budget=0.3)
+    assert _budget(summary)[3], summary
+
+
+def test_memory_budget_through_split_heads_and_position_indices():
+    """Attention with a fused query/key/value product split three ways and positions made by ``arange``: the
+    rebuilds go through the split's items (views) and make the positions again; at 0.2 the budget is met and
+    the gradients match eager's."""
+    torch.manual_seed(10)
+
+    class Attention(nn.Module):
+        def __init__(self, d=64, heads=4):
+            super().__init__()
+            self.qkv, self.out, self.heads = nn.Linear(d, 3 * d), nn.Linear(d, d), heads
+            self.pos = nn.Embedding(128, d)
+
+        def forward(self, x):
+            b, t, d = x.shape
+            x = x + self.pos(torch.arange(t))
+            q, k, v = self.qkv(x).split(d, dim=-1)
+            q, k, v = (z.view(b, t, self.heads, -1).transpose(1, 2) for z in (q, k, v))
+            scores = torch.softmax(q @ k.transpose(-1, -2) / 4.0, -1)
+            return self.out((scores @ v).transpose(1, 2).reshape(b, t, d))
+    summary = _check(Attention(), (torch.randn(4, 96, 64),), rtol=1e-4, atol=1e-5, budget=0.2)
+    assert _budget(summary)[3], summary
