@@ -96,11 +96,11 @@ def _bytes(node: torch.fx.Node) -> int:
         return 0
     numel = 1
     for d in value.shape:
-        numel *= _hint(d)
+        numel *= size_of(d)
     return numel * value.element_size()
 
 
-def _hint(d: Any) -> int:
+def size_of(d: Any) -> int:
     """A size as a number: an int, or a SymInt's traced value (its hint; 1 where it has none)."""
     if isinstance(d, int):
         return d
@@ -167,11 +167,11 @@ def _cost(node: torch.fx.Node, balance: float) -> float:
     if node.target in _PRODUCTS:
         a = node.args[1] if node.target in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default) \
             else node.args[0]
-        k = _hint(a.meta["val"].shape[-1])
+        k = size_of(a.meta["val"].shape[-1])
         return 2.0 * _bytes(node) / out.element_size() * k
     if node.target is torch.ops.aten.convolution.default:
         weight = node.args[1].meta["val"]
-        per_output = _bytes(node.args[1]) / weight.element_size() / max(_hint(weight.shape[0]), 1)
+        per_output = _bytes(node.args[1]) / weight.element_size() / max(size_of(weight.shape[0]), 1)
         return 2.0 * _bytes(node) / out.element_size() * per_output
     reads = sum(_bytes(a) for a in node.all_input_nodes)
     return balance * (reads + _bytes(node))

@@ -40,6 +40,7 @@ import torch
 import torch.fx
 
 from kiln import config
+from kiln.frontend.partition import size_of as _hint
 
 
 def needs_grad(example_inputs: Sequence[Any]) -> bool:
@@ -131,17 +132,6 @@ def partition_summary(bw: torch.fx.GraphModule) -> str:
     text += f"; recomputed {len(ops)} ops" + (f" ({', '.join(ops[:6])}{', ...' if len(ops) > 6 else ''})"
                                                if ops else "")
     return text
-
-
-def _hint(d: Any) -> int:
-    """A size as a number: an int, or a SymInt's traced value (its hint; 1 where it has none)."""
-    if isinstance(d, int):
-        return d
-    try:
-        hint = d.node.hint
-        return int(hint) if hint is not None else 1
-    except Exception:  # noqa: BLE001 - an unusual size object: counted as 1
-        return 1
 
 
 def _no_donated_buffers() -> None:
