@@ -75,6 +75,7 @@ class Recomputed:
     products: int = 0  # of them matrix products and convolutions (only under a memory budget)
     inputs_added: int = 0
     budget: tuple[float, int, int] | None = None  # (the budget, saved bytes before it, after)
+    largest: list[tuple[int, str]] = dataclasses.field(default_factory=list)  # (bytes, "op [shape]") per value
 
     def describe(self) -> str:
         text = ""
@@ -82,6 +83,13 @@ class Recomputed:
             text = (f"kiln recomputes {len(self.names)} more in the backward instead of saving them "
                     f"({self.nbytes / 2 ** 20:.2f} MiB fewer saved, {self.ops} ops repeated"
                     + (f", {self.products} of them products or convolutions" if self.products else "") + ")")
+            if self.largest:
+                counts: dict[tuple[int, str], int] = {}
+                for item in self.largest:
+                    counts[item] = counts.get(item, 0) + 1
+                shown = sorted(counts.items(), reverse=True)[:3]
+                text += " - largest: " + ", ".join(f"{what} {b / 2 ** 20:.2f} MiB" + (f" x{k}" if k > 1 else "")
+                                                    for (b, what), k in shown)
         if self.budget is not None:
             budget, before, after = self.budget
             met = "met" if after <= budget * before else "not met: nothing more can be rebuilt"
@@ -369,6 +377,7 @@ class _Chooser:
         self.leaves[value.name] = set(leaves)
         self.done.names.append(value.name)
         self.done.nbytes += _bytes(value)
+        self.done.largest.append((_bytes(value), _label(nodes, value)))
         self.done.ops += sum(1 for n in nodes if not _is_view(n))  # (a normalization counts once)
         self.done.products += sum(1 for n in nodes if n.target in _PRODUCTS
                                   or n.target is torch.ops.aten.convolution.default)
@@ -498,6 +507,16 @@ def _reads(node: torch.fx.Node, available: set[str]) -> list[torch.fx.Node]:
     """The nodes a chain node's recomputation reads: a normalization's parts, or its inputs."""
     parts = _normalized(node, available)
     return [p for p in parts if isinstance(p, torch.fx.Node)] if parts is not None else node.all_input_nodes
+
+
+def _label(nodes: list[torch.fx.Node], value: torch.fx.Node) -> str:
+    """What a moved value is, for the report: the last op of its rebuild that is not a view (a normalization by
+    its name), and the value's shape."""
+    op = next((n for n in reversed(nodes) if not _is_view(n)), value)
+    name = op.args[0].target if op.target is operator.getitem and isinstance(op.args[0], torch.fx.Node) \
+        else op.target
+    text = getattr(name, "__name__", str(name)).split(".")[0].lstrip("_")
+    return f"{text} {list(value.meta['val'].shape)}"
 
 
 def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
