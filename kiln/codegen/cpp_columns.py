@@ -38,12 +38,12 @@ reads along ``r``.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from kiln.codegen.cpp_expr import (ExprPrinter, combine_text, identity_literal, rounded, to_memory, value_type,
                                    vector_lanes)
 from kiln.ir.loop_collapse import collapse_rows
 from kiln.ir.index import Lin, Var
-import dataclasses
-
 from kiln.ir.kernel import (Acc, FullLoop, Kernel, KExpr, KLoad, KOp, KVar, ReduceLoop, RowAssign, RowStore, Store,
                             index_exprs, subexprs)
 from kiln.ir.ops import HALF, Op, compute_dtype, numel

@@ -38,6 +38,7 @@ LLaMA, ResNet-18 and the MLP for 0-20 % more step time.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import operator
 from typing import Any
@@ -98,7 +99,8 @@ class Recomputed:
         return text
 
 
-def _bytes(node: torch.fx.Node) -> int:
+def tensor_bytes(node: torch.fx.Node) -> int:
+    """Bytes of a node's tensor value at its traced sizes (0 for a value that is not a tensor)."""
     value = node.meta.get("val")
     if not isinstance(value, torch.Tensor):
         return 0
@@ -176,25 +178,27 @@ def _cost(node: torch.fx.Node, balance: float) -> float:
         a = node.args[1] if node.target in (torch.ops.aten.addmm.default, torch.ops.aten.baddbmm.default) \
             else node.args[0]
         k = size_of(a.meta["val"].shape[-1])
-        return 2.0 * _bytes(node) / out.element_size() * k
+        return 2.0 * tensor_bytes(node) / out.element_size() * k
     if node.target is torch.ops.aten.convolution.default:
         weight = node.args[1].meta["val"]
-        per_output = _bytes(node.args[1]) / weight.element_size() / max(size_of(weight.shape[0]), 1)
-        return 2.0 * _bytes(node) / out.element_size() * per_output
-    reads = sum(_bytes(a) for a in node.all_input_nodes)
-    return balance * (reads + _bytes(node))
+        per_output = tensor_bytes(node.args[1]) / weight.element_size() / max(size_of(weight.shape[0]), 1)
+        return 2.0 * tensor_bytes(node) / out.element_size() * per_output
+    reads = sum(tensor_bytes(a) for a in node.all_input_nodes)
+    return balance * (reads + tensor_bytes(node))
 
 
-def _chain(value: torch.fx.Node, available: set[str],
+def _chain(value: torch.fx.Node, available: set[str], order: dict[torch.fx.Node, int],
            expensive: bool = False) -> tuple[list[torch.fx.Node], set[str]] | None:
     """The forward nodes that rebuild ``value`` from nodes named in ``available`` (what the backward has), in
-    the forward's order, and the names of those it reads; None where the value is not a short elementwise
-    chain over them (a library call, a reduction, a random op, or too long / too wide a chain).  A
+    the forward's order (``order``: each forward node's position), and the names of those it reads; None where
+    the value is not a short elementwise chain over them (a library call, a reduction, a random op, or too long /
+    too wide a chain).  A
     normalization's output whose statistics the backward has counts as elementwise (``_normalized``).
     ``expensive``: products, convolutions and reductions may be repeated too, and the chain has no length limit
     ([Note: a memory budget])."""
     nodes: dict[torch.fx.Node, None] = {}
     leaves: set[str] = set()
+    ops = 0  # non-view ops repeated (a normalization as four)
     stack = [value]
     while stack:
         node = stack.pop()
@@ -206,19 +210,19 @@ def _chain(value: torch.fx.Node, available: set[str],
         norm = _normalized(node, available)
         if norm is not None:
             nodes[node] = None
+            ops += 4
             stack.extend(a for a in norm if isinstance(a, torch.fx.Node))
             continue
         if not (_recomputable(node) or (expensive and _repeatable(node))):
             return None
         nodes[node] = None
+        ops += not _is_view(node)
         for arg in node.all_input_nodes:
             if not isinstance(arg.meta.get("val"), (torch.Tensor, list, tuple)) and arg.name not in available:
                 return None  # a size the backward does not have
             stack.append(arg)
-    ops = sum(4 if _normalized(n, available) is not None else 0 if _is_view(n) else 1 for n in nodes)
     if ops > MAX_CHAIN_OPS and not expensive:
         return None
-    order = {n: i for i, n in enumerate(value.graph.nodes)}
     return sorted(nodes, key=order.__getitem__), leaves
 
 
@@ -316,15 +320,7 @@ def _fake_mode(value: torch.Tensor) -> Any:
     if mode is None:
         from torch._guards import detect_fake_mode
         mode = detect_fake_mode([value])
-    return mode if mode is not None else _NoMode()
-
-
-class _NoMode:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *exc: Any) -> None:
-        return None
+    return mode if mode is not None else contextlib.nullcontext()
 
 
 class _Chooser:
@@ -338,6 +334,7 @@ class _Chooser:
         self.kept = {s.name for s in saved}
         self.fw_inputs = {n.name for n in fw.graph.nodes if n.op == "placeholder"}
         self.fw_nodes = {n.name: n for n in fw.graph.nodes}
+        self.order = _order_of(fw.graph)
         self.user_roots = {_storage_root(o) for o in user_outputs if isinstance(o, torch.fx.Node)}
         self.chains: dict[str, list[torch.fx.Node]] = {}
         self.leaves: dict[str, set[str]] = {}
@@ -364,41 +361,40 @@ class _Chooser:
         # (several saved views of one memory - none of the benchmark's models has them after the min-cut - stay)
 
     def _chain(self, value: torch.fx.Node, expensive: bool) -> tuple[list[torch.fx.Node], set[str]] | None:
-        return _chain(value, (self.kept - {value.name}) | self.fw_inputs, expensive)
+        return _chain(value, (self.kept - {value.name}) | self.fw_inputs, self.order, expensive)
 
     def _move(self, value: torch.fx.Node, nodes: list[torch.fx.Node], leaves: set[str]) -> None:
         self.kept.discard(value.name)
-        order = {n: i for i, n in enumerate(value.graph.nodes)}
         for name, other in list(self.leaves.items()):  # rebuilds that read ``value`` now rebuild it first
             if value.name in other:
-                self.chains[name] = sorted(set(self.chains[name]) | set(nodes), key=order.__getitem__)
+                self.chains[name] = sorted(set(self.chains[name]) | set(nodes), key=self.order.__getitem__)
                 self.leaves[name] = (other - {value.name}) | leaves
         self.chains[value.name] = nodes
         self.leaves[value.name] = set(leaves)
         self.done.names.append(value.name)
-        self.done.nbytes += _bytes(value)
-        self.done.largest.append((_bytes(value), _label(nodes, value)))
+        self.done.nbytes += tensor_bytes(value)
+        self.done.largest.append((tensor_bytes(value), _label(nodes, value)))
         self.done.ops += sum(1 for n in nodes if not _is_view(n))  # (a normalization counts once)
         self.done.products += sum(1 for n in nodes if n.target in _PRODUCTS
                                   or n.target is torch.ops.aten.convolution.default)
 
     def cheap(self) -> None:
-        for value in sorted(self.saved_tensors, key=_bytes, reverse=True):
-            size = _bytes(value)
+        for value in sorted(self.saved_tensors, key=tensor_bytes, reverse=True):
+            size = tensor_bytes(value)
             if size < MIN_BYTES or not self._movable(value):
                 continue
             found = self._chain(value, expensive=False)
             if found is None:
                 continue
             nodes, leaves = found
-            if sum(_bytes(self.fw_nodes[name]) for name in leaves) > MAX_READ_RATIO * size:
+            if sum(tensor_bytes(self.fw_nodes[name]) for name in leaves) > MAX_READ_RATIO * size:
                 continue
             self._move(value, nodes, leaves)
 
     def held(self) -> int:
         """Bytes of activations the saved set holds (each memory counted once)."""
         roots = {_storage_root(self.fw_nodes[name]) for name in self.kept}
-        return sum(_bytes(r) for r in roots if r.op != "placeholder" and isinstance(r.meta.get("val"), torch.Tensor))
+        return sum(tensor_bytes(r) for r in roots if r.op != "placeholder")  # (tensor_bytes: 0 for a size)
 
     def within(self, budget: float) -> None:
         """[Note: a memory budget] Move values until the saved bytes are at most ``budget`` times what the cheap
@@ -413,13 +409,13 @@ class _Chooser:
         while held > target:
             best = None
             for value in self.saved_tensors:
-                if not self._movable(value, pinned_too=True) or _bytes(value) == 0:
+                if not self._movable(value, pinned_too=True) or tensor_bytes(value) == 0:
                     continue
                 found = self._chain(value, expensive=True)
                 if found is None:
                     continue
                 readers = sum(value.name in other for other in self.leaves.values())  # (each rebuilds it again)
-                per_byte = (1 + readers) * sum(_cost(n, self.balance) for n in found[0]) / _bytes(value)
+                per_byte = (1 + readers) * sum(_cost(n, self.balance) for n in found[0]) / tensor_bytes(value)
                 if best is None or per_byte < best[0]:
                     best = (per_byte, value, found)
             if best is None:
@@ -465,9 +461,10 @@ def recompute_saved(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_
             bw_inputs[name] = placeholder
     done.inputs_added = len(needed)
 
+    bw_order = _order_of(bw.graph)  # (the original nodes' order: what is inserted below reads only placeholders)
     for name, nodes in chains.items():
         old = bw_inputs[name]
-        first_user = min(old.users, key=_position(bw)) if old.users else None
+        first_user = min(old.users, key=bw_order.__getitem__) if old.users else None
         env: dict[torch.fx.Node, torch.fx.Node] = {}
 
         def mapped(arg: torch.fx.Node) -> torch.fx.Node:
@@ -531,6 +528,6 @@ def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
     return node
 
 
-def _position(gm: torch.fx.GraphModule) -> Any:
-    order = {n: i for i, n in enumerate(gm.graph.nodes)}
-    return order.__getitem__
+def _order_of(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
+    """Each node's position in ``graph``."""
+    return {n: i for i, n in enumerate(graph.nodes)}

@@ -40,7 +40,7 @@ import torch
 import torch.fx
 
 from kiln import config
-from kiln.frontend.partition import size_of as _hint
+from kiln.frontend.partition import tensor_bytes
 
 
 def needs_grad(example_inputs: Sequence[Any]) -> bool:
@@ -112,10 +112,7 @@ def partition_summary(bw: torch.fx.GraphModule) -> str:
         if n.name.startswith("primals"):
             inputs += 1
             continue
-        numel = 1
-        for d in value.shape:
-            numel *= _hint(d)
-        saved.append((numel * value.element_size(), n.name, list(value.shape)))
+        saved.append((tensor_bytes(n), n.name, list(value.shape)))
     reached_by_grad = set(grads)
     for n in bw.graph.nodes:
         if any(i in reached_by_grad for i in n.all_input_nodes):

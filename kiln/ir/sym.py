@@ -330,11 +330,8 @@ def is_symbolic(x: Any) -> bool:
 
 def as_symbol(x: Any) -> Symbol | None:
     """The symbol ``x`` is, when it is one symbol alone (``s27``, not ``2*s27`` or ``s27 + 1``)."""
-    if isinstance(x, SizeExpr) and not x.const and len(x.terms) == 1:
-        (monomial, coef), = x.terms
-        if coef == 1 and len(monomial) == 1 and monomial[0][1] == 1 and isinstance(monomial[0][0], Symbol):
-            return monomial[0][0]
-    return None
+    atom = _only_atom(x)
+    return atom if isinstance(atom, Symbol) else None
 
 
 def symbols_of(x: "Size | Atom") -> set[Symbol]:
