@@ -166,7 +166,7 @@ def extreme(args: list["Size"], smallest: bool) -> "Size":
         return picked
 
     def beaten(a: Size) -> bool:  # another argument is provably at least as extreme at every size
-        return any(b is not a and b != a and (provably_le(b, a) if smallest else provably_le(a, b)) for b in unique)
+        return any(b != a and (provably_le(b, a) if smallest else provably_le(a, b)) for b in unique)
     kept = [a for a in unique if not beaten(a)]
     if len(kept) == 1:
         return kept[0]
