@@ -3,7 +3,7 @@ memory, and how far each compiled run's loss and parameters drift from eager's.
 
     python -m benchmarks.training [--models mlp,gpt,resnet18,bert,llama] [--device cpu|cuda] [--threads 1]
                                   [--size small|full] [--steps 20] [--repeats 5] [--backends eager,inductor,kiln]
-                                  [--autocast] [--compile-step] [--foreach] [--json F]
+                                  [--autocast] [--compile-step] [--foreach] [--profile kiln,inductor] [--json F]
 
 Backends: ``eager``, ``inductor``, ``kiln``, and ``inductor-ro``, ``kiln-ro`` (mode="reduce-overhead": CUDA graphs
 over the forward and backward on a GPU).
@@ -270,7 +270,38 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
         }
     rows["kiln_graphs"] = [{"name": r.name, "training": r.training, "fallback": r.fallback,
                             "kernels": len(r.kernels or []), "externs": len(r.externs or [])} for r in kiln_reports]
+    # (profiled after the drift is taken: the profiled steps move only the profiled runs' parameters)
+    rows["profiles"] = [_profile(name, run, batches(args.steps + 1), args.profile_rows) for run in runs
+                        if run.backend in args.profile.split(",")]
     return rows
+
+
+def _profile(model: str, run: Run, batch: tuple, rows: int, steps: int = 3) -> str:
+    """``steps`` steps of ``run`` under torch.profiler: device time per kernel name (CPU time on the CPU), the
+    largest first, and the step's device total against its wall time - where a backend's step goes, the same
+    way for every backend (``--profile kiln,inductor``)."""
+    from torch.profiler import ProfilerActivity, profile
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device == "cuda" else [])
+    inputs, target = batch
+    with profile(activities=activities) as prof:
+        wall = sum(run.step(inputs, target) for _ in range(steps))
+    use_device = run.device == "cuda"
+    totals: dict[str, list[float]] = {}
+    for e in prof.events():
+        if use_device and e.device_type.name != "CUDA" or not use_device and e.cpu_parent is not None:
+            continue
+        t = e.device_time if use_device else e.cpu_time
+        entry = totals.setdefault(e.name, [0.0, 0])
+        entry[0] += t
+        entry[1] += 1
+    device_total = sum(t for t, _ in totals.values())
+    lines = [f"\n{model} / {run.backend}: {steps} steps, wall {wall / steps * 1e3:.2f} ms a step, "
+             f"{'GPU' if use_device else 'CPU'} kernels {device_total / steps / 1e3:.2f} ms a step",
+             "| kernel | ms a step | calls a step | share |", "|---|---|---|---|"]
+    for kernel, (t, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:rows]:
+        lines.append(f"| {kernel[:90]} | {t / steps / 1e3:.3f} | {count / steps:.0f} | "
+                     f"{t / max(device_total, 1e-9):.1%} |")
+    return "\n".join(lines)
 
 
 def main() -> None:
@@ -286,6 +317,8 @@ def main() -> None:
     ap.add_argument("--foreach", action="store_true", help="AdamW's foreach implementation (a GPU's default)")
     ap.add_argument("--fp64-reference", action="store_true",
                     help="also train eager in float64 (untimed) and give each run's drift from it")
+    ap.add_argument("--profile", default="", help="backends whose steps to profile: kernel times (e.g. kiln,inductor)")
+    ap.add_argument("--profile-rows", type=int, default=25)
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -311,6 +344,8 @@ def main() -> None:
         for g in rows["kiln_graphs"]:
             if g["fallback"]:
                 print(f"  kiln graph {g['name']!r} ({g['training'] or 'inference'}) ran eagerly: {g['fallback']}")
+        for text in rows.pop("profiles"):
+            print(text, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"args": vars(args), "results": results}, f, indent=1)
