@@ -555,9 +555,12 @@ def render(x: "Size | Atom", lang: str = "cpp", name: Callable[[Symbol], str] | 
             return f"(-{a[0]})"
         if x.op == "pow":
             return f"std::pow(static_cast<double>({a[0]}), static_cast<double>({a[1]}))" if lang == "cpp" \
-                else f"({a[0]} ** {a[1]})"
+                else f"({render_factor(x.args[0], lang, name)} ** {render_factor(x.args[1], lang, name)})"
         sign = {"truediv": "/", "mul": "*", "add": "+", "sub": "-"}[x.op]
-        return f"(static_cast<double>({a[0]}) {sign} {a[1]})" if lang == "cpp" else f"({a[0]} {sign} {a[1]})"
+        # the right operand binds as one factor: ``A / s0*s1`` would divide by s0 and multiply by s1 (an
+        # instance norm's ``1 / (N*C*H*W / (N*C))`` over symbolic sizes came out (H*W)^-1 * (N*C)^-2 times too small)
+        right = a[1] if x.op in ("add", "mul") else render_factor(x.args[1], lang, name)
+        return f"(static_cast<double>({a[0]}) {sign} {right})" if lang == "cpp" else f"({a[0]} {sign} {right})"
     if isinstance(x, int):
         return str(x) if lang != "cpp" or abs(x) < 2**31 else f"INT64_C({x})"
     if isinstance(x, Symbol):

@@ -171,11 +171,17 @@ def _checked(graph: Any, step: _Step, env: dict, index: int, run: Callable[[], N
         problem = mismatch(got, expected[n])
         if problem and not _within_reference_error(got, expected[n], n, order, step.written, read):
             names = graph_names(graph.graph)
-            lines = [f"{names[m]} = {format_node(m, names)} : {type_str(m)}" for m in step.nodes]
-            inputs = [layout_text(names[m], t) for m, t in actual.items()]
+            lines = [f"{_name(names, m)} = {format_node(m, names)} : {type_str(m)}" for m in step.nodes]
+            inputs = [layout_text(_name(names, m), t) for m, t in actual.items()]
             sub, sub_inputs = _subgraph(order, step.written, read)
             raise StepCheckError(StepInfo(graph.name, index, step.kind, step.name, lines, step.schedule, inputs,
-                                          f"{names[n]} ({type_str(n)})", problem, sub, sub_inputs))
+                                          f"{_name(names, n)} ({type_str(n)})", problem, sub, sub_inputs))
+
+
+def _name(names: dict[Node, str], n: Node) -> str:
+    """``n``'s name in the graph ``kiln.explain`` shows; a node the schedule made (a symbolic graph's kernels
+    are built per size, from a copy of the graph) by its op and id."""
+    return names.get(n) or f"%{n.op.value}#{n.uid}"
 
 
 # [Note: a float64 second opinion]

@@ -62,6 +62,19 @@ def test_check_names_a_wrong_kernel(wrong_exp):
     assert any("exp(" in line for line in info.nodes) and info.inputs, info.describe()
 
 
+def test_check_names_a_wrong_kernel_of_a_symbolic_graph(wrong_exp):
+    """A graph compiled for every size builds its kernels from a copy of the graph per size: the step's nodes
+    are not the graph's, and the checker names them by op and id (it raised a KeyError instead)."""
+    def fn(x):
+        return torch.exp(x * 2).sum(-1) + 1
+
+    torch._dynamo.reset()
+    compiled = torch.compile(fn, backend="kiln", dynamic=True)
+    with config.scope(check=True, fallback=False), torch.inference_mode(), pytest.raises(StepCheckError) as caught:
+        compiled(torch.randn(5, 7))
+    assert caught.value.info.kind == "kernel" and caught.value.info.nodes, caught.value.info.describe()
+
+
 @pytest.fixture
 def slightly_wrong_exp(monkeypatch):
     """exp(x) * 1.0005: a kernel off by five times the checker's float32 tolerance, in a well-conditioned step."""

@@ -208,3 +208,22 @@ def test_min_and_max_of_sizes_that_differ_by_constants():
         assert evaluate(from_sympy(sympy.Min(2 * x, 2 * x + 3, evaluate=False), names), env) == 2 * n
     m = from_sympy(sympy.Min(x, y), names)  # (unrelated sizes: an extreme, tests/unit/test_sym_extreme.py)
     assert evaluate(m, {x.name: 4, y.name: 9}) == 4 and evaluate(m, {x.name: 8, y.name: 3}) == 3
+
+
+@pytest.mark.parametrize("op", ["truediv", "sub", "add", "mul", "pow"])
+def test_float_sizes_render_with_their_operands_grouped(op):
+    """A float of sizes whose right operand is a product or a sum renders with it grouped: ``A / s0*s1`` divided by
+    s0 and multiplied by s1 (an instance norm's ``1 / (N*C*H*W / (N*C))`` over a symbolic batch: its gradient was
+    wrong).  The Python text is evaluated and compared with ``evaluate``; the C++ text must group the same way."""
+    from kiln.ir.sym import FloatSize
+    s0, s1, s2 = Symbol("s0", 2), Symbol("s1", 2), Symbol("s2", 2)
+    env = {"s0": 3, "s1": 5, "s2": 7}
+    products = [s0 * s1, s0 * s1 * s2 * s2, s0 + s1, s2 - s0, s0, 4]
+    for left in products:
+        for right in (products if op != "pow" else [s2 - s0, s0, 3]):  # (powers kept finite)
+            x = FloatSize(op, (FloatSize("float", (left,)), right))
+            want = evaluate(x, env)
+            got = eval(render(x, "py"), {}, dict(env))
+            assert got == pytest.approx(want, rel=1e-12), (render(x, "py"), got, want)
+            cpp = render(x, "cpp").replace("static_cast<double>", "float").replace("std::pow", "pow")
+            assert eval(cpp, {"pow": pow}, dict(env)) == pytest.approx(want, rel=1e-12), render(x, "cpp")
