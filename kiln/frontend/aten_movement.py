@@ -382,14 +382,19 @@ def _index(L: Lowerer, n: Any, x: Node, indices: Sequence[Any]) -> Node:
 
 @register(aten.arange)
 def _arange(L: Lowerer, n: Any, *args: Any, **kwargs: Any) -> Node:
-    nums = [a for a in args if isinstance(a, (int, float))]
-    start, step = (0, 1)
-    if len(nums) >= 2:
-        start = nums[0]
-    if len(nums) >= 3:
-        step = nums[2]
+    """``arange(end)``, ``arange(start, end)``, ``arange(start, end, step)`` by the overload's positions (a
+    symbolic ``end`` is a size expression, not a number: picking the numbers out of the arguments took ``1`` of
+    ``arange(1, n + 1)`` for the end and dropped the start).  A symbolic start is added to an iota from 0."""
+    overload = getattr(n.target, "_overloadname", "default")
+    start = args[0] if overload != "default" else 0
+    step = (args[2] if len(args) > 2 else kwargs.get("step", 1)) if overload.startswith("start_step") else 1
+    if isinstance(step, Node) or is_symbolic(step) or isinstance(start, Node):
+        raise Unsupported("arange with a tensor or symbolic step")
     dtype = out_dtype(n)
-    return L.b.add(Op.IOTA, (), shape=out_shape(n), dtype=dtype, start=start, step=step)
+    if not is_symbolic(start):
+        return L.b.add(Op.IOTA, (), shape=out_shape(n), dtype=dtype, start=start, step=step)
+    iota = L.b.add(Op.IOTA, (), shape=out_shape(n), dtype=dtype, start=0, step=step)
+    return L.b.add(Op.ADD, (iota, L.full(start, out_shape(n), dtype)))
 
 
 @register(aten.full, aten.scalar_tensor, aten.zeros, aten.ones, aten.empty, aten.new_full, aten.new_zeros,

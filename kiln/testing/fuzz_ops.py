@@ -198,7 +198,12 @@ def cast(g: Any) -> Stmt | None:
 
 SIZE_FORMS = ("{a} * ({n} / 3)", "{a} + {n} ** 0.5", "{a} / ({n} + 1)", "{a} * ({n} // 2 + 1)",
               "{a} - {a}.numel() / 64", "{a}.clamp(max={n} / 2)", "torch.full_like({a}, {n} / 4) + {a}",
-              "{a} * ({n} % 3 + 0.5)")
+              "{a} * ({n} % 3 + 0.5)",
+              # positions from sizes: a start and an end that are both sizes (``arange(1, n + 1)`` lost its start
+              # under dynamic shapes: the lowering picked the numbers out of the arguments)
+              "{a} + torch.arange(1, {a}.shape[-1] + 1, device={a}.device)",
+              "{a} * torch.arange({n}, {n} + {a}.shape[-1], device={a}.device)",
+              "{a} - torch.arange({a}.shape[-1], 0, -1, device={a}.device) / ({n} + 1)")
 
 
 def size_arith(g: Any) -> Stmt | None:

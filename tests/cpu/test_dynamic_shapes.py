@@ -543,3 +543,23 @@ def test_max_autotune_tunes_the_gemm_per_size_bucket_it_sees(tmp_path, monkeypat
         taken.clear()
         _check(model, compiled, torch.randn(300, 40))
         assert {value for *_, value in taken} == {0}
+
+
+@pytest.mark.parametrize("form", [
+    lambda x: x + torch.arange(1, x.shape[-1] + 1),
+    lambda x: x * torch.arange(x.shape[0], x.shape[0] + x.shape[1]),
+    lambda x: x - torch.arange(x.shape[1], 0, -1),
+    lambda x: x * torch.arange(2, 2 * x.shape[1] + 2, 2),
+    lambda x: x.cumsum(-1) / torch.arange(1, x.shape[-1] + 1),
+    lambda x: torch.nn.functional.pad(x[None], (1, 2), mode="reflect")[0],
+])
+def test_arange_with_symbolic_ends_keeps_its_start(form):
+    """``arange(start, end[, step])`` by the overload's positions: with a symbolic end the lowering took the
+    start for the end and started at 0 (reflect padding and running means over a dynamic length were wrong)."""
+    torch._dynamo.reset()
+    position = mark()
+    compiled = torch.compile(form, backend="kiln", dynamic=True)
+    for shape in ((3, 5), (4, 7), (2, 9)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), form(x), rtol=1.3e-5, atol=1.5e-5)
+    assert all(r.fallback is None for r in reports_since(position))
