@@ -235,3 +235,30 @@ def test_kernel_texts_are_decided_by_their_text_keys():
             assert texts.setdefault(key, TritonKernelWriter(at, dtype_of).write()) == \
                 TritonKernelWriter(at, dtype_of).write(), key
     assert len(texts) >= len(kernels) + 3, sorted(texts)  # (several kinds met: the test sees what it checks)
+
+
+def test_positions_and_float_sizes_over_symbolic_sizes():
+    """``arange(1, n + 1)`` keeps its start, and a float of sizes divided by a product (an instance norm's backward
+    scales by ``1 / (N*C*H*W / (N*C))``) keeps its grouping, on the Triton target as on the CPU."""
+    def f(x):
+        n = x.shape[-1]
+        return x.cumsum(-1) / torch.arange(1, n + 1, device=x.device) + torch.arange(n, 0, -1, device=x.device)
+
+    compiled = kiln.compile(f, target="triton", dynamic=True)
+    with torch.inference_mode():
+        for shape in ((2, 3, 5), (3, 4, 7), (2, 5, 9)):
+            _check(compiled, f, torch.randn(shape, device=DEVICE))
+
+    def norm(x, w):
+        return F.instance_norm(x, weight=w)
+
+    compiled = kiln.compile(norm, target="triton", dynamic=True)
+    w = torch.randn(4, device=DEVICE)
+    for batch in (2, 3, 5):
+        x = torch.randn(batch, 4, 3, 5, device=DEVICE, requires_grad=True)
+        x2, w1, w2 = x.detach().clone().requires_grad_(), w.clone().requires_grad_(), w.clone().requires_grad_()
+        g = torch.randn(batch, 4, 3, 5, device=DEVICE)
+        compiled(x, w1).backward(g)
+        norm(x2, w2).backward(g)
+        torch.testing.assert_close(x.grad, x2.grad, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-4, atol=1e-4)
