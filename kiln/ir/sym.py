@@ -692,7 +692,49 @@ def from_sympy(expr: Any, symbols: dict[str, Symbol]) -> Size:
         return mod(args[0], args[1])
     if kind in ("Min", "Max") and args and not any(_is_float(a) for a in args):
         return extreme(args, kind == "Min")
+    if kind in ("TruncToInt", "FloorToInt", "CeilToInt") and len(args) == 1:
+        rounded = _rounded_dyadic_multiple(args[0], ceil=kind == "CeilToInt")
+        if rounded is not None:
+            return rounded
     raise UnsupportedSize(f"size expression {expr} ({kind})")
+
+
+def _scaled_size(x: Any) -> tuple[float, "Size"] | None:
+    """``(c, e)`` where the float ``x`` is ``c * float(e)`` for an integer size ``e`` and a number ``c``
+    (``1.5*ToFloat(s0)``: an interpolation's output size at a scale factor), else None."""
+    if isinstance(x, FloatSize) and x.op == "float" and not _is_float(x.args[0]):
+        return 1.0, x.args[0]
+    if isinstance(x, FloatSize) and x.op == "mul" and len(x.args) == 2:
+        for c, rest in ((x.args[0], x.args[1]), (x.args[1], x.args[0])):
+            inner = _scaled_size(rest)
+            if isinstance(c, (int, float)) and inner is not None:
+                return c * inner[0], inner[1]
+    return None
+
+
+def _dyadic_ratio(c: float) -> tuple[int, int] | None:
+    """``c`` as ``p / q`` with ``q`` a small power of two (1.5 = 3/2, 0.25 = 1/4), or None: then ``c * n`` in
+    double precision is exactly ``p * n / q`` for every size ``n`` below 2**40, and floors agree with the
+    integer division."""
+    if not math.isfinite(c) or c < 0:
+        return None
+    p, q = float(c).as_integer_ratio()
+    return (p, q) if q <= 1 << 12 and abs(p) < 1 << 20 else None
+
+
+def _rounded_dyadic_multiple(x: Any, ceil: bool) -> "Size | None":
+    """``trunc``/``floor``/``ceil`` of ``c * float(e)`` as integer arithmetic, where ``c`` is dyadic and ``e`` is a
+    size (non-negative: trunc is floor): an interpolation with ``scale_factor=1.5`` over a symbolic height."""
+    scaled = _scaled_size(x)
+    if scaled is None:
+        return None
+    ratio = _dyadic_ratio(scaled[0])
+    if ratio is None or _bounds(scaled[1])[0] < 0:
+        return None
+    p, q = ratio
+    numerator = size(SizeExpr.of(scaled[1]) * p)
+    return floordiv(numerator + (q - 1), q) if ceil else floordiv(numerator, q)
+
 
 
 def _provable_extreme(args: list[Size], smallest: bool) -> Size | None:

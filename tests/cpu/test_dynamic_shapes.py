@@ -563,3 +563,20 @@ def test_arange_with_symbolic_ends_keeps_its_start(form):
         x = torch.randn(shape)
         torch.testing.assert_close(compiled(x), form(x), rtol=1.3e-5, atol=1.5e-5)
     assert all(r.fallback is None for r in reports_since(position))
+
+
+@pytest.mark.parametrize("mode,align,scale", [("bilinear", True, 1.5), ("bilinear", False, 2.5),
+                                              ("nearest", None, 0.75), ("bicubic", False, 1.25)])
+def test_interpolation_at_a_fractional_scale_over_symbolic_sizes(mode, align, scale):
+    """The output size ``trunc(scale * h)`` is integer arithmetic for a dyadic scale (sym.py ``from_sympy``): the
+    graph compiles for every size instead of running eagerly."""
+    def f(x):
+        return torch.nn.functional.interpolate(x, scale_factor=scale, mode=mode, align_corners=align)
+
+    torch._dynamo.reset()
+    position = mark()
+    compiled = torch.compile(f, backend="kiln", dynamic=True)
+    for shape in ((2, 3, 4, 6), (3, 2, 7, 5), (2, 3, 9, 11)):
+        x = torch.randn(shape)
+        torch.testing.assert_close(compiled(x), f(x), rtol=1.3e-5, atol=2e-5)
+    assert all(r.fallback is None for r in reports_since(position))

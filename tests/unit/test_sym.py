@@ -1,5 +1,6 @@
 """Size expressions (ir/sym.py): canonical forms, exact and inexact division, ranges, evaluation, text, and the
 conversion of Dynamo's own expressions - the first layer of dynamic shapes (docs/dynamic_shapes.md)."""
+import math
 import random
 
 import pytest
@@ -227,3 +228,20 @@ def test_float_sizes_render_with_their_operands_grouped(op):
             assert got == pytest.approx(want, rel=1e-12), (render(x, "py"), got, want)
             cpp = render(x, "cpp").replace("static_cast<double>", "float").replace("std::pow", "pow")
             assert eval(cpp, {"pow": pow}, dict(env)) == pytest.approx(want, rel=1e-12), render(x, "cpp")
+
+
+def test_rounded_multiples_of_sizes_convert_to_integer_division():
+    """``TruncToInt(1.5*ToFloat(s0))`` - an interpolation's output size at a scale factor - is ``(3*s0) // 2``
+    where the factor is a small dyadic fraction (its product in double precision is exact, so the floor agrees
+    for every size); ceilings too; a factor like 0.3, whose products round, stays refused."""
+    import sympy
+    from torch.utils._sympy.functions import CeilToInt, FloorToInt, ToFloat, TruncToInt
+    s0 = sympy.Symbol("s0", integer=True, positive=True)
+    symbols = {"s0": Symbol("s0", 2)}
+    for kind, rounding in ((TruncToInt, math.trunc), (FloorToInt, math.floor), (CeilToInt, math.ceil)):
+        for c in (1.5, 0.5, 0.75, 2.5, 3.0, 1.25):
+            got = from_sympy(kind(sympy.Float(c) * ToFloat(s0)), symbols)
+            for n in range(2, 200):
+                assert evaluate(got, {"s0": n}) == rounding(c * float(n)), (kind, c, n, got)
+    with pytest.raises(UnsupportedSize):
+        from_sympy(TruncToInt(sympy.Float(0.3) * ToFloat(s0)), symbols)
