@@ -209,7 +209,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             else:
                 module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
-            fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs))
+            fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs), not report.training)
             run = _runner(module, positions, arg_names, fixes)
             run = _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
             if triton:
@@ -223,7 +223,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     finally:
         choices.close()
     run = _runner(module, [n.attr("index") for n in graph.inputs], arg_names,
-                  _alias_fixes(fx_gm, graph, skip=set(size_outputs)))
+                  _alias_fixes(fx_gm, graph, skip=set(size_outputs), output_views=not report.training))
     # (a static graph's outputs that are no tensors are constants: no sizes to bind, ``dict()`` is empty)
     run = _with_size_outputs(run, size_outputs, dict) if size_outputs else run
     return _host_scalars_moved(run, fx_gm, device, report) if triton else run
@@ -385,6 +385,7 @@ class _AliasFix:
     views: list[Callable[[torch.Tensor], torch.Tensor]]
     before_call: bool                   # the graph mutates the input: copy it before the call
     alias: bool = False                 # the FX output is a view of the input: hand back the view itself
+    from_output: int | None = None      # a view of another output instead ([Note: outputs that view outputs])
 
 
 def _with_size_outputs(run: Callable, size_outputs: dict[int, Any], call_sizes: Callable[[], dict[str, int]]
@@ -404,10 +405,12 @@ def _with_size_outputs(run: Callable, size_outputs: dict[int, Any], call_sizes: 
 
 
 def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
-                 call_sizes: Callable[[], dict[str, int]] | None = None, skip: set[int] = frozenset()
-                 ) -> list[_AliasFix]:
+                 call_sizes: Callable[[], dict[str, int]] | None = None, skip: set[int] = frozenset(),
+                 output_views: bool = True) -> list[_AliasFix]:
     """``call_sizes``: for a symbolic graph, the sizes of the module's last call (views take them); ``skip``: FX
-    output positions that are sizes, not graph outputs."""
+    output positions that are sizes, not graph outputs; ``output_views``: outputs that view other outputs are
+    handed back as views ([Note: outputs that view outputs]; not in a training step's graphs, where AOTAutograd
+    rebuilds the aliases that need gradients and a saved value or a gradient must not share a user's tensor)."""
     from kiln.ir.graph import Op, view_root
     from kiln.ir.interp import eval_node, view_function
     from kiln.ir.ops import VIEW
@@ -444,7 +447,70 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
             views = [view_function(v) if call_sizes is None else
                      (lambda t, v=v: eval_node(v, [t], call_sizes())) for v in reversed(chain)]
             fixes.append(_AliasFix(k, out.attr("index"), views, out in mutated))
+    if not output_views:
+        return fixes
+    return fixes + _output_views(fx_outputs, placeholders, {f.output for f in fixes}, call_sizes)
+
+
+# [Note: outputs that view outputs]
+# ``y = x * 2; return y, y.view(-1), y[1:]``: in eager the three share y's storage - an in-place update of one
+# shows through the others, and the views have y's strides and offsets.  AOTAutograd rebuilds such views from
+# their base only where they need gradients; in inference the compiler must return them as views.  kiln computes
+# each output into a buffer of its own, so an output whose FX value shares storage with another output that
+# covers that whole storage (the base) is handed back as that very view of the base kiln returned (its traced
+# sizes, strides and offset, evaluated at the call's sizes).  Where the base came back laid out otherwise than
+# traced, the computed output stays (right values, no aliasing) rather than a view of a copy.
+def _output_views(fx_outputs: list[Any], placeholders: list[Any], fixed: set[int],
+                  call_sizes: Callable[[], dict[str, int]] | None) -> list[_AliasFix]:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    def storage(v: Any) -> Any:
+        try:
+            return StorageWeakRef(v.untyped_storage()) if isinstance(v, torch.Tensor) else None
+        except (RuntimeError, NotImplementedError):
+            return None
+
+    inputs = {storage(p.meta.get("val")) for p in placeholders} - {None}
+    groups: dict[Any, list[int]] = {}
+    vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in fx_outputs]
+    for k, v in enumerate(vals):
+        key = storage(v)
+        if key is not None and key not in inputs and k not in fixed:
+            groups.setdefault(key, []).append(k)
+    fixes = []
+    for ks in groups.values():
+        if len(ks) < 2:
+            continue
+        base = next((k for k in ks if _covers_its_storage(vals[k])), None)
+        if base is None:
+            continue
+        for k in ks:
+            geometry = None if k == base or fx_outputs[k] is fx_outputs[base] else \
+                _view_geometry(fx_outputs[k], fx_outputs[base])
+            if geometry is not None:
+                fixes.append(_AliasFix(k, -1, [lambda t, g=geometry: _traced_view(t, g, call_sizes)], False,
+                                       alias=True, from_output=base))
     return fixes
+
+
+def _covers_its_storage(v: torch.Tensor) -> bool:
+    """Is ``v`` (a traced value) a contiguous tensor that is its whole storage, from its start?"""
+    try:
+        return v.storage_offset() == 0 and v.is_contiguous() and \
+            v.untyped_storage().nbytes() == v.numel() * v.element_size()
+    except (RuntimeError, NotImplementedError, TypeError):
+        return False
+
+
+def _traced_view(t: torch.Tensor, geometry: tuple, call_sizes: Callable[[], dict[str, int]] | None
+                 ) -> torch.Tensor | None:
+    """The traced view of output ``t``, or None where ``t`` is not laid out as traced."""
+    from kiln.ir.sym import concrete
+    sizes = call_sizes() if call_sizes is not None else None
+    base_strides = [concrete(s, sizes) for s in geometry[3]]
+    if not t.is_contiguous() or list(t.stride()) != base_strides and t.numel() > 1:
+        return None
+    return _as_view(t, geometry, sizes)
 
 
 def _aliased_placeholder(fx_out: Any, placeholders: list[Any]) -> Any:
@@ -522,6 +588,10 @@ def _runner(module: Callable, input_positions: list[int], arg_names: Sequence[st
         if fixes and not isinstance(outs, list):
             outs = list(outs)  # (a generated GPU wrapper may return a tuple)
         for f in fixes:
+            if f.from_output is not None:  # ([Note: outputs that view outputs]: None keeps the computed output)
+                view = f.views[0](outs[f.from_output])
+                outs[f.output] = outs[f.output] if view is None else view
+                continue
             value = saved[id(f)] if f.before_call else args[f.position]
             for view in f.views:
                 value = view(value)

@@ -182,3 +182,27 @@ def test_lean_call_is_not_used_where_an_output_is_an_input():
         kiln.compile(f, fallback=False)(torch.randn(4))
         module = build_cpu(reports_since(position)[-1].optimized, CompileReport("interpreted"))
     assert module._lean is None
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_outputs_that_view_another_output_alias_it_as_in_eager(dynamic):
+    """[Note: outputs that view outputs]: ``y, y.view(-1), y[1:], y.t()[1]`` come back sharing y's storage with
+    eager's strides and offsets, so an in-place update of one shows through the others."""
+    def f(x):
+        y = x * 2
+        return y, y.view(-1), y[1:], y.t()[1], (y + 1)[:, :2]
+
+    torch._dynamo.reset()
+    compiled = torch.compile(f, backend="kiln", dynamic=dynamic)
+    for rows in (3, 5):
+        x = torch.randn(rows, 4)
+        got, want = compiled(x), f(x)
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w)
+        for g, w in zip(got[:4], want[:4]):  # (the last views an intermediate no output holds: a tensor of its own)
+            assert (g.stride(), g.storage_offset()) == (w.stride(), w.storage_offset())
+        assert all(g.untyped_storage().data_ptr() == got[0].untyped_storage().data_ptr() for g in got[:4])
+        got[0].add_(100)
+        want[0].add_(100)
+        torch.testing.assert_close(got[2], want[2])
+        torch.testing.assert_close(got[3], want[3])
