@@ -36,6 +36,15 @@ MAX_THREADS = 256  # slots for per-thread partial results of a split reduction
 OVERLAP_MIN_REMAINDER = 4  # a row remainder this long runs as one overlapped vector ([Note: overlapped remainder])
 
 
+# [Note: sums folded in blocks] A lane accumulates every VW-th element of its row: over a BatchNorm's N*H*W of a
+# million elements each of 16 lanes added 65536 values in one float chain, and the result lost ~20x the accuracy
+# of ATen's (cascade sums: BatchNorm's weight gradient 2.7e-3 from the float64 result where eager's is 1.1e-4).
+# Rows that may be longer than FOLD elements fold their lanes into a second set every FOLD elements, so no float
+# chain is longer than FOLD / VW + rsize / FOLD adds (256 + 256 for a million).  Only sums (products, maxima
+# and arg-reductions do not grow an error this way); rows known to be short keep the one set of lanes.
+FOLD = 4096
+
+
 def acc_type(dtype: torch.dtype) -> str:
     """The C++ type a reduction accumulates a ``dtype`` result in (float for half precision, as ATen does)."""
     return value_type(dtype)
@@ -343,20 +352,30 @@ class KernelWriter:
             return
         blocked = blocked_r(phase, self.k.rsize, vw) if lo == "0" else None
         runs = runs_r(phase, self.k.rsize, vw) if lo == "0" and blocked is None else None
+        folded = self._folded_sums(phase, hi, vw)
         if runs is not None:
-            self._run_reduce(*runs, row, inner, vw)
+            self._run_reduce(*runs, row, inner, vw, folded)
             self._combine_lanes(phase, inner, vw, suffix, True)
             return
         self.lines.append(f"{inner}int64_t r0 = {lo};")
-        self.lines.append(f"{inner}for (; r0 + {vw} <= {hi}; r0 += {vw}) {{")
+        body = inner
+        if folded:  # ([Note: sums folded in blocks]) blocks of FOLD elements, the lanes folded after each
+            self.lines.append(f"{inner}while (r0 + {vw} <= {hi}) {{")
+            self.lines.append(f"{inner}  const int64_t r0_end = {hi} - r0 > {FOLD} ? r0 + {FOLD} : {hi};")
+            body = inner + "  "
+        self.lines.append(f"{body}for (; r0 + {vw} <= {'r0_end' if folded else hi}; r0 += {vw}) {{")
         if blocked is not None:  # ([Note: reduction index blocked by the vector])
-            self.lines.append(f"{inner}  const int64_t rb = r0 / {vw};")
-        self.lines.append(f"{inner}  #pragma omp simd")
-        self.lines.append(f"{inner}  for (int64_t l = 0; l < {vw}; ++l) {{")
-        self.lines.append(f"{inner}    const int64_t r = r0 + l;")
-        self._acc_body(blocked or phase, row, inner + "    ", "[l]")
-        self.lines.append(f"{inner}  }}")
-        self.lines.append(f"{inner}}}")
+            self.lines.append(f"{body}  const int64_t rb = r0 / {vw};")
+        self.lines.append(f"{body}  #pragma omp simd")
+        self.lines.append(f"{body}  for (int64_t l = 0; l < {vw}; ++l) {{")
+        self.lines.append(f"{body}    const int64_t r = r0 + l;")
+        self._acc_body(blocked or phase, row, body + "    ", "[l]")
+        self.lines.append(f"{body}  }}")
+        self.lines.append(f"{body}}}")
+        if folded:
+            self._fold(folded, body, vw)
+            self.lines.append(f"{inner}}}")
+            self._unfold(folded, inner, vw)
         whole = hi.isdigit() and int(hi) % vw == 0  # no remainder after the vector loop
         overlapped = lo == "0" and hi.isdigit() and int(hi) >= vw and int(hi) % vw >= OVERLAP_MIN_REMAINDER
         lanes_in_registers = lo == "0" and (whole or overlapped)  # no scalar store into a lane before the tree
@@ -376,8 +395,10 @@ class KernelWriter:
             self.lines.append(f"{inner}}}")
         self._combine_lanes(phase, inner, vw, suffix, lanes_in_registers)
 
-    def _run_reduce(self, k: int, split: ReduceLoop, row: ExprPrinter, inner: str, vw: int) -> None:
-        """([Note: reduction rows in runs]) per run of ``k``: whole vectors, then one partial vector."""
+    def _run_reduce(self, k: int, split: ReduceLoop, row: ExprPrinter, inner: str, vw: int,
+                    folded: list[Any] = ()) -> None:
+        """([Note: reduction rows in runs]) per run of ``k``: whole vectors, then one partial vector; ``folded``
+        sums fold their lanes every FOLD elements' worth of runs ([Note: sums folded in blocks])."""
         self.lines.append(f"{inner}for (int64_t ro = 0; ro < {self.k.rsize // k}; ++ro) {{")
         if k >= vw:
             self.lines.append(f"{inner}  for (int64_t ri0 = 0; ri0 + {vw} <= {k}; ri0 += {vw}) {{")
@@ -385,7 +406,37 @@ class KernelWriter:
             self.lines.append(f"{inner}  }}")
         if k % vw:
             self._lane_loop(split, row, inner + "  ", k % vw, str(k - k % vw))
+        if folded:
+            every = max(1, FOLD // k)
+            self.lines.append(f"{inner}  if ((ro + 1) % {every} == 0) {{")
+            self._fold(folded, inner + "    ", vw)
+            self.lines.append(f"{inner}  }}")
         self.lines.append(f"{inner}}}")
+        if folded:
+            self._unfold(folded, inner, vw)
+
+    def _folded_sums(self, phase: ReduceLoop, hi: str, vw: int) -> list[Any]:
+        """The sums of ``phase`` whose rows may be longer than FOLD ([Note: sums folded in blocks]); their second
+        set of lanes (``<acc>_h``) declared."""
+        if hi.isdigit() and int(hi) <= FOLD:
+            return []
+        sums = [a for a in phase.accs if a.kind is Op.SUM and compute_dtype(a.dtype).is_floating_point]
+        for a in sums:
+            self.lines.append(f"{self._indent_of_last()}{acc_type(a.dtype)} {a.name}_h[{vw}] = {{}};")
+        return sums
+
+    def _indent_of_last(self) -> str:
+        last = self.lines[-1]
+        return last[:len(last) - len(last.lstrip())]
+
+    def _fold(self, sums: list[Any], indent: str, vw: int) -> None:
+        for a in sums:
+            self.lines.append(f"{indent}for (int l = 0; l < {vw}; ++l) {{ {a.name}_h[l] += {a.name}_l[l]; "
+                              f"{a.name}_l[l] = 0; }}")
+
+    def _unfold(self, sums: list[Any], indent: str, vw: int) -> None:
+        for a in sums:
+            self.lines.append(f"{indent}for (int l = 0; l < {vw}; ++l) {a.name}_l[l] += {a.name}_h[l];")
 
     def _lane_loop(self, split: ReduceLoop, row: ExprPrinter, indent: str, count: int, start: str) -> None:
         """One vector (``count`` lanes) of a run, from element ``start``."""
