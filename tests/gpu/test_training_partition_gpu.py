@@ -1,7 +1,8 @@
 """kiln's partition pass on the GPU ([Note: recompute what the backward can rebuild], [Note: a memory budget],
 frontend/partition.py): under bf16 autocast (LayerNorm in float32, its output converted to bf16 for the product;
-GELU in bf16) and with BatchNorm + ReLU in training mode, the values rebuilt in the backward give the gradients
-eager's do, with and without a memory budget.  CUDA only: training through Triton's interpreter is too slow for
+GELU in bf16) and with BatchNorm + ReLU in training mode (whose outputs the GPU does not rebuild; under a budget
+other work is repeated), the values rebuilt in the backward give the gradients eager's do, with and without a
+memory budget.  CUDA only: training through Triton's interpreter is too slow for
 CI, and the CPU tests (tests/cpu/test_training_partition.py) cover the pass itself."""
 import copy
 
@@ -55,7 +56,9 @@ def test_batch_norm_relu_convolutions(budget, no_tf32):
     ref = copy.deepcopy(model)
     x = torch.randn(8, 8, 32, 32, device="cuda")
     out, summaries = _grads(model, x, False, budget)
-    assert any("kiln recomputes" in s for s in summaries), summaries
+    # (batch norm's outputs are not rebuilt on the GPU at the full budget - partition.py ``_normalized``: slower
+    # there; under a budget the pass repeats other work to meet it)
+    assert budget == 1.0 or any("kiln recomputes" in s for s in summaries), summaries
     ref_out = ref(x)
     ref_out.square().mean().backward()
     torch.testing.assert_close(out, ref_out, rtol=1e-4, atol=1e-4)
