@@ -195,6 +195,8 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     try:
         with compiling_for(device.type):  # (passes that judge the device from weights: a weightless graph's)
             graph = run_pipeline(graph, report, check=cfg.check, choices=choices)
+            if triton and cfg.gpu_split_reductions:
+                graph = _split_reductions(graph, report)
         report.optimized = graph
         report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
         if triton and not symbolic:
@@ -227,6 +229,18 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     # (a static graph's outputs that are no tensors are constants: no sizes to bind, ``dict()`` is empty)
     run = _with_size_outputs(run, size_outputs, dict) if size_outputs else run
     return _host_scalars_moved(run, fx_gm, device, report) if triton else run
+
+
+def _split_reductions(graph: Any, report: CompileReport) -> Any:
+    """The GPU's two-stage reductions ([Note: reductions split for the GPU]), as a pass of the report."""
+    from kiln.passes.rewrite import RewriteLog
+    from kiln.passes.split_reductions import split_reductions
+    from kiln.report import PassRecord
+    log, start, before = RewriteLog(), time.perf_counter(), len(graph.nodes)
+    graph = split_reductions(graph, log)
+    report.passes.append(PassRecord("split_reductions", time.perf_counter() - start, before, len(graph.nodes),
+                                    log.notes()))
+    return graph
 
 
 def _host_scalars_moved(run: Callable, fx_gm: torch.fx.GraphModule, device: torch.device,

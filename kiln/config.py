@@ -203,6 +203,9 @@ class Config:
     # space where nothing between stops it (schedule/fuse.py, [Note: horizontal fusion]).  False: the last kernel
     # only (the A/B).
     horizontal_fusion: bool = True
+    # GPU: a long reduction into few rows (a BatchNorm's channel statistics over N*H*W) runs as two reductions
+    # (passes/split_reductions.py, [Note: reductions split for the GPU]).  False: one kernel (the A/B).
+    gpu_split_reductions: bool = True
     # Launch the Triton kernels compiled ahead with kiln's launcher (runtime/gpu_launch.py: one C call into the
     # driver, the grid and launch parameters recorded at build time) instead of Triton's Python launcher (11 us
     # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot
@@ -281,6 +284,7 @@ class Config:
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
         "write_backs_in_place": ("KILN_WRITE_BACKS_IN_PLACE", bool),
         "horizontal_fusion": ("KILN_HORIZONTAL_FUSION", bool),
+        "gpu_split_reductions": ("KILN_GPU_SPLIT_REDUCTIONS", bool),
         "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),
         "gpu_attention_entry": ("KILN_GPU_ATTENTION_ENTRY", str),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),
