@@ -352,7 +352,7 @@ class KernelWriter:
             return
         blocked = blocked_r(phase, self.k.rsize, vw) if lo == "0" else None
         runs = runs_r(phase, self.k.rsize, vw) if lo == "0" and blocked is None else None
-        folded = self._folded_sums(phase, hi, vw)
+        folded = self._folded_sums(phase, hi, vw, inner)
         if runs is not None:
             self._run_reduce(*runs, row, inner, vw, folded)
             self._combine_lanes(phase, inner, vw, suffix, True)
@@ -415,19 +415,15 @@ class KernelWriter:
         if folded:
             self._unfold(folded, inner, vw)
 
-    def _folded_sums(self, phase: ReduceLoop, hi: str, vw: int) -> list[Any]:
+    def _folded_sums(self, phase: ReduceLoop, hi: str, vw: int, indent: str) -> list[Any]:
         """The sums of ``phase`` whose rows may be longer than FOLD ([Note: sums folded in blocks]); their second
         set of lanes (``<acc>_h``) declared."""
         if hi.isdigit() and int(hi) <= FOLD:
             return []
         sums = [a for a in phase.accs if a.kind is Op.SUM and compute_dtype(a.dtype).is_floating_point]
         for a in sums:
-            self.lines.append(f"{self._indent_of_last()}{acc_type(a.dtype)} {a.name}_h[{vw}] = {{}};")
+            self.lines.append(f"{indent}{acc_type(a.dtype)} {a.name}_h[{vw}] = {{}};")
         return sums
-
-    def _indent_of_last(self) -> str:
-        last = self.lines[-1]
-        return last[:len(last) - len(last.lstrip())]
 
     def _fold(self, sums: list[Any], indent: str, vw: int) -> None:
         for a in sums:
