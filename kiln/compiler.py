@@ -476,19 +476,11 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
 # traced, the computed output stays (right values, no aliasing) rather than a view of a copy.
 def _output_views(fx_outputs: list[Any], placeholders: list[Any], fixed: set[int],
                   call_sizes: Callable[[], dict[str, int]] | None) -> list[_AliasFix]:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    def storage(v: Any) -> Any:
-        try:
-            return StorageWeakRef(v.untyped_storage()) if isinstance(v, torch.Tensor) else None
-        except (RuntimeError, NotImplementedError):
-            return None
-
-    inputs = {storage(p.meta.get("val")) for p in placeholders} - {None}
+    inputs = {key for key in map(_storage, (p.meta.get("val") for p in placeholders)) if key is not None}
     groups: dict[Any, list[int]] = {}
     vals = [o.meta.get("val") if isinstance(o, torch.fx.Node) else None for o in fx_outputs]
     for k, v in enumerate(vals):
-        key = storage(v)
+        key = _storage(v)
         if key is not None and key not in inputs and k not in fixed:
             groups.setdefault(key, []).append(k)
     fixes = []
@@ -530,19 +522,23 @@ def _traced_view(t: torch.Tensor, geometry: tuple, call_sizes: Callable[[], dict
 def _aliased_placeholder(fx_out: Any, placeholders: list[Any]) -> Any:
     """The placeholder whose storage FX output ``fx_out`` shares (a view of an input, through any op: a chunk is
     ``split`` and ``getitem``), or None."""
+    storage = _storage(fx_out.meta.get("val") if isinstance(fx_out, torch.fx.Node) else None)
+    if storage is None:
+        return None
+    return next((p for p in placeholders if (key := _storage(p.meta.get("val"))) is not None and key == storage),
+                None)
+
+
+def _storage(val: Any) -> Any:
+    """A key for the storage of traced value ``val`` (equal for values that share it), or None where it is no
+    tensor or has no storage to compare."""
     from torch.multiprocessing.reductions import StorageWeakRef
-    val = fx_out.meta.get("val") if isinstance(fx_out, torch.fx.Node) else None
     if not isinstance(val, torch.Tensor):
         return None
     try:
-        storage = StorageWeakRef(val.untyped_storage())
+        return StorageWeakRef(val.untyped_storage())
     except (RuntimeError, NotImplementedError):
         return None
-    for p in placeholders:
-        pv = p.meta.get("val")
-        if isinstance(pv, torch.Tensor) and StorageWeakRef(pv.untyped_storage()) == storage:
-            return p
-    return None
 
 
 def _view_geometry(fx_out: Any, root: Any) -> tuple | None:

@@ -389,7 +389,7 @@ def _arange(L: Lowerer, n: Any, *args: Any, **kwargs: Any) -> Node:
     start = args[0] if overload != "default" else 0
     step = (args[2] if len(args) > 2 else kwargs.get("step", 1)) if overload.startswith("start_step") else 1
     if isinstance(step, Node) or is_symbolic(step) or isinstance(start, Node):
-        raise Unsupported("arange with a tensor or symbolic step")
+        raise Unsupported("arange with a tensor start, or a tensor or symbolic step")
     dtype = out_dtype(n)
     if not is_symbolic(start):
         return L.b.add(Op.IOTA, (), shape=out_shape(n), dtype=dtype, start=start, step=step)

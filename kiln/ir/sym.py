@@ -736,7 +736,6 @@ def _rounded_dyadic_multiple(x: Any, ceil: bool) -> "Size | None":
     return floordiv(numerator + (q - 1), q) if ceil else floordiv(numerator, q)
 
 
-
 def _provable_extreme(args: list[Size], smallest: bool) -> Size | None:
     """The least (greatest) of ``args`` where one is provably so at every size in the symbols' ranges: they
     differ by constants (``Min(s0, s0 - 1)`` - a diagonal's length over a square matrix, which sympy leaves
