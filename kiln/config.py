@@ -145,6 +145,11 @@ class Config:
     # ([Note: a graph on copies reads settled inputs in place], runtime/triton_module.py): a training step's
     # parameters and saved activations.  Off until measured on a GPU (as training_cuda_graphs).
     cuda_graph_inputs_in_place: bool = False
+    # Tests and diagnosis without a GPU: reduce-overhead's replay logic (recordings keyed by input addresses,
+    # graphs on copies, held outputs moved before a replay) over CPU modules too, each "recording" an emulated
+    # CUDA graph that reruns the module on the recorded input buffers and writes the recorded output buffers
+    # ([Note: CUDA graphs emulated on the CPU], runtime/triton_module.py).  Slower than plain calls: never for speed.
+    emulate_cuda_graphs: bool = False
     # Training: saved activations that are short elementwise chains over values the backward holds anyway are
     # recomputed there instead of saved ([Note: recompute what the backward can rebuild], frontend/partition.py).
     training_recompute: bool = True
@@ -267,6 +272,7 @@ class Config:
         "cuda_graph_shared_pool": ("KILN_CUDA_GRAPH_SHARED_POOL", bool),
         "training_cuda_graphs": ("KILN_TRAINING_CUDA_GRAPHS", bool),
         "cuda_graph_inputs_in_place": ("KILN_CUDA_GRAPH_INPUTS_IN_PLACE", bool),
+        "emulate_cuda_graphs": ("KILN_EMULATE_CUDA_GRAPHS", bool),
         "training_recompute": ("KILN_TRAINING_RECOMPUTE", bool),
         "training_memory_budget": ("KILN_TRAINING_MEMORY_BUDGET", float),
         "gpu_dynamic_build_after": ("KILN_GPU_DYNAMIC_BUILD_AFTER", int),

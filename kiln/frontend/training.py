@@ -62,7 +62,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
 
     graph_mode = mode
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
-    if on_gpu and mode in ("reduce-overhead", "max-autotune") and not cfg.training_cuda_graphs:
+    replays = on_gpu or cfg.emulate_cuda_graphs  # (emulated: [Note: CUDA graphs emulated on the CPU])
+    if replays and mode in ("reduce-overhead", "max-autotune") and not cfg.training_cuda_graphs:
         graph_mode = "max-autotune-no-cudagraphs" if mode == "max-autotune" else "default"
 
     note = "" if graph_mode == mode else (f"; mode {mode!r} runs as {graph_mode!r} here (training_cuda_graphs "

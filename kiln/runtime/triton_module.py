@@ -466,6 +466,16 @@ class GraphReplay:
         self.pool = pool
         self.capture_error: str | None = None  # a recording failed: every call runs the plain module
         self.calls = 0
+        # [Note: a training step replays one recording per graph] A training step's graphs form a chain: the
+        # backward reads the forward's saved activations, which lie where the forward's recording writes its
+        # outputs.  If the forward replayed one recording in one step and another in the next (a graph keyed by
+        # the batch's address, whenever the allocator hands the batch a block seen before; the graph on copies
+        # otherwise), the backward's inputs would change address from step to step and it could read none of
+        # them in place - it would copy every saved activation, or record again.  So training graphs are never
+        # keyed by address: each replays its graph on copies, which reads the inputs that keep their address
+        # (parameters; once the forward replays, the saved activations) in place and copies the others (the
+        # batch, the incoming gradient).  Inference graphs keep both kinds.
+        self.keyed = not (report is not None and report.training)
         # [Note: graphs keyed by input addresses] A graph reads its inputs at the addresses it was recorded
         # with.  A caller that passes the same buffers again (same addresses, shapes and strides) gets a
         # replay with no input copy; other inputs are copied into the buffers of a graph recorded on copies.
@@ -476,6 +486,7 @@ class GraphReplay:
         # a caller that alternates two sets of buffers gets a graph on each, with no copies).
         self.graphs: dict[tuple, _Recording] = {}
         self.seen: list[tuple] = []  # input addresses of the latest calls that had no graph of their own
+        self.seen_calls = 0  # (how many calls those were: one key seen in two calls is settled)
         self.misses = 0  # calls after the warm-up whose addresses had not been seen
         self.copy_graph: _Recording | None = None
         # [Note: a graph on copies reads settled inputs in place] The graph on copies copies only the inputs
@@ -484,9 +495,13 @@ class GraphReplay:
         # like the inputs of a graph keyed by addresses - a training step's forward would otherwise copy every
         # parameter into a second set of buffers before each replay.  ``in_place``: input -> the address the
         # graph reads; a call passing another tensor there drops the graph (the next miss records again).  An
-        # input copied so far that then keeps its address for ``SETTLE_CALLS`` calls (the backward's activations
-        # settle once the forward replays) has the graph recorded again with it in place.  An input that moved
-        # after being read in place is copied from then on; after ``MAX_COPY_RECORDINGS`` recordings a graph
+        # input that is another recording's output (a training forward's saved activations, for the backward)
+        # is read in place from the start; one copied so far that becomes such an output and keeps its address
+        # for ``SETTLE_CALLS`` calls (the backward's activations, once the forward replays) has the graph
+        # recorded again with it in place - no other input settles after a recording (a fresh batch the
+        # allocator happens to place where the last one was would move again).  An input other than a
+        # recording's output that moved after being read in place is copied from then on; after
+        # ``MAX_COPY_RECORDINGS`` recordings a graph
         # that no longer fits is recorded once more with every input copied.  Only addresses are kept, never
         # the caller's tensors: a reference would keep a forward's output alias alive and make its next replay
         # copy it.
@@ -498,6 +513,7 @@ class GraphReplay:
         self.settle = config.get().cuda_graph_inputs_in_place  # (off: every input of the graph on copies copied)
         self.copy_recordings = 0
         self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
+        self.device_type = module.device.type  # (cuda; cpu where CUDA graphs are emulated)
         self.unprotected_runs = 0  # calls run without the graph: the caller held views of earlier outputs
         # [Note: replaying a graph that updates its inputs] (a static KV cache's decode step) A graph recorded on
         # the caller's buffers updates them where they lie at each replay, as the plain call does.  Two things
@@ -508,8 +524,8 @@ class GraphReplay:
 
     def __call__(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
         for k, (x, (shape, dtype)) in enumerate(zip(inputs, self.expected)):
-            if tuple(x.shape) != shape or x.dtype != dtype or not x.is_cuda:
-                raise InputMismatch(k, dtype, shape, "cuda", x)
+            if tuple(x.shape) != shape or x.dtype != dtype or x.device.type != self.device_type:
+                raise InputMismatch(k, dtype, shape, self.device_type, x)
             if not self.settle and not x.is_contiguous():
                 return self.module(inputs)  # (strided inputs replay only with cuda_graph_inputs_in_place, for now)
         self.calls += 1
@@ -522,7 +538,7 @@ class GraphReplay:
             return self.module(inputs)  # (kiln.profile: step by step)
         entry = self.graphs.get(key)
         try:
-            if entry is None and len(self.graphs) < self.MAX_GRAPHS and key in self.seen:
+            if entry is None and self.keyed and len(self.graphs) < self.MAX_GRAPHS and key in self.seen:
                 entry = self.graphs[key] = self._record(list(inputs))
             elif entry is None:
                 self._saw(key)
@@ -534,11 +550,11 @@ class GraphReplay:
                     self.misses += 1
                     if self.misses < 2:  # one more plain call: these addresses may come again
                         return self.module(inputs)
-                    settled = self._settled_in_every_call_seen(key) - self.moved
+                    settled = self._settled_in_every_call_seen(key, inputs)
                     self._record_copy_graph(inputs, key, settled if self.copy_recordings < self.MAX_COPY_RECORDINGS
                                             else set())
                 else:
-                    settled = self._settled_since_recording(key) - self.moved
+                    settled = self._settled_since_recording(key, inputs)
                     if settled and self.copy_recordings < self.MAX_COPY_RECORDINGS:
                         self._record_copy_graph(inputs, key, set(self.in_place) | settled)
         except Exception as exc:  # noqa: BLE001 - never break the user's model: run it without CUDA graphs
@@ -557,31 +573,40 @@ class GraphReplay:
         if not (entry.release_outputs() if self.pool is None else self.pool.release()):
             self.unprotected_runs += 1
             return self.module(inputs)
-        entry.graph.replay()
+        entry.replay(inputs)
         if entry is self.copy_graph:
             for k in self.updated:
                 if self.static_inputs[k] is not None:
                     inputs[k].copy_(self.static_inputs[k])
-        outputs = entry.hand_out()
+        outputs = entry.hand_out(inputs)
         if self.pool is not None:
             self.pool.note_handed(entry)
         return outputs
 
-    def _settled_in_every_call_seen(self, key: tuple) -> set[int]:
-        """Inputs at the same address in every call seen without a graph of its own (this one included)."""
-        if not self.settle or len(self.seen) < 2:
+    def _settled_in_every_call_seen(self, key: tuple, inputs: list[torch.Tensor]) -> set[int]:
+        """Inputs at the same address in every call seen without a graph of its own (this one included) that
+        never moved after being read in place, and inputs that are another recording's outputs (they stay where
+        that recording writes them, for as long as it lives)."""
+        if not self.settle:
             return set()
-        return {k for k, a in enumerate(key) if all(s[k] == a for s in self.seen)}
+        recorded = {k for k, x in enumerate(inputs) if _recorded_output(x)}
+        if self.seen_calls < 2:
+            return recorded
+        return recorded | ({k for k, a in enumerate(key) if all(s[k] == a for s in self.seen)} - self.moved)
 
-    def _settled_since_recording(self, key: tuple) -> set[int]:
-        """Copied inputs that came at the previous call's address ``SETTLE_CALLS`` calls in a row."""
+    def _settled_since_recording(self, key: tuple, inputs: list[torch.Tensor]) -> set[int]:
+        """Copied inputs that are another recording's outputs and came at the previous call's address
+        ``SETTLE_CALLS`` calls in a row (a backward's saved activations, once the forward replays).  Nothing
+        else settles after the recording: a fresh tensor the allocator happens to place where the previous one
+        was (a batch, an incoming gradient) would move again, and each move records the graph once more."""
         if not self.settle:
             return set()
         for k, a in enumerate(key):
             if k not in self.in_place:
                 self.streak[k] = self.streak[k] + 1 if a == self.last_addresses[k] else 0
         self.last_addresses = key
-        return {k for k, n in enumerate(self.streak) if n >= self.SETTLE_CALLS and k not in self.in_place}
+        return {k for k, n in enumerate(self.streak)
+                if n >= self.SETTLE_CALLS and k not in self.in_place and _recorded_output(inputs[k])}
 
     def _record_copy_graph(self, inputs: list[torch.Tensor], key: tuple, in_place: set[int]) -> None:
         """([Note: a graph on copies reads settled inputs in place]) Record the graph on copies of the inputs
@@ -597,10 +622,16 @@ class GraphReplay:
 
     def _saw(self, key: tuple) -> None:
         """Remember the input addresses of a call without a graph of its own (the last ``MAX_GRAPHS + 2``)."""
+        self.seen_calls += 1
         if key not in self.seen:
             self.seen = [*self.seen[-(self.MAX_GRAPHS + 1):], key]
 
     def _record(self, inputs: list[torch.Tensor]) -> "_Recording":
+        if self.device_type != "cuda":
+            recording = _EmulatedGraph.record(self.module, inputs, self.updated)
+            if self.on_record is not None:
+                self.on_record()
+            return recording
         stream = _capture_stream(inputs[0].device if inputs else torch.device("cuda"))
         stream.wait_stream(torch.cuda.current_stream())
         # [Note: cuBLAS workspace of a recording] cuBLAS keeps a workspace (32 MiB on Hopper) per stream,
@@ -623,6 +654,38 @@ class GraphReplay:
         return _Recording(graph, outputs, inputs)
 
 
+def _view_of_input(o: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[int, tuple, int] | None:
+    """([Note: outputs that are inputs]) (input index, that input's strides, ``o``'s offset from it) where
+    output ``o`` is a view lying within input ``j``'s elements (same dtype), else None."""
+    p = o.untyped_storage().data_ptr()
+    for j, x in enumerate(inputs):
+        if x.untyped_storage().data_ptr() != p or x.dtype != o.dtype or min(x.stride(), default=0) < 0 \
+                or min(o.stride(), default=0) < 0:
+            continue
+        lo, hi = _extent(x)
+        o_lo, o_hi = _extent(o)
+        if lo <= o_lo and o_hi <= hi:
+            return j, x.stride(), o.storage_offset() - x.storage_offset()
+    return None
+
+
+def _extent(t: torch.Tensor) -> tuple[int, int]:
+    """The first and last storage elements ``t`` reaches (non-negative strides)."""
+    if t.numel() == 0:
+        return t.storage_offset(), t.storage_offset() - 1
+    return t.storage_offset(), t.storage_offset() + sum((n - 1) * st for n, st in zip(t.shape, t.stride()))
+
+
+# [Note: a graph on copies reads settled inputs in place]: the outputs of every live recording, by storage (each
+# recording's static outputs live as long as it does; an alias of one moved onto a copy has another storage)
+_recorded_outputs: "weakref.WeakValueDictionary[int, torch.Tensor]" = weakref.WeakValueDictionary()
+
+
+def _recorded_output(x: torch.Tensor) -> bool:
+    """Is ``x`` on the storage of a live recording's output (written at the same address at every replay)?"""
+    return _recorded_outputs.get(x.untyped_storage().data_ptr()) is not None
+
+
 class _Recording:
     """One CUDA graph and the static outputs it writes.
 
@@ -642,6 +705,13 @@ class _Recording:
         taken = {x.untyped_storage().data_ptr() for x in inputs}
         self.aliased = [storages.count(p) == 1 and p not in taken for p in storages]
         self.handed: list[weakref.ref | None] = [None] * len(outputs)
+        self.of_input = [_view_of_input(o, inputs) for o in outputs]
+        self.note_outputs()
+
+    def note_outputs(self) -> None:
+        for o, alias in zip(self.outputs, self.aliased):
+            if alias:  # (outputs handed out as copies are never read where they lie)
+                _recorded_outputs[o.untyped_storage().data_ptr()] = o
 
     def release_outputs(self) -> bool:
         """Make the static outputs free to overwrite; False if the caller holds a view we cannot move."""
@@ -665,13 +735,32 @@ class _Recording:
             self.handed[k] = None
         return True
 
+    def replay(self, inputs: list[torch.Tensor]) -> None:
+        """Replay the graph (``inputs``: the call's, which an emulated graph reads where a CUDA graph would)."""
+        if isinstance(self.graph, _EmulatedGraph):
+            self.graph.replay(inputs)
+        else:
+            self.graph.replay()
+
     def holds_aliases(self) -> bool:
         """Has an output been handed out as an alias that may still be alive (not yet released)?"""
         return any(ref is not None for ref in self.handed)
 
-    def hand_out(self) -> list[torch.Tensor]:
+    def hand_out(self, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The call's outputs (``inputs``: the call's).  [Note: outputs that are inputs] An output that views
+        one of the graph's inputs (a training forward returns the parameters and the batch its backward needs) is
+        that view of the caller's input, as a plain call returns it - not a copy of the graph's buffer: a copy
+        would cost each parameter's bytes at every step, and the backward, seeing a new address each step, would
+        copy it once more instead of reading it in place."""
         result = []
         for k, (o, alias_ok) in enumerate(zip(self.outputs, self.aliased)):
+            source = self.of_input[k]
+            if source is not None:
+                j, stride, delta = source
+                x = inputs[j]
+                if x.stride() == stride:
+                    result.append(x.detach().as_strided(o.shape, o.stride(), x.storage_offset() + delta))
+                    continue
             if alias_ok:
                 alias = o.detach()
                 self.handed[k] = weakref.ref(alias)
@@ -679,6 +768,61 @@ class _Recording:
             else:
                 result.append(o.clone())
         return result
+
+
+class _EmulatedGraph:
+    """[Note: CUDA graphs emulated on the CPU] ``Config.emulate_cuda_graphs`` runs GraphReplay's logic - graphs
+    keyed by input addresses, graphs on copies reading settled inputs in place, outputs handed out as aliases and
+    moved before the next replay - over CPU modules, so that tests and ``benchmarks/cuda_graph_replays.py`` can
+    see, without a GPU, which calls of a real workload (a training loop, a decoding loop) replay and which run
+    plainly or record again.  A CUDA graph's replay reruns the recorded kernels at the recorded addresses: it
+    reads the input buffers as they are at the replay and writes the same output buffers every time.  This
+    stands in for one: ``replay`` reruns the module on the recorded input tensors and copies its results into
+    the recorded outputs.  Not emulated: intermediates in a private memory pool (the module allocates as it
+    always does), and an output that views an input the graph updates views a copy of it here (the recording
+    run works on copies of updated inputs, as the real warm-up does, so that the update happens once, at the
+    replay).  Slower than a plain call (a copy per output): for diagnosis and tests, never for speed."""
+
+    def __init__(self, module: Callable, inputs: list[torch.Tensor], outputs: list[torch.Tensor]):
+        self.module = module
+        # what a CUDA graph keeps of its inputs is their addresses: a reference would keep a caller's tensor
+        # alive, and follow it where ``set_`` moves it (a held output moved onto a copy), where the graph does not
+        self.addresses = [(x.data_ptr(), x.stride()) for x in inputs]
+        self.inputs = [weakref.ref(x) for x in inputs]  # (alive and in place: GraphReplay's copies)
+        self.outputs = outputs
+
+    @classmethod
+    def record(cls, module: Callable, inputs: list[torch.Tensor], updated: list[int]) -> "_Recording":
+        outputs = list(module([x.clone() if k in updated else x for k, x in enumerate(inputs)]))
+        graph = cls(module, inputs, outputs)
+        recording = _Recording(graph, outputs, inputs)
+        # A CPU module keeps its latest output buffers for reuse ([Note: output recycling]): where an output is
+        # a view of one, the buffer kept would count as a view the caller holds.  A CUDA graph's outputs belong
+        # to it alone, so these do too: outputs handed out as aliases get storage of their own.
+        recording.outputs = graph.outputs = [o.clone() if alias else o
+                                             for o, alias in zip(outputs, recording.aliased)]
+        recording.note_outputs()
+        return recording
+
+    def replay(self, inputs: list[torch.Tensor]) -> None:
+        """Rerun the module on what lies at the recorded addresses: the call's input where it is there (a graph
+        on the caller's buffers, an input read in place), else the tensor recorded there (a copy of GraphReplay's).
+        An address holding neither is one a CUDA graph would read stale or freed memory at: an error here."""
+        read = []
+        for k, (address, ref) in enumerate(zip(self.addresses, self.inputs)):
+            x = inputs[k] if (inputs[k].data_ptr(), inputs[k].stride()) == address else ref()
+            if x is None or (x.data_ptr(), x.stride()) != address:
+                raise RuntimeError(f"kiln: an emulated CUDA graph's input {k} is no longer at the address it was "
+                                   f"recorded with: a CUDA graph would read stale memory there")
+            read.append(x)
+        for static, value in zip(self.outputs, self.module(read)):
+            if static.data_ptr() != value.data_ptr() or static.stride() != value.stride():
+                # written through a tensor of its own: a CUDA graph's replay bumps no version counter, and the
+                # outputs' aliases share the static tensor's (autograd saved them: a bump would fail the backward)
+                writer = torch.empty(0, dtype=static.dtype)
+                writer.set_(static.untyped_storage(), static.storage_offset(), static.shape, static.stride())
+                writer.copy_(value)
+                del writer
 
 
 def _keep_version(t: torch.Tensor, version: int) -> None:
@@ -725,7 +869,8 @@ def with_cuda_graph(module: TritonGraph, report: CompileReport, mode: str,
     """``module`` replayed as a CUDA graph in the modes that record one (reduce-overhead, max-autotune);
     ``on_record`` is called after each recording; ``pool``: a memory pool shared with other modules (the sizes
     of one symbolic graph)."""
-    if mode in ("reduce-overhead", "max-autotune") and module.device.type == "cuda":
+    if mode in ("reduce-overhead", "max-autotune") and (module.device.type == "cuda"
+                                                        or config.get().emulate_cuda_graphs):
         report.memory["cuda_graph"] = "recorded at the second call, replayed after" + (
             " (updating the caller's inputs in place)" if module.mutated_inputs else "")
         return GraphReplay(module, on_record, report, pool)

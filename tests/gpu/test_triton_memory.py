@@ -235,8 +235,9 @@ class _FakeGraph:
 
 def test_replay_outputs_are_aliases_moved_onto_copies_only_when_kept():
     """The logic of [Note: outputs of a replay], on CPU tensors: a dropped output costs nothing, a kept one is
-    moved onto a copy before the next replay (its values stay), a kept view blocks the replay, and outputs
-    sharing storage with an input or with each other are handed out as copies."""
+    moved onto a copy before the next replay (its values stay), a kept view blocks the replay, outputs sharing
+    storage with each other are handed out as copies, and an output viewing an input is that view of the
+    caller's input ([Note: outputs that are inputs])."""
     from kiln.runtime.triton_module import _Recording
     x = torch.zeros(4)
     y = torch.zeros(3, 2)
@@ -248,12 +249,14 @@ def test_replay_outputs_are_aliases_moved_onto_copies_only_when_kept():
     def call():
         assert rec.release_outputs()
         rec.graph.replay()
-        return rec.hand_out()
+        return rec.hand_out([caller])
 
+    caller = torch.arange(4.0)  # (the call's input: another tensor than the one recorded, with its strides)
     first = call()
     assert first[0].untyped_storage().data_ptr() == outputs[0].untyped_storage().data_ptr()  # no copy
     assert all(o.untyped_storage().data_ptr() != s.untyped_storage().data_ptr()
-               for o, s in zip(first[1:], outputs[1:]))
+               for o, s in zip(first[1:3], outputs[1:3]))
+    assert first[3].data_ptr() == caller.data_ptr() and torch.equal(first[3], caller[:2])
     del first
     kept = call()[0]  # the previous output was dropped: nothing to move
     second = call()
@@ -280,7 +283,7 @@ def test_a_shared_pool_moves_every_recordings_kept_outputs_before_any_replay():
     def call(rec, pool):
         assert pool.release() if pool is not None else rec.release_outputs()
         rec.graph.replay()
-        outputs = rec.hand_out()
+        outputs = rec.hand_out([])
         if pool is not None:
             pool.note_handed(rec)
         return outputs
