@@ -654,6 +654,16 @@ class GraphReplay:
         return _Recording(graph, outputs, inputs)
 
 
+def _without_base(o: torch.Tensor) -> torch.Tensor:
+    """``o``'s memory, shape and strides in a tensor that is no view of another."""
+    if o._base is None:
+        return o
+    with torch.no_grad():
+        own = torch.empty(0, dtype=o.dtype, device=o.device)
+        own.set_(o.untyped_storage(), o.storage_offset(), o.shape, o.stride())
+    return own
+
+
 def _view_of_input(o: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[int, tuple, int] | None:
     """([Note: outputs that are inputs]) (input index, that input's strides, ``o``'s offset from it) where
     output ``o`` is a view lying within input ``j``'s elements (same dtype), else None."""
@@ -700,10 +710,14 @@ class _Recording:
 
     def __init__(self, graph: torch.cuda.CUDAGraph, outputs: list[torch.Tensor], inputs: list[torch.Tensor]):
         self.graph = graph
-        self.outputs = outputs
         storages = [o.untyped_storage().data_ptr() for o in outputs]
         taken = {x.untyped_storage().data_ptr() for x in inputs}
         self.aliased = [storages.count(p) == 1 and p not in taken for p in storages]
+        # An output that is a view of a buffer of the module's (a reshape of a matrix product's result) keeps
+        # that buffer's tensor alive as its base, which would count as a view the caller holds: before each
+        # replay the call would run without the graph (a GPT forward's every call).  The recording keeps the
+        # output's memory through a tensor of its own instead, and the base goes.
+        self.outputs = [_without_base(o) if alias else o for o, alias in zip(outputs, self.aliased)]
         self.handed: list[weakref.ref | None] = [None] * len(outputs)
         self.of_input = [_view_of_input(o, inputs) for o in outputs]
         self.note_outputs()
@@ -794,14 +808,15 @@ class _EmulatedGraph:
     @classmethod
     def record(cls, module: Callable, inputs: list[torch.Tensor], updated: list[int]) -> "_Recording":
         outputs = list(module([x.clone() if k in updated else x for k, x in enumerate(inputs)]))
-        graph = cls(module, inputs, outputs)
-        recording = _Recording(graph, outputs, inputs)
-        # A CPU module keeps its latest output buffers for reuse ([Note: output recycling]): where an output is
-        # a view of one, the buffer kept would count as a view the caller holds.  A CUDA graph's outputs belong
-        # to it alone, so these do too: outputs handed out as aliases get storage of their own.
-        recording.outputs = graph.outputs = [o.clone() if alias else o
-                                             for o, alias in zip(outputs, recording.aliased)]
-        recording.note_outputs()
+        # A CPU module keeps its latest output buffers for reuse ([Note: output recycling]): one kept there would
+        # count as a view the caller holds, and a later call could write over it.  A CUDA graph's outputs belong
+        # to the graph alone: so do these (only the recycling is dropped - anything else of the module's that
+        # holds an output's memory stays visible, as it would on the GPU).
+        storages = {o.untyped_storage().data_ptr() for o in outputs}
+        for pool in getattr(module, "_pools", ()):
+            pool[:] = [t for t in pool if t.untyped_storage().data_ptr() not in storages]
+        recording = _Recording(cls(module, inputs, []), outputs, inputs)
+        recording.graph.outputs = recording.outputs
         return recording
 
     def replay(self, inputs: list[torch.Tensor]) -> None:
