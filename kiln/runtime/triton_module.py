@@ -743,7 +743,9 @@ class _Recording:
                 return False
             copy = alias.clone()
             version = alias._version
-            with torch.inference_mode(alias.is_inference()):
+            # (without grad mode: recorded by autograd, ``set_`` would replace the output's grad_fn, and a
+            # gradient taken through the moved output later would find no backward)
+            with torch.inference_mode(alias.is_inference()), torch.no_grad():
                 alias.set_(copy.untyped_storage(), copy.storage_offset(), copy.shape, copy.stride())
             _keep_version(alias, version)
             self.handed[k] = None

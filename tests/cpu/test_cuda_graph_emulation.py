@@ -95,6 +95,23 @@ def test_gradient_accumulation_keeps_the_first_forwards_activations(counted):
     assert recorded and replayed  # (the checks above ran on replays)
 
 
+def test_a_held_training_output_moved_before_a_replay_still_takes_gradients(counted):
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    compiled = kiln.compile(model, **TRAINING)
+    for step in range(5):
+        xs = [torch.randn(32, 64, generator=torch.Generator().manual_seed(10 * step + k)) for k in range(2)]
+        grads = []
+        for fn, m in ((compiled, model), (ref, ref)):
+            m.zero_grad(set_to_none=True)
+            first = fn(xs[0])
+            second = fn(xs[1])  # (its replay moves ``first`` onto a copy of its values)
+            (first * 2 + second).sum().backward()  # a new use of the moved output, after the move
+            grads.append([p.grad for p in m.parameters()])
+        for got, want in zip(*grads):
+            torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+
+
 def test_held_outputs_keep_their_values_across_replays(counted):
     recorded, replayed, _ = counted
     model = _mlp().eval()
