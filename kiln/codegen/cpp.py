@@ -135,7 +135,7 @@ def _substituted(phase: ReduceLoop | FullLoop, into: dict[Var, Lin]) -> ReduceLo
     if isinstance(phase, ReduceLoop):
         return ReduceLoop([Acc(a.name, a.kind, value(a.value), a.dtype) for a in phase.accs],
                           [store(st) for st in phase.stores])
-    return FullLoop([store(st) for st in phase.stores])
+    return FullLoop([store(st) for st in phase.stores], phase.old_values)
 
 
 class KernelWriter:
@@ -282,6 +282,8 @@ class KernelWriter:
     def _stores(self, phase: FullLoop, row: ExprPrinter, indent: str) -> None:
         """A pass over the row's element stores, as the body of a loop opened at ``indent`` minus one level."""
         body = row.child(self.lines, indent)
+        for load in phase.old_value_loads():  # ([Note: old values loaded first])
+            body.expr(load)
         for st in phase.stores:
             value = body.expr(st.value)
             self.lines.append(f"{indent}{st.buf}[{body.index(st.index)}] = {to_memory(value, st.value.dtype)};")

@@ -62,6 +62,8 @@ def _loop(k: Kernel, facts: dict[KOp, bool], lo: int, hi: int, v: str, lines: li
     body = outer.child(lines, indent + "  ")
     memo: dict[KExpr, KExpr] = {}
     for p in k.phases:
+        for load in p.old_value_loads():  # ([Note: old values loaded first])
+            body.expr(specialize(load, facts, memo))
         for s in p.stores:
             value = body.expr(specialize(s.value, facts, memo))
             lines.append(f"{indent}  {s.buf}[{body.index(s.index)}] = {to_memory(value, s.value.dtype)};")

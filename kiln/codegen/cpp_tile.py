@@ -76,6 +76,8 @@ def write_tiled(k: Kernel, plan: TilePlan, lines: list[str], parallel_min_work: 
     lines.append(f"{body_ind}const int64_t {b.name} = b0 + bb;")
     body = ExprPrinter(lines, body_ind, names)
     for p in k.phases:
+        for load in p.old_value_loads():  # ([Note: old values loaded first])
+            body.expr(load)
         for s in p.stores:
             value = body.expr(s.value)
             lines.append(f"{body_ind}{s.buf}[{body.index(s.index)}] = {to_memory(value, s.value.dtype)};")

@@ -288,6 +288,8 @@ class TritonKernelWriter:
         p = TritonPrinter(self.lines, ind, "xmask", names=self._names())
         for phase in self.k.phases:
             assert isinstance(phase, FullLoop)
+            for load in phase.old_value_loads():  # ([Note: old values loaded first])
+                p.expr(load)
             for st in phase.stores:
                 self._store(p, st, "xmask", ind)
 
@@ -319,6 +321,8 @@ class TritonKernelWriter:
             stride *= size
         p = TritonPrinter(self.lines, ind, "xmask", names=self._names())
         for phase in self.k.phases:
+            for load in phase.old_value_loads():  # ([Note: old values loaded first])
+                p.expr(load)
             for st in phase.stores:
                 self._store(p, st, "xmask", ind)
 

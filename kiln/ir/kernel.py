@@ -139,7 +139,23 @@ class RowAssign:
 
 @dataclasses.dataclass
 class FullLoop:
+    """An elementwise pass.  [Note: old values loaded first] ``old_values``: buffers this pass stores that its
+    values read as they were before the pass (inputs updated in place, schedule/write_back.py): every code
+    generator loads them for an element before it stores any of that element's values, so the stores may come in
+    any order - SGD's parameter update reads the old momentum while the momentum's reads the old parameter.  Any
+    other buffer a pass stores and loads is read after its store (a value stored, then read back)."""
     stores: list[Store]
+    old_values: frozenset[str] = frozenset()
+
+    def old_value_loads(self) -> list[KLoad]:
+        """The loads of ``old_values`` in the stores' values, each once, to be emitted before any store."""
+        found: dict[KLoad, None] = {}
+        if self.old_values:
+            for st in self.stores:
+                for x in subexprs(st.value):
+                    if isinstance(x, KLoad) and x.buf in self.old_values:
+                        found[x] = None
+        return list(found)
 
 
 @dataclasses.dataclass
@@ -383,7 +399,7 @@ def map_phases(kernel: Kernel, value: Callable[[KExpr], KExpr],
         elif isinstance(p, RowAssign):
             phases.append(RowAssign(p.name, value(p.value)))
         elif isinstance(p, FullLoop):
-            phases.append(FullLoop([store(s) for s in p.stores]))
+            phases.append(FullLoop([store(s) for s in p.stores], p.old_values))
         else:
             phases.append(RowStore(store(p.store)))
     return phases

@@ -26,6 +26,7 @@ from kiln.schedule.fuse import Group, partition
 from kiln.schedule.kernel_build import NotFusable, build_kernel
 from kiln.schedule.layout import VIEW_COPY, WEIGHT_COPY, choose_layouts, library_layouts, relayout_copies
 from kiln.schedule.program import build_program
+from kiln.schedule.streams import split_streams
 from kiln.schedule.write_back import write_backs_in_place
 
 
@@ -112,6 +113,7 @@ def build_cpu(graph: Graph, report: CompileReport, arena: bool = True,
     copied = relayout_copies(graph, plan, weights=False)
     if copied is not graph:
         graph, plan = copied, make_plan(copied)
+    plan = split_streams(plan)  # ([Note: loops over few streams])
     own = choices is None
     choices = Choices.for_compile(report.mode) if own else choices
     try:

@@ -17,11 +17,12 @@ Conditions, each for a reason:
   pointwise kernel (one loop; an epilogue of a library call or a reduction keeps its copy);
 - every load of ``x`` in that kernel is at the store's index, and ``y``'s value loads it (or nothing in the
   kernel loads ``x``): element ``e`` of ``x`` is then read only where element ``e`` of ``y`` is computed;
-- the stores that write inputs move to the end of the kernel, each after every store whose value loads the input
-  it writes (``p' = f(p, m', v')`` recomputes ``m'`` from the old ``m``: ``m``'s store comes after ``p``'s); where
-  no such order exists (SGD: the parameter's update reads the old momentum, the momentum's the old parameter) one
-  of them keeps its own buffer and is copied into its input by the kernel's last store, the element just
-  written read back by the program that wrote it (``p' -> T; m <- h(m, p); p <- T``: no load of ``p`` follows);
+- the stores may come in any order: the kernel's loop names the inputs it writes as ``old_values``, which every
+  code generator loads for an element before storing any of its values ([Note: old values loaded first],
+  ir/kernel.py) - ``p' = f(p, m', v')`` recomputes ``m'`` from the old ``m`` whichever of ``p`` and ``m`` is stored
+  first, and SGD's update (the parameter's new value reads the old momentum, the momentum's the old parameter)
+  needs no buffer of its own (it once kept one, copied into the parameter last: two more passes over the
+  parameters, 0.58x Inductor's step);
 - nothing after the kernel reads ``x`` (it would see the new value), and nothing else writes ``x``; kernels after
   it that read ``y`` load ``x``'s buffer instead (a library call reading ``y`` keeps the copy: ``y`` has no
   buffer of its own now); ``y`` is not a result of the graph, and nothing reads the copy's result.
@@ -103,24 +104,6 @@ def _rename_loads(kernel: Kernel, old: str, new: str) -> None:
     kernel.__dict__.pop("_frozen_buffers", None)
 
 
-def _order(stores: list[Store], moved: dict[str, str]) -> list[Store] | None:
-    """The stores with those into inputs (``moved``: y's buffer -> x's) last, each after every store whose value
-    loads the input it writes; None if no such order exists."""
-    kept = [s for s in stores if s.buf not in moved]
-    pending = [s for s in stores if s.buf in moved]
-    done: list[Store] = []
-    while pending:
-        for s in pending:
-            target = moved[s.buf]
-            if not any(_loads(o.value, target) for o in pending if o is not s):
-                done.append(s)
-                pending.remove(s)
-                break
-        else:
-            return None
-    return kept + done
-
-
 def write_backs_in_place(plan: Plan, graph: Graph) -> Plan:
     """``plan`` with each write-back the conditions allow made by its kernel, the others that copy a kernel's
     result made by copy kernels (module docstring)."""
@@ -177,33 +160,19 @@ def _stored_in_place(plan: Plan, graph: Graph, users: dict[Node, list[Node]]) ->
         dropped[c] = (k, by, renamed)
     if not chosen:
         return plan
-    copied: set[str] = set()  # y's buffers kept, their copies made at the end of the kernel
-    for k, moved in list(chosen.items()):
+    for k, moved in chosen.items():
         kernel = plan.steps[k]
-        stores = [st for p in kernel.phases for st in p.stores]
-        ordered = _order(stores, moved)
-        last: list[Store] = []
-        while ordered is None:  # (a cycle: one store keeps its own buffer, copied into the input last; again)
-            by = next(iter(moved))
-            bx = moved.pop(by)
-            store = next(st for st in stores if st.buf == by)
-            last.append(Store(bx, store.index, KLoad(by, store.index, store.value.dtype)))
-            plan.stored_into[bx] = node_of[by]
-            copied.add(by)
-            ordered = _order(stores, moved)
         for by, bx in moved.items():
             plan.stored_into[bx] = node_of[by]
-        stores = [Store(moved.get(st.buf, st.buf), st.index, st.value) for st in ordered] + last
-        kernel.phases = [FullLoop(stores)]
+        stores = [Store(moved.get(st.buf, st.buf), st.index, st.value) for p in kernel.phases for st in p.stores]
+        kernel.phases = [FullLoop(stores, frozenset(moved.values()))]
         kernel.__dict__.pop("_frozen_buffers", None)
         kernel.reason += "; " + ", ".join(f"{b} stored into input {moved[b]} (write-back in place)" for b in moved)
-        kernel.reason += "".join(f"; {st.value.buf} copied into input {st.buf} last (write-back)" for st in last)
     for k, by, renamed in dropped.values():
-        if by not in copied:  # (a copied y keeps its buffer: its readers read it there)
-            for t in renamed:
-                _rename_loads(t, by, chosen[k][by])
+        for t in renamed:
+            _rename_loads(t, by, chosen[k][by])
     gone = {c for c in dropped}
-    gone_y = {by for _, by, _ in dropped.values()} - copied
+    gone_y = {by for _, by, _ in dropped.values()}
     plan.steps = [s for c, s in enumerate(plan.steps) if c not in gone]
     for n in [n for n, b in plan.buffer_of.items() if b in gone_y]:
         del plan.buffer_of[n]
