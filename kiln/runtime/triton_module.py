@@ -838,6 +838,10 @@ class _EmulatedGraph:
                 # outputs' aliases share the static tensor's (autograd saved them: a bump would fail the backward)
                 writer = torch.empty(0, dtype=static.dtype)
                 writer.set_(static.untyped_storage(), static.storage_offset(), static.shape, static.stride())
+                for d, step in enumerate(static.stride()):  # (an expanded output: its buffer's elements once)
+                    if step == 0:
+                        writer, value = writer.narrow(d, 0, min(1, writer.shape[d])), \
+                            value.narrow(d, 0, min(1, value.shape[d]))
                 writer.copy_(value)
                 del writer
 

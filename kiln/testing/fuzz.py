@@ -238,13 +238,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2) // 2), help="worker processes")
     ap.add_argument("--group", type=int, default=4, help="programs per compiled function (see [Note: groups])")
     ap.add_argument("--check", action="store_true", help="compile with KILN_CHECK (kiln names the step that errs)")
+    ap.add_argument("--mode", default="default", choices=["default", "reduce-overhead"],
+                    help="reduce-overhead: CUDA graphs replayed (emulated on the CPU), outputs held across replays "
+                         "checked ([Note: fuzzing replays])")
     ap.add_argument("--json", help="write every result as JSON to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.worker:
         worker_main()
         return 0
-    options = {"check": True} if args.check else None
+    options = {"check": True} if args.check else {}
+    if args.mode != "default":
+        options.update(mode=args.mode, emulate_cuda_graphs=True)
+    options = options or None
     summary = run_seeds(_seed_range(args.seeds), dtype=args.dtype, size=args.size, jobs=args.jobs,
                         group=args.group, options=options)
     print(summary.format())

@@ -295,3 +295,14 @@ def test_found_reproducer_passes(name):
     spec.loader.exec_module(module)
     torch._dynamo.reset()
     module.check("kiln")
+
+
+def test_ci_programs_replayed_under_reduce_overhead_match_eager():
+    """[Note: fuzzing replays]: 60 programs (other seeds than the run above) in reduce-overhead with CUDA graphs
+    emulated on the CPU - three calls on fresh inputs before the compared one, which replays; the first call's
+    outputs, held across the replays, keep eager's values.  ~20 s on the 2-core dev box."""
+    options = {"mode": "reduce-overhead", "emulate_cuda_graphs": True}
+    summary = fuzz.run_seeds(list(range(5000, 5060)), size="ci", jobs=CI_JOBS, group=CI_GROUP, log=None,
+                             options=options)
+    assert not summary.failing(), summary.format()
+    assert summary.counts()["ok"] >= 55, summary.format()
