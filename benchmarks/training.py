@@ -188,6 +188,8 @@ class Run:
             torch.cuda.reset_peak_memory_stats()
         sync()
         start = time.perf_counter()
+        if self.backend == "inductor-ro":  # (cudagraph trees: a new step begins - else a compiled opt.step reading
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs is refused as overwritten)
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.autocast):
             loss = self.loss_fn(self.fn(*inputs), target)
