@@ -1,0 +1,66 @@
+"""[Note: column reductions on the GPU] (codegen/triton.py ``column_reduction``): reductions over the outer
+dimension - bias and LayerNorm-weight gradients, ``x.sum(0)`` - take ``COLUMN_XBLOCK`` columns a program and loop
+over rows, their loads contiguous; the results eager's for every kind, with prologues and epilogues, sizes that
+do not divide the blocks, short reductions (one block: persistent) and half precision.  Runs on the GPU when there
+is one, else under Triton's interpreter on CPU tensors (CI)."""
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+from kiln.codegen.triton import COLUMN_XBLOCK, column_reduction
+from kiln.report import mark, reports_since
+from tests.gpu.conftest import DEVICE
+
+CASES = {
+    "sum": lambda x, y: x.sum(0),
+    "mean-3d": lambda x, y: x.reshape(2, -1, x.shape[-1]).mean((0, 1)),
+    "var": lambda x, y: x.var(0),
+    "amax-amin": lambda x, y: (x.amax(0), x.amin(0)),
+    "prologue-epilogue": lambda x, y: ((x * y).sum(0) * 2 + 1, y.sum(0)),
+    "softmax-dim0": lambda x, y: torch.softmax(x, 0),
+}
+
+
+def _columns(position):
+    return [k for r in reports_since(position) for k in r.kernels if column_reduction(k)]
+
+
+@pytest.mark.parametrize("shape", [(96, 130), (20, 64), (300, 3)], ids=["looped", "persistent", "narrow"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_column_reductions_match_eager(name, dtype, shape):
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=DEVICE).to(dtype)
+    y = torch.randn(shape, device=DEVICE).to(dtype)
+    fn = CASES[name]
+    position = mark()
+    got = kiln.compile(fn, target="triton", fallback=False)(x, y)
+    want = fn(x.float(), y.float())
+    got, want = (got, want) if isinstance(got, tuple) else ((got,), (want,))
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a.float(), e, rtol=tol, atol=tol * max(1.0, e.abs().max().item()))
+    if name in ("sum", "prologue-epilogue") and shape[1] > 8:
+        chosen = _columns(position)
+        assert chosen and all(k.schedule.xblock == min(COLUMN_XBLOCK, 1 << (shape[1] - 1).bit_length())
+                              for k in chosen), [(k.name, k.schedule) for r in reports_since(position)
+                                                 for k in r.kernels]
+
+
+def test_training_bias_and_layer_norm_gradients_match_eager():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(48, 96), nn.GELU(), nn.LayerNorm(96), nn.Linear(96, 40)).to(DEVICE)
+    ref = [p.detach().clone() for p in model.parameters()]
+    x = torch.randn(4, 50, 48, device=DEVICE)
+    position = mark()
+    out = kiln.compile(model, target="triton", fallback=False)(x)
+    out.square().mean().backward()
+    got = [p.grad.clone() for p in model.parameters()]
+    for p, r in zip(model.parameters(), ref):
+        p.grad = None
+        p.data.copy_(r)
+    model(x).square().mean().backward()
+    for a, p in zip(got, model.parameters()):
+        torch.testing.assert_close(a, p.grad, rtol=1e-4, atol=1e-4 * max(1.0, p.grad.abs().max().item()))
+    assert _columns(position)  # (the bias and LayerNorm-weight gradients)
