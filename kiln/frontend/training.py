@@ -24,7 +24,7 @@ backward ([Note: recompute what the backward can rebuild], frontend/partition.py
 model coexist: TorchDynamo guards on grad mode, and an inference graph compiled while training goes on notices
 its frozen weights changing ([Note: frozen weights that change], compiler.py).
 
-With ``Config.training_cuda_graphs`` (off until measured on a GPU: built in session 39 without one), under
+With ``Config.training_cuda_graphs`` (on since session 42, when the H100 measured it: benchmarks/RESULTS.md), under
 reduce-overhead (and max-autotune) both graphs replay CUDA graphs, as inference graphs do; off, they run as in
 default mode and the report says so.  The forward's recording reads the parameters where they lie and copies only
 the batch; the backward's reads the saved activations - the forward replay's outputs, at the same addresses every

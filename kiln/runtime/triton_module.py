@@ -510,7 +510,9 @@ class GraphReplay:
         self.streak: list[int] = []  # per copied input: calls in a row at the previous call's address
         self.last_addresses: tuple = ()
         self.moved: set[int] = set()  # inputs once read in place that came elsewhere later: copied for good
-        self.settle = config.get().cuda_graph_inputs_in_place  # (off: every input of the graph on copies copied)
+        # (off: every input of the graph on copies copied; a training graph always reads its parameters and saved
+        # activations in place)
+        self.settle = config.get().cuda_graph_inputs_in_place or not self.keyed
         self.copy_recordings = 0
         self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
         self.device_type = module.device.type  # (cuda; cpu where CUDA graphs are emulated)

@@ -123,7 +123,8 @@ def test_held_outputs_keep_their_values_across_replays(counted):
             held.append((compiled(x), model(x)))
     for got, want in held:  # every earlier output moved onto a copy before the replay that overwrote its buffer
         torch.testing.assert_close(got, want, rtol=1.3e-5, atol=1.5e-5)
-    assert len(recorded) == 1 and len(replayed) >= 5, (recorded, replayed)
+    # (the graph on copies; the allocator may hand a later input an address seen before: a keyed graph)
+    assert 1 <= len(recorded) <= 1 + triton_module.GraphReplay.MAX_GRAPHS and len(replayed) >= 5, (recorded, replayed)
 
 
 def test_alternating_buffers_get_a_graph_each(counted):
