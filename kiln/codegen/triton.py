@@ -51,6 +51,7 @@ BLOCK_ELEMENTS = 2048   # target elements per program for reductions over short 
 POINTWISE_BLOCK = 1024
 COLUMN_XBLOCK = 64      # columns a program of a column reduction ([Note: column reductions on the GPU])
 COLUMN_RBLOCK = 32      # rows per step of its loop
+COLUMN_PROGRAMS = 128   # programs a column reduction keeps at least (before its columns a program grow)
 # Persistent rows of at least this many (padded) elements run one row per program in 1-D blocks, 2-8 warps -
 # Inductor's default for such reductions (XBLOCK=1, RBLOCK=rnumel, rnumel/128 warps).  Before: two rows of 768 or
 # 1024 per program in [2, RBLOCK] blocks, 4 warps, and kiln's LayerNorms took ~2.3 us where Inductor's took ~1.5
@@ -142,8 +143,11 @@ def schedule_for(k: Kernel, env: dict[str, int] | None = None, symbolic: bool | 
     if not k.is_reduction:
         xblock = max(16, min(POINTWISE_BLOCK, _pow2(rows)))
         return TritonSchedule(xblock, 0, True, _warps(xblock), -(-rows // xblock))
-    if column_reduction(k):
-        xblock = min(COLUMN_XBLOCK, _pow2(rows))
+    # (as many columns a program as keeps ``COLUMN_PROGRAMS`` programs: C=768 gets 4 a program, C=3072 16 - 64
+    # for every width left a 768-wide gradient on 12 programs, 2.6x slower than a column each on the H100; a
+    # reduction too narrow for 2 a program keeps one row a program)
+    xblock = min(COLUMN_XBLOCK, _pow2(rows), _pow2_floor(rows // COLUMN_PROGRAMS))
+    if xblock >= 2 and column_reduction(k):
         if k.rsize <= COLUMN_RBLOCK:
             return TritonSchedule(xblock, max(2, _pow2(k.rsize)), True, _warps(xblock * _pow2(k.rsize)),
                                   -(-rows // xblock))
@@ -176,11 +180,16 @@ def column_reduction(k: Kernel) -> bool:
         if isinstance(p, ReduceLoop):
             for a in p.accs:
                 for ld in subexprs(a.value):
-                    if isinstance(ld, KLoad):
+                    if isinstance(ld, KLoad) and ld.index.coefficient(x) != 0:  # (a per-row vector decides nothing)
                         step = ld.index.coefficient(r)
                         columns += ld.index.coefficient(x) == 1 and step not in (0, 1)
                         rows += step == 1
     return columns > rows
+
+
+def _pow2_floor(n: int) -> int:
+    """The largest power of two at most ``n`` (1 for ``n`` below 2)."""
+    return 1 << max(n, 1).bit_length() - 1
 
 
 def _size(x: object) -> str:

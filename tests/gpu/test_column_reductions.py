@@ -1,6 +1,6 @@
 """[Note: column reductions on the GPU] (codegen/triton.py ``column_reduction``): reductions over the outer
-dimension - bias and LayerNorm-weight gradients, ``x.sum(0)`` - take ``COLUMN_XBLOCK`` columns a program and loop
-over rows, their loads contiguous; the results eager's for every kind, with prologues and epilogues, sizes that
+dimension - bias and LayerNorm-weight gradients, ``x.sum(0)`` - take up to ``COLUMN_XBLOCK`` columns a program and
+loop over rows, their loads contiguous; the results eager's for every kind, with prologues and epilogues, sizes that
 do not divide the blocks, short reductions (one block: persistent) and half precision.  Runs on the GPU when there
 is one, else under Triton's interpreter on CPU tensors (CI)."""
 import pytest
@@ -29,7 +29,9 @@ def _columns(position):
 @pytest.mark.parametrize("shape", [(96, 130), (20, 64), (300, 3)], ids=["looped", "persistent", "narrow"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
 @pytest.mark.parametrize("name", list(CASES))
-def test_column_reductions_match_eager(name, dtype, shape):
+def test_column_reductions_match_eager(name, dtype, shape, monkeypatch):
+    from kiln.codegen import triton as triton_codegen
+    monkeypatch.setattr(triton_codegen, "COLUMN_PROGRAMS", 2)  # (the small shapes here would keep one a program)
     torch.manual_seed(0)
     x = torch.randn(shape, device=DEVICE).to(dtype)
     y = torch.randn(shape, device=DEVICE).to(dtype)
@@ -43,12 +45,13 @@ def test_column_reductions_match_eager(name, dtype, shape):
         torch.testing.assert_close(a.float(), e, rtol=tol, atol=tol * max(1.0, e.abs().max().item()))
     if name in ("sum", "prologue-epilogue") and shape[1] > 8:
         chosen = _columns(position)
-        assert chosen and all(k.schedule.xblock == min(COLUMN_XBLOCK, 1 << (shape[1] - 1).bit_length())
-                              for k in chosen), [(k.name, k.schedule) for r in reports_since(position)
-                                                 for k in r.kernels]
+        assert chosen and all(2 <= k.schedule.xblock <= min(COLUMN_XBLOCK, shape[1] // 2) for k in chosen), \
+            [(k.name, k.schedule) for r in reports_since(position) for k in r.kernels]
 
 
-def test_training_bias_and_layer_norm_gradients_match_eager():
+def test_training_bias_and_layer_norm_gradients_match_eager(monkeypatch):
+    from kiln.codegen import triton as triton_codegen
+    monkeypatch.setattr(triton_codegen, "COLUMN_PROGRAMS", 2)
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(48, 96), nn.GELU(), nn.LayerNorm(96), nn.Linear(96, 40)).to(DEVICE)
     ref = [p.detach().clone() for p in model.parameters()]
