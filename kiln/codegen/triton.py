@@ -147,7 +147,7 @@ def schedule_for(k: Kernel, env: dict[str, int] | None = None, symbolic: bool | 
     # for every width left a 768-wide gradient on 12 programs, 2.6x slower than a column each on the H100; a
     # reduction too narrow for 2 a program keeps one row a program)
     xblock = min(COLUMN_XBLOCK, _pow2(rows), _pow2_floor(rows // COLUMN_PROGRAMS))
-    if xblock >= 2 and column_reduction(k):
+    if xblock >= 2 and config.get().gpu_column_reductions and column_reduction(k):
         if k.rsize <= COLUMN_RBLOCK:
             return TritonSchedule(xblock, max(2, _pow2(k.rsize)), True, _warps(xblock * _pow2(k.rsize)),
                                   -(-rows // xblock))
@@ -166,7 +166,8 @@ def column_reduction(k: Kernel) -> bool:
     innermost kept dimension, strided along the reduced one (a bias or LayerNorm-weight gradient: ``[B*T, C]``
     summed over ``B*T``)?  One row a program would read each column alone, a 2-byte element per 32-byte sector
     (a GPT training step's bias gradients: 87 us a kernel on the H100 for 12 MB); ``COLUMN_XBLOCK`` columns a
-    program, looped over ``COLUMN_RBLOCK`` rows at a time, read whole sectors.  Only pure reductions (reduction
+    program, looped over ``COLUMN_RBLOCK`` rows at a time, read whole sectors (off by default until measured on a
+    GPU: ``Config.gpu_column_reductions``, benchmarks/RESULTS.md session 42).  Only pure reductions (reduction
     passes and row stores: no elementwise pass over the row, no row scratch, no argmax - the looped writer's
     [XBLOCK, RBLOCK] blocks serve those one row at a time)."""
     if not k.is_reduction or not k.outer or k.scratch or type(k.rsize) is not int or \
