@@ -78,13 +78,11 @@ def test_training_steps_replay_one_recording_per_graph_and_match_eager(counted):
     assert len(forward.in_place) >= params and len(backward.in_place) >= len(backward.expected) - 2
 
 
-def test_gradient_accumulation_keeps_the_first_forwards_activations(counted):
-    recorded, replayed, _ = counted
-    model = _mlp()
-    ref = copy.deepcopy(model)
-    compiled = kiln.compile(model, **TRAINING)
-    for step in range(6):
-        xs = [torch.randn(32, 64, generator=torch.Generator().manual_seed(10 * step + k)) for k in range(2)]
+def accumulate_two_forwards(compiled, model, ref, steps, device="cpu"):
+    """Gradient accumulation: two forwards, then both backwards, each step; gradients checked against eager's
+    (the GPU's test of real CUDA graphs runs this too)."""
+    for step in range(steps):
+        xs = [torch.randn(32, 64, generator=torch.Generator().manual_seed(10 * step + k)).to(device) for k in range(2)]
         for fn, m in ((compiled, model), (ref, ref)):
             m.zero_grad(set_to_none=True)
             losses = [fn(x).square().mean() for x in xs]  # two forwards, then both backwards
@@ -92,6 +90,13 @@ def test_gradient_accumulation_keeps_the_first_forwards_activations(counted):
                 loss.backward()
         for p, q in zip(model.parameters(), ref.parameters()):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+
+
+def test_gradient_accumulation_keeps_the_first_forwards_activations(counted):
+    recorded, replayed, _ = counted
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    accumulate_two_forwards(kiln.compile(model, **TRAINING), model, ref, 6)
     assert recorded and replayed  # (the checks above ran on replays)
 
 
