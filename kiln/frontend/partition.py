@@ -537,3 +537,77 @@ def _storage_root(node: torch.fx.Node) -> torch.fx.Node:
 def _order_of(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
     """Each node's position in ``graph``."""
     return {n: i for i, n in enumerate(graph.nodes)}
+
+
+def save_view_bases(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_outputs: int) -> int:
+    """[Note: saved views travel as their bases] A saved value that is a strided view of another forward value
+    (attention's ``transpose(q)``, ``[B*H, D, T]`` over a ``[B*H, T, D]`` buffer) reaches the backward as a
+    non-contiguous input, which kiln's compiled backward reads through a contiguous copy - one copy of each such
+    activation at every step (13 in a 4-layer GPT's backward; on the H100 28 ATen copy kernels a step).  Saving
+    the view's base instead and taking the view again in the backward costs nothing: a view keeps its base's
+    memory alive anyway, and a view op is free::
+
+        before:  forward -> saved: transpose_22 (strided view of bmm_3)     backward: bmm(transpose_22, grad)
+        after:   forward -> saved: bmm_3                                    backward: bmm(transpose(bmm_3), grad)
+
+    Only chains of views (no size taken from another node) over a contiguous base computed by the forward (not
+    one of its inputs).  Returns how many saved values
+    were replaced; the graphs are left as they were where there are none."""
+    out_node = fw.graph.output_node()
+    outputs = list(out_node.args[0])
+    saved = outputs[num_fwd_outputs:]
+    bw_inputs = {n.name: n for n in bw.graph.nodes if n.op == "placeholder"}
+    if not all(isinstance(s, torch.fx.Node) and s.name in bw_inputs for s in saved):
+        return 0
+    swaps: list[tuple[torch.fx.Node, list[torch.fx.Node], torch.fx.Node]] = []  # (saved view, its chain, base)
+    for s in saved:
+        value = s.meta.get("val")
+        if not isinstance(value, torch.Tensor) or value.is_contiguous():
+            continue
+        chain, node = [], s
+        while node.op == "call_function" and node.target in _VIEWS and isinstance(node.args[0], torch.fx.Node) \
+                and not any(isinstance(a, torch.fx.Node) for a in [*node.args[1:], *node.kwargs.values()]):
+            chain.append(node)
+            node = node.args[0]
+        base = node.meta.get("val")
+        # (a forward input as the base - a transposed weight - stays a view: AOTAutograd hands saved inputs over
+        # by its own rules, which a swap here broke under symbolic sizes)
+        if not chain or node.op != "call_function" or not isinstance(base, torch.Tensor) or not base.is_contiguous():
+            continue
+        swaps.append((s, chain[::-1], node))
+    if not swaps:
+        return 0
+    names = [s.name for s in saved]
+    descs = out_node.meta.get("desc")
+    described = isinstance(descs, list) and len(descs) == len(outputs) and all(d is not None for d in descs)
+    kinds = [type(d) for d in descs[num_fwd_outputs:]] if described else [None] * len(saved)
+    for view, chain, base in swaps:
+        old = bw_inputs[view.name]
+        position = names.index(view.name)
+        if base.name in names:  # (the base is saved already: the view goes, its users read the base's input)
+            source = bw_inputs[base.name]
+            del names[position], saved[position], kinds[position]
+        else:
+            with bw.graph.inserting_before(old):
+                source = bw.graph.placeholder(base.name)
+            source.meta = dict(base.meta)
+            bw_inputs[base.name] = source
+            names[position] = base.name
+            saved[position] = base
+        env = {base: source}
+        anchor = min(old.users, key=_order_of(bw.graph).__getitem__) if old.users else None
+        with bw.graph.inserting_before(anchor) if anchor is not None else bw.graph.inserting_after(source):
+            for node in chain:
+                env[node] = bw.graph.node_copy(node, lambda a: env[a])
+        old.replace_all_uses_with(env[chain[-1]])
+        bw.graph.erase_node(old)
+    out_node.args = (tuple(outputs[:num_fwd_outputs] + saved),)
+    if described:
+        out_node.meta["desc"] = descs[:num_fwd_outputs] + [k(i) for i, k in enumerate(kinds)]
+    fw.graph.eliminate_dead_code()
+    bw.graph.eliminate_dead_code()
+    fw.graph.lint()
+    bw.graph.lint()
+    fw.recompile()
+    bw.recompile()
+    return len(swaps)

@@ -58,7 +58,7 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
 
     from kiln.compiler import compile_aten_graph
     from kiln.frontend.decompositions import decomposition_table
-    from kiln.frontend.partition import Recomputed, recompute_saved
+    from kiln.frontend.partition import Recomputed, recompute_saved, save_view_bases
 
     graph_mode = mode
     on_gpu = any(isinstance(x, torch.Tensor) and x.is_cuda for x in example_inputs)
@@ -75,7 +75,9 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
         fw, bw = min_cut_rematerialization_partition(joint, joint_inputs, compiler="inductor", **kwargs)
         moved = recompute_saved(fw, bw, kwargs["num_fwd_outputs"], cfg.training_memory_budget) \
             if cfg.training_recompute else Recomputed()
-        described = moved.describe()
+        bases = save_view_bases(fw, bw, kwargs["num_fwd_outputs"])  # ([Note: saved views travel as their bases])
+        described = moved.describe() + (f"{'; ' if moved.describe() else ''}{bases} strided saved views handed "
+                                        f"over as their bases" if bases else "")
         partition["summary"] = partition_summary(bw) + (f"; {described}" if described else "")
         return fw, bw
 
