@@ -497,13 +497,16 @@ def recompute_saved(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_
         kinds = [plain] * len(needed) + kinds
         out_node.meta["desc"] = descs[:num_fwd_outputs] + [k(i) if k is not None else None
                                                              for i, k in enumerate(kinds)]
-    fw.graph.eliminate_dead_code()
-    bw.graph.eliminate_dead_code()
-    fw.graph.lint()
-    bw.graph.lint()
-    fw.recompile()
-    bw.recompile()
+    _tidy(fw, bw)
     return done
+
+
+def _tidy(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule) -> None:
+    """Both graphs after a rewrite: dead nodes gone, checked, their code made again."""
+    for gm in (fw, bw):
+        gm.graph.eliminate_dead_code()
+        gm.graph.lint()
+        gm.recompile()
 
 
 def _reads(node: torch.fx.Node, available: set[str]) -> list[torch.fx.Node]:
@@ -604,10 +607,5 @@ def save_view_bases(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_
     out_node.args = (tuple(outputs[:num_fwd_outputs] + saved),)
     if described:
         out_node.meta["desc"] = descs[:num_fwd_outputs] + [k(i) for i, k in enumerate(kinds)]
-    fw.graph.eliminate_dead_code()
-    bw.graph.eliminate_dead_code()
-    fw.graph.lint()
-    bw.graph.lint()
-    fw.recompile()
-    bw.recompile()
+    _tidy(fw, bw)
     return len(swaps)
