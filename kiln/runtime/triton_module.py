@@ -669,13 +669,14 @@ def _without_base(o: torch.Tensor) -> torch.Tensor:
 def _view_of_input(o: torch.Tensor, inputs: list[torch.Tensor]) -> tuple[int, tuple, int] | None:
     """([Note: outputs that are inputs]) (input index, that input's strides, ``o``'s offset from it) where
     output ``o`` is a view lying within input ``j``'s elements (same dtype), else None."""
+    if min(o.stride(), default=0) < 0:
+        return None
     p = o.untyped_storage().data_ptr()
+    o_lo, o_hi = _extent(o)
     for j, x in enumerate(inputs):
-        if x.untyped_storage().data_ptr() != p or x.dtype != o.dtype or min(x.stride(), default=0) < 0 \
-                or min(o.stride(), default=0) < 0:
+        if x.untyped_storage().data_ptr() != p or x.dtype != o.dtype or min(x.stride(), default=0) < 0:
             continue
         lo, hi = _extent(x)
-        o_lo, o_hi = _extent(o)
         if lo <= o_lo and o_hi <= hi:
             return j, x.stride(), o.storage_offset() - x.storage_offset()
     return None
@@ -722,9 +723,6 @@ class _Recording:
         self.outputs = [_without_base(o) if alias else o for o, alias in zip(outputs, self.aliased)]
         self.handed: list[weakref.ref | None] = [None] * len(outputs)
         self.of_input = [_view_of_input(o, inputs) for o in outputs]
-        self.note_outputs()
-
-    def note_outputs(self) -> None:
         for o, alias in zip(self.outputs, self.aliased):
             if alias:  # (outputs handed out as copies are never read where they lie)
                 _recorded_outputs[o.untyped_storage().data_ptr()] = o
@@ -795,8 +793,8 @@ class _EmulatedGraph:
     see, without a GPU, which calls of a real workload (a training loop, a decoding loop) replay and which run
     plainly or record again.  A CUDA graph's replay reruns the recorded kernels at the recorded addresses: it
     reads the input buffers as they are at the replay and writes the same output buffers every time.  This
-    stands in for one: ``replay`` reruns the module on the recorded input tensors and copies its results into
-    the recorded outputs.  Not emulated: intermediates in a private memory pool (the module allocates as it
+    stands in for one: ``replay`` reruns the module on what lies at the recorded input addresses and copies its
+    results into the recorded outputs.  Not emulated: intermediates in a private memory pool (the module allocates as it
     always does), and an output that views an input the graph updates views a copy of it here (the recording
     run works on copies of updated inputs, as the real warm-up does, so that the update happens once, at the
     replay).  Slower than a plain call (a copy per output): for diagnosis and tests, never for speed."""
