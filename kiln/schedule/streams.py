@@ -75,7 +75,7 @@ def _split(k: Kernel, dtype_of: dict[str, torch.dtype]) -> list[Kernel] | None:
     size = numel(k.outer)
     if not isinstance(size, int):
         return None
-    everything = set().union(*(_buffers(st) for st in loop.stores)) if loop.stores else set()
+    everything = arrays(k)
     if len(everything) <= MAX_STREAMS or any(
             size * torch.empty((), dtype=dtype_of.get(b, torch.float32)).element_size() < MIN_BYTES
             for b in everything):
@@ -106,11 +106,11 @@ def _split(k: Kernel, dtype_of: dict[str, torch.dtype]) -> list[Kernel] | None:
 def split_streams(plan: Plan) -> Plan:
     """``plan`` with its wide pointwise kernels split into loops over few arrays (module docstring)."""
     dtype_of = {name: n.dtype for n, name in plan.buffer_of.items()}
+    node_of = {name: n for n, name in plan.buffer_of.items()}
     replaced: dict[int, list[Kernel]] = {}
     for s in plan.steps:
         parts = _split(s, dtype_of) if isinstance(s, Kernel) else None
         if parts is not None:
-            node_of = {name: n for n, name in plan.buffer_of.items()}
             for part in parts:  # (the nodes each part stores, for the report; all where none is found)
                 stored = {st.buf for st in part.phases[0].stores}
                 mine = {node_of.get(b) for b in stored} | {plan.stored_into.get(b) for b in stored}
