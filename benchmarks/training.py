@@ -6,7 +6,8 @@ memory, and how far each compiled run's loss and parameters drift from eager's.
                                   [--autocast] [--compile-step] [--foreach] [--profile kiln,inductor] [--json F]
 
 Backends: ``eager``, ``inductor``, ``kiln``, and ``inductor-ro``, ``kiln-ro`` (mode="reduce-overhead": CUDA graphs
-over the forward and backward on a GPU).
+over the forward and backward on a GPU); a kiln backend may carry kiln options, ``kiln-ro:gpu_column_reductions=true``
+(``;`` between options), to A/B them in one process.
 
 A step is what a training loop runs: ``zero_grad(set_to_none=True)``, forward, loss, backward, AdamW's
 ``step()`` (eager in every backend unless ``--compile-step``: then each compiled backend also compiles
@@ -44,6 +45,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from benchmarks.ab_options import _options
 from benchmarks.models import gpt, mlp, resnet18
 
 BACKENDS = ["eager", "inductor", "kiln"]
@@ -168,11 +170,14 @@ class Run:
         if backend == "eager":
             self.fn: Callable = self.model
         else:
-            compiler, _, suffix = backend.partition("-")  # "kiln-ro": kiln in reduce-overhead mode
+            # "kiln-ro": kiln in reduce-overhead mode; "kiln-ro:a=1;b=x": with kiln options (an A/B in one process)
+            name, _, option_text = backend.partition(":")
+            compiler, _, suffix = name.partition("-")
             mode = {"": "default", "ro": "reduce-overhead"}[suffix]
             if compiler == "kiln":
                 import kiln
-                compile_fn: Callable = lambda f: kiln.compile(f, mode=mode)  # noqa: E731
+                options = _options(option_text)
+                compile_fn: Callable = lambda f: kiln.compile(f, mode=mode, **options)  # noqa: E731
             else:
                 compile_fn = lambda f: torch.compile(f, backend=compiler, mode=mode)  # noqa: E731
             self.fn = compile_fn(self.model)
@@ -188,8 +193,8 @@ class Run:
             torch.cuda.reset_peak_memory_stats()
         sync()
         start = time.perf_counter()
-        if self.backend == "inductor-ro":  # (cudagraph trees: a new step begins - else a compiled opt.step reading
-            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs is refused as overwritten)
+        if self.backend.startswith("inductor-ro"):  # (cudagraph trees: a new step begins - else a compiled
+            torch.compiler.cudagraph_mark_step_begin()  # opt.step reading the last replay's outputs is refused)
         self.opt.zero_grad(set_to_none=True)
         with torch.autocast(self.device, dtype=torch.bfloat16, enabled=self.autocast):
             loss = self.loss_fn(self.fn(*inputs), target)
@@ -273,24 +278,27 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
     rows["kiln_graphs"] = [{"name": r.name, "training": r.training, "fallback": r.fallback,
                             "kernels": len(r.kernels or []), "externs": len(r.externs or [])} for r in kiln_reports]
     # (profiled after the drift is taken: the profiled steps move only the profiled runs' parameters)
-    rows["profiles"] = [_profile(name, run, batches(args.steps + 1), args.profile_rows) for run in runs
-                        if run.backend in args.profile.split(",")]
+    rows["profiles"] = [_profile(name, run, batches(args.steps + 1), args.profile_rows, args.profile_ops)
+                        for run in runs if run.backend in args.profile.split(",")]
     return rows
 
 
-def _profile(model: str, run: Run, batch: tuple, rows: int, steps: int = 3) -> str:
+def _profile(model: str, run: Run, batch: tuple, rows: int, ops: int = 0, steps: int = 3) -> str:
     """``steps`` steps of ``run`` under torch.profiler: device time per kernel name (CPU time on the CPU), the
     largest first, and the step's device total against its wall time - where a backend's step goes, the same
-    way for every backend (``--profile kiln,inductor``)."""
+    way for every backend (``--profile kiln,inductor``).  ``ops``: also the ``ops`` ATen copies called most often
+    on the host, by input shapes (in default mode: the copies a compiled graph makes around its kernels)."""
     from torch.profiler import ProfilerActivity, profile
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if run.device == "cuda" else [])
     inputs, target = batch
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=ops > 0) as prof:
         wall = sum(run.step(inputs, target) for _ in range(steps))
     use_device = run.device == "cuda"
     totals: dict[str, list[float]] = {}
     for e in prof.events():
         if use_device and e.device_type.name != "CUDA" or not use_device and e.cpu_parent is not None:
+            continue
+        if e.name.startswith("Optimizer."):  # (the optimizer's range annotation, not a kernel)
             continue
         t = e.device_time if use_device else e.cpu_time
         entry = totals.setdefault(e.name, [0.0, 0])
@@ -303,6 +311,12 @@ def _profile(model: str, run: Run, batch: tuple, rows: int, steps: int = 3) -> s
     for kernel, (t, count) in sorted(totals.items(), key=lambda kv: -kv[1][0])[:rows]:
         lines.append(f"| {kernel[:90]} | {t / steps / 1e3:.3f} | {count / steps:.0f} | "
                      f"{t / max(device_total, 1e-9):.1%} |")
+    if ops:
+        copies = [a for a in prof.key_averages(group_by_input_shape=True)
+                  if a.key in ("aten::copy_", "aten::clone", "aten::contiguous", "aten::_to_copy")]
+        lines += ["| host op | input shapes | calls a step |", "|---|---|---|"]
+        lines += [f"| {a.key} | {str(a.input_shapes)[:100]} | {a.count / steps:.0f} |"
+                  for a in sorted(copies, key=lambda a: -a.count)[:ops]]
     return "\n".join(lines)
 
 
@@ -321,6 +335,7 @@ def main() -> None:
                     help="also train eager in float64 (untimed) and give each run's drift from it")
     ap.add_argument("--profile", default="", help="backends whose steps to profile: kernel times (e.g. kiln,inductor)")
     ap.add_argument("--profile-rows", type=int, default=25)
+    ap.add_argument("--profile-ops", type=int, default=0, help="with --profile: the N host copies called most often")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)

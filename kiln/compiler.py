@@ -240,7 +240,7 @@ def _split_reductions(graph: Any, report: CompileReport) -> Any:
     from kiln.passes.split_reductions import split_reductions
     from kiln.report import PassRecord
     log, start, before = RewriteLog(), time.perf_counter(), len(graph.nodes)
-    graph = split_reductions(graph, log)
+    graph = split_reductions(graph, log, columns=config_mod.get().gpu_split_column_reductions)
     report.passes.append(PassRecord("split_reductions", time.perf_counter() - start, before, len(graph.nodes),
                                     log.notes()))
     return graph

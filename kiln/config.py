@@ -213,11 +213,13 @@ class Config:
     # GPU: a long reduction into few rows (a BatchNorm's channel statistics over N*H*W) runs as two reductions
     # (passes/split_reductions.py, [Note: reductions split for the GPU]).  False: one kernel (the A/B).
     gpu_split_reductions: bool = True
+    # GPU: a long reduction over leading axes into many columns (a bias or LayerNorm-weight gradient) runs as partial
+    # sums over chunks of rows, then their sum ([Note: column reductions split for the GPU]).  False: the A/B.
+    gpu_split_column_reductions: bool = True
     # GPU reductions over columns (bias and LayerNorm-weight gradients) with several columns a program, their loads
-    # contiguous ([Note: column reductions on the GPU], codegen/triton.py).  Off until measured: its first form (64
-    # columns a program at every width) left GPT's largest column reduction as slow as before and made a 768-wide
-    # one 2.6x slower on the H100 (session 42); the form here keeps 128 programs and was not measured on a GPU.
-    gpu_column_reductions: bool = False
+    # contiguous ([Note: column reductions on the GPU], codegen/triton.py).  H100 (session 43, keeping 128 programs):
+    # GPT training step 6.92 -> 6.56 ms, BERT 19.34 -> 18.71.  False: one column a program (the A/B).
+    gpu_column_reductions: bool = True
     # Launch the Triton kernels compiled ahead with kiln's launcher (runtime/gpu_launch.py: one C call into the
     # driver, the grid and launch parameters recorded at build time) instead of Triton's Python launcher (11 us
     # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot
@@ -298,6 +300,7 @@ class Config:
         "write_backs_in_place": ("KILN_WRITE_BACKS_IN_PLACE", bool),
         "horizontal_fusion": ("KILN_HORIZONTAL_FUSION", bool),
         "gpu_split_reductions": ("KILN_GPU_SPLIT_REDUCTIONS", bool),
+        "gpu_split_column_reductions": ("KILN_GPU_SPLIT_COLUMN_REDUCTIONS", bool),
         "gpu_column_reductions": ("KILN_GPU_COLUMN_REDUCTIONS", bool),
         "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),
         "gpu_attention_entry": ("KILN_GPU_ATTENTION_ENTRY", str),
