@@ -96,13 +96,19 @@ def _extremum(fn: str) -> Rule:
     return rule
 
 
-_INTERPRET = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # (as runtime/triton_math.INTERPRET)
+def _interpreted() -> bool:
+    """Will the kernel being written run under Triton's interpreter?  Read when the text is written, not when this
+    module is imported: a generated module is decorated by ``triton.jit`` right after its text is written, and
+    ``triton.jit`` reads ``TRITON_INTERPRET`` then.  (A flag taken at import was stale when kiln's code generator
+    was imported before the environment set it - pytest collecting a CPU test module that imports
+    kiln.runtime.triton_module before tests/gpu/conftest.py sets it: ints cast to bf16 by their bits.)"""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _cast(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
     if d in HALF and ad == torch.bool:  # 0 and 1 are exact (and Triton's interpreter made a bool's bf16 zero:
         return f"{a[0]}.to(tl.float32)"   # fuzz_symbolic --target triton, seed 594)
-    if d == torch.bfloat16 and not ad.is_floating_point and _INTERPRET:
+    if d == torch.bfloat16 and not ad.is_floating_point and _interpreted():
         # Triton 3.6's interpreter converts an int to bf16 by its bits (1 -> 9.2e-41): through fp32 there, which
         # rounds twice only past 2**24 (the GPU's text converts directly)
         return f"{a[0]}.to(tl.float32).to(tl.bfloat16).to(tl.float32)"

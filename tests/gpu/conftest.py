@@ -49,21 +49,3 @@ def compile_and_run(model, *inputs, **options):
         got = kiln.compile(model, target="triton", fallback=False, fullgraph=True, **options)(*inputs)
     [report] = reports_since(position)
     return got, report
-
-
-def in_fresh_process_under_the_interpreter(nodeid: str) -> bool:
-    """Under Triton's interpreter (no GPU), run test ``nodeid`` again in a fresh Python process and assert it passes
-    there; True when the caller should return (it ran elsewhere).  Session 42: these tests computed wrong values
-    only after the whole CPU suite had run in the same process (three full runs, every shorter combination of
-    test folders passing) - interpreter or process state not found yet, see the session's closing note.  The test
-    still checks kiln's kernels; on a GPU it runs in place."""
-    if HAS_CUDA or os.environ.get("KILN_TEST_FRESH_PROCESS"):
-        return False
-    import subprocess
-    import sys
-    env = {**os.environ, "KILN_TEST_FRESH_PROCESS": "1"}
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", nodeid], env=env,
-                          capture_output=True, text=True, cwd=os.path.dirname(os.path.dirname(os.path.dirname(
-                              os.path.abspath(__file__)))))
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
-    return True

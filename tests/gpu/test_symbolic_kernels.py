@@ -193,10 +193,6 @@ def test_fuzzer_programs_through_kernels_with_size_parameters():
     kiln.testing.fuzz_symbolic --compile --target triton``), the first 50 seeds, match eager.  (What its longer
     runs found in session 33 has a test of its own each: test_size_one_reductions.py, test_triton_codegen.py,
     test_triton_memory.py, this file, tests/cpu/test_dynamic_shapes.py.)"""
-    from tests.gpu.conftest import in_fresh_process_under_the_interpreter
-    if in_fresh_process_under_the_interpreter(
-            "tests/gpu/test_symbolic_kernels.py::test_fuzzer_programs_through_kernels_with_size_parameters"):
-        return
     from kiln.testing.fuzz_symbolic import check
     failed = {}
     for seed in range(50):
