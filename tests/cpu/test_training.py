@@ -478,3 +478,25 @@ def test_norms_over_a_symbolic_batch_train_like_eager():
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-4 * q.grad.abs().max().item(),
                                        msg=f"{name} at batch {batch}")
     _compiled_graphs(position)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(padding_idx=0), dict(scale_grad_by_freq=True)],
+                         ids=["plain", "padding_idx", "scale_grad_by_freq"])
+def test_embedding_gradients_are_one_library_call_and_match_eager(options):
+    """An embedding's gradient is ATen's ``embedding_dense_backward`` called whole (its decomposition, an
+    out-of-place ``index_put`` with accumulation, copies the whole zero gradient first): repeated ids summed,
+    the padding row's gradient zero, counts scaled - eager's gradients."""
+    from kiln.ir.ops import Op
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16, **options), nn.Linear(16, 8))
+    ref = copy.deepcopy(model)
+    ids = torch.randint(0, 6, (4, 9))  # (few ids: each repeated)
+    ids[0, :3] = 0
+    position = mark()
+    _compiled(model)(ids).sin().sum().backward()
+    ref(ids).sin().sum().backward()
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-5, atol=1e-6)
+    backward = [r for r in _compiled_graphs(position) if "backward" in r.name]
+    targets = [str(n.attr("target")) for r in backward for n in r.optimized.nodes if n.op is Op.EXTERN]
+    assert "aten.embedding_dense_backward.default" in targets and not any("index_put" in t for t in targets)
