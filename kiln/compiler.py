@@ -172,6 +172,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
              report: CompileReport, arg_names: Sequence[str | None] = (),
              examples: Sequence[Any] | None = None) -> Callable:
     from kiln.frontend.lower import has_symbolic_sizes, lower_fx, symbol_inputs
+    from kiln.frontend.training import dense_outputs
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.ir.graph import compiling_for
     from kiln.passes.pipeline import run_pipeline
@@ -197,6 +198,8 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             graph = run_pipeline(graph, report, check=cfg.check, choices=choices)
             if triton and cfg.gpu_split_reductions:
                 graph = _split_reductions(graph, report)
+            if report.training and not symbolic:  # ([Note: a training graph's outputs in eager's layout])
+                graph = dense_outputs(fx_gm, graph, set(size_outputs))
         report.optimized = graph
         report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
         if triton and not symbolic:

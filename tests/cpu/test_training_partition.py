@@ -261,3 +261,26 @@ def test_saved_strided_views_reach_the_backward_as_their_contiguous_bases(monkey
         torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
     assert not strided, strided
     assert "strided saved views handed over as their bases" in summary, summary
+
+
+def test_the_backward_reads_every_saved_activation_in_place(monkeypatch):
+    """[Note: a training graph's outputs in eager's layout]: kiln drops attention's ``clone`` of the query, key
+    and value (its kernels read the strided slices of the fused projection), yet the forward hands them to the
+    backward dense, as eager's values were - so no compiled graph copies an input at the start of its call."""
+    from kiln.runtime.module import CompiledGraph
+    copied_inputs = []
+    start = CompiledGraph.start
+
+    def spy(self, inputs):
+        copied_inputs.extend(tuple(t.shape) for t in inputs if not t.is_contiguous())
+        return start(self, inputs)
+    monkeypatch.setattr(CompiledGraph, "start", spy)
+    torch.manual_seed(0)
+    model = _Attention()
+    x = torch.randn(2, 16, 32)
+    copied, out, _ = _step(model, (x,), True)
+    ref = copy.deepcopy(model)
+    ref(x).square().mean().backward()
+    for p, q in zip(copied.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    assert not copied_inputs, copied_inputs
