@@ -172,7 +172,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
              report: CompileReport, arg_names: Sequence[str | None] = (),
              examples: Sequence[Any] | None = None) -> Callable:
     from kiln.frontend.lower import has_symbolic_sizes, lower_fx, symbol_inputs
-    from kiln.frontend.training import dense_outputs
+    from kiln.frontend.training_outputs import dense_outputs
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
     from kiln.ir.graph import compiling_for
     from kiln.passes.pipeline import run_pipeline
