@@ -177,15 +177,17 @@ def column_reduction(k: Kernel) -> bool:
     if any(a.kind in (Op.ARGMAX, Op.ARGMIN) for p in k.phases if isinstance(p, ReduceLoop) for a in p.accs):
         return False
     x, r = Var(f"o{len(k.outer) - 1}", k.outer[-1]), Var("r", k.rsize)
+    # (every load of the row counts: a sum of an elementwise prologue held in row scratch - a GELU backward
+    # before the bias gradient - reads its operands in the passes that write the scratch)
+    values = [a.value for p in k.phases if isinstance(p, ReduceLoop) for a in p.accs] + \
+        [st.value for p in k.phases if isinstance(p, (ReduceLoop, FullLoop)) for st in p.stores]
     columns = rows = 0
-    for p in k.phases:
-        if isinstance(p, ReduceLoop):
-            for a in p.accs:
-                for ld in subexprs(a.value):
-                    if isinstance(ld, KLoad) and ld.index.coefficient(x) != 0:  # (a per-row vector decides nothing)
-                        step = ld.index.coefficient(r)
-                        columns += ld.index.coefficient(x) == 1 and step not in (0, 1)
-                        rows += step == 1
+    for value in values:
+        for ld in subexprs(value):
+            if isinstance(ld, KLoad) and ld.index.coefficient(x) != 0:  # (a per-row vector decides nothing)
+                step = ld.index.coefficient(r)
+                columns += ld.index.coefficient(x) == 1 and step not in (0, 1)
+                rows += step == 1
     return columns > rows
 
 

@@ -148,37 +148,49 @@ def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
     chosen_weights = {c for c in plan.cl_convs if c.inputs[1].op is Op.CONSTANT
                       and needs_relayout(c.inputs[1].shape)} if weights else set()
 
-    def copies(v: Node, unit_last: bool) -> bool:
-        """Is ``v`` a view chain the generated call would have to run as a copy (or, ``unit_last``: a value whose
-        layout has a non-unit stride along its last dim)?"""
+    def copies(v: Node, unit_last: bool) -> list[Node] | None:
+        """Where ``v`` is a view chain the generated call would have to run as a copy: the part of the chain the
+        copy takes - up to its first step that is no view of the base (a reshape of a permuted value; the later
+        steps, e.g. the transpose a weight gradient's product reads, are views of the copy: one copy serves
+        both ``r`` and ``t(r)``, where a copy each wrote the transposed one with scattered stores, BERT-base's
+        step on the H100: 36 copies, 0.46 ms); or the whole chain where ``unit_last`` finds a value whose layout
+        has a non-unit stride along its last dim.  None: no copy."""
         base, chain = view_chain(v, lambda m: m in plan.buffer_of or m.op not in VIEW)
         if base not in plan.buffer_of or base.op is Op.CONSTANT:  # (a weight's view is made once)
-            return False
+            return None
         strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
         found = view_layout(base.shape, strides, base.dtype, chain) if chain else (strides, 0)
         if found is None:  # (only a chain can fail to be a view)
-            return True
-        return unit_last and len(v.shape) > 0 and v.shape[-1] > 1 and found[0][-1] != 1
+            cut = next(i for i in range(1, len(chain) + 1)
+                       if view_layout(base.shape, strides, base.dtype, chain[:i]) is None)
+            made = chain[cut - 1]
+            rest_is_view = view_layout(made.shape, contiguous_strides(made.shape), made.dtype, chain[cut:])
+            return chain[cut:] if not unit_last and rest_is_view is not None else []
+        return [] if unit_last and len(v.shape) > 0 and v.shape[-1] > 1 and found[0][-1] != 1 else None
 
-    copied: dict[Node, list[int]] = {}  # library call -> the positions of the operands to copy
+    # library call -> {operand position: the views taken of the copy (none: the operand is the copy)}
+    copied: dict[Node, dict[int, list[Node]]] = {}
     for n in graph.nodes:
         if n.op is not Op.EXTERN or mutates(n):
             continue
         unit_last = _unit_last_operands(n)
-        if ks := [k for k, x in enumerate(n.inputs) if copies(x, k in unit_last)]:
+        if ks := {k: rest for k, x in enumerate(n.inputs) if (rest := copies(x, k in unit_last)) is not None}:
             copied[n] = ks
     if not chosen_weights and not copied:
         return graph
     b = GraphBuilder()
     new: dict[Node, Node] = {}
-    made: dict[Node, Node] = {}  # one copy per view read by several calls
+    made: dict[Node, Node] = {}  # one copy per view read by several calls (and the views taken of it)
     for n in graph.nodes:
         inputs = list(new[i] for i in n.inputs)
-        for k in copied.get(n, ()):
-            v = n.inputs[k]
+        for k, rest in copied.get(n, {}).items():
+            v = rest[0].inputs[0] if rest else n.inputs[k]  # (the value the copy makes)
             if v not in made:
                 made[v] = b.add(Op.CAST, [new[v]], dtype=v.dtype, **{VIEW_COPY: True})
-            inputs[k] = made[v]
+            for view in rest:
+                if view not in made:
+                    made[view] = copy_with_inputs(view, (made[view.inputs[0]],), b)
+            inputs[k] = made[rest[-1] if rest else v]
         if n in chosen_weights:
             w = inputs[1]
             inputs[1] = b.add(Op.CAST, [w], dtype=w.dtype, **{WEIGHT_COPY: True})

@@ -224,6 +224,32 @@ kernel_0_copy  outer=[8, 3]
     assert relayout_copies(after, plan, weights=True) is after  # nothing left to copy
 
 
+def test_relayout_copies_makes_one_copy_for_a_value_and_its_transpose():
+    """A weight gradient reads ``t(r)`` and the input gradient ``r`` of one reshape of a permuted value (attention's
+    heads merged back): the copy takes the chain up to the reshape, the transpose is a view of the copy - one copy
+    kernel, not a second one writing the transpose; the plan computes what the interpreter does."""
+    from kiln.schedule.layout import relayout_copies
+    b = GraphBuilder()
+    x, w, y = _input(b, (2, 3, 4), 0), _input(b, (3, 5), 1), _input(b, (8, 6), 2)
+    r = b.add(Op.RESHAPE, (b.add(Op.PERMUTE, (b.add(Op.EXP, (x,)),), dims=(0, 2, 1)),), shape=(8, 3))
+    dx = build_extern(b, torch.ops.aten.mm.default, [r, w], {}, (8, 5), torch.float32)
+    dw = build_extern(b, torch.ops.aten.mm.default, [b.add(Op.PERMUTE, (r,), dims=(1, 0)), y], {}, (3, 6),
+                      torch.float32)
+    g = b.finish([dx, dw])
+    after = relayout_copies(g, make_plan(g), weights=True)
+    copies = [n for n in after.nodes if n.op is Op.CAST]
+    assert len(copies) == 1 and copies[0].shape == (8, 3), format_graph(after)
+    first, second = [n for n in after.nodes if n.op is Op.EXTERN]
+    assert first.inputs[0] is copies[0]
+    assert second.inputs[0].op is Op.PERMUTE and second.inputs[0].inputs[0] is copies[0]
+    inputs = random_inputs(g)
+    with torch.inference_mode():
+        got = build_cpu(after, CompileReport("stages"))(inputs)
+    for a, e in zip(got, interpret(g, inputs)):
+        torch.testing.assert_close(a, e, rtol=1.3e-5, atol=1.5e-5)
+    assert relayout_copies(after, make_plan(after), weights=True) is after
+
+
 def test_relayout_copies_gives_attention_a_bias_with_a_unit_last_stride():
     """ATen's memory-efficient attention refuses a bias whose last dim is strided ("(*bias): last dimension must be
     contiguous"; Swin's relative-position bias is a permuted view): relayout_copies gives such an operand a copy
