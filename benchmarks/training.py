@@ -298,8 +298,8 @@ def _profile(model: str, run: Run, batch: tuple, rows: int, ops: int = 0, steps:
     for e in prof.events():
         if use_device and e.device_type.name != "CUDA" or not use_device and e.cpu_parent is not None:
             continue
-        if e.name.startswith("Optimizer."):  # (the optimizer's range annotation, not a kernel)
-            continue
+        if e.name.startswith(("Optimizer.", "## ")):  # (range annotations - the optimizer's, Inductor's graphs' -
+            continue                                     # not kernels)
         t = e.device_time if use_device else e.cpu_time
         entry = totals.setdefault(e.name, [0.0, 0])
         entry[0] += t
