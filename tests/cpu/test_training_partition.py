@@ -237,6 +237,19 @@ class _Attention(nn.Module):
         return self.proj((att @ v).transpose(1, 2).reshape(b, t, c))
 
 
+def _attention_step_matches_eager():
+    """A compiled forward and backward of ``_Attention``: its gradients eager's; returns the partition summary."""
+    torch.manual_seed(0)
+    model = _Attention()
+    x = torch.randn(2, 16, 32)
+    copied, out, summary = _step(model, (x,), True)
+    ref = copy.deepcopy(model)
+    ref(x).square().mean().backward()
+    for p, q in zip(copied.parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    return summary
+
+
 def test_saved_strided_views_reach_the_backward_as_their_contiguous_bases(monkeypatch):
     """[Note: saved views travel as their bases]: no saved activation reaches the compiled backward as a strided
     view (which it would copy every step); the gradients match eager's."""
@@ -251,14 +264,7 @@ def test_saved_strided_views_reach_the_backward_as_their_contiguous_bases(monkey
                 and not n.meta["val"].is_contiguous())
         return compile_graph(fx_gm, frozen, *args, **kwargs)
     monkeypatch.setattr(compiler, "compile_aten_graph", spy)
-    torch.manual_seed(0)
-    model = _Attention()
-    x = torch.randn(2, 16, 32)
-    copied, out, summary = _step(model, (x,), True)
-    ref = copy.deepcopy(model)
-    ref(x).square().mean().backward()
-    for p, q in zip(copied.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    summary = _attention_step_matches_eager()
     assert not strided, strided
     assert "strided saved views handed over as their bases" in summary, summary
 
@@ -275,12 +281,5 @@ def test_the_backward_reads_every_saved_activation_in_place(monkeypatch):
         copied_inputs.extend(tuple(t.shape) for t in inputs if not t.is_contiguous())
         return start(self, inputs)
     monkeypatch.setattr(CompiledGraph, "start", spy)
-    torch.manual_seed(0)
-    model = _Attention()
-    x = torch.randn(2, 16, 32)
-    copied, out, _ = _step(model, (x,), True)
-    ref = copy.deepcopy(model)
-    ref(x).square().mean().backward()
-    for p, q in zip(copied.parameters(), ref.parameters()):
-        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5)
+    _attention_step_matches_eager()
     assert not copied_inputs, copied_inputs
