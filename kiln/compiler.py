@@ -197,7 +197,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         with compiling_for(device.type):  # (passes that judge the device from weights: a weightless graph's)
             graph = run_pipeline(graph, report, check=cfg.check, choices=choices)
             if triton and cfg.gpu_split_reductions:
-                graph = _split_reductions(graph, report)
+                graph = _split_reductions(graph, report, cfg.gpu_split_column_reductions)
             if report.training and not symbolic:  # ([Note: a training graph's outputs in eager's layout])
                 graph = dense_outputs(fx_gm, graph, set(size_outputs))
         report.optimized = graph
@@ -237,13 +237,14 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     return _host_scalars_moved(run, fx_gm, device, report) if triton else run
 
 
-def _split_reductions(graph: Any, report: CompileReport) -> Any:
-    """The GPU's two-stage reductions ([Note: reductions split for the GPU]), as a pass of the report."""
+def _split_reductions(graph: Any, report: CompileReport, columns: bool) -> Any:
+    """The GPU's two-stage reductions ([Note: reductions split for the GPU]; ``columns``: [Note: column reductions
+    split for the GPU] too), as a pass of the report."""
     from kiln.passes.rewrite import RewriteLog
     from kiln.passes.split_reductions import split_reductions
     from kiln.report import PassRecord
     log, start, before = RewriteLog(), time.perf_counter(), len(graph.nodes)
-    graph = split_reductions(graph, log, columns=config_mod.get().gpu_split_column_reductions)
+    graph = split_reductions(graph, log, columns=columns)
     report.passes.append(PassRecord("split_reductions", time.perf_counter() - start, before, len(graph.nodes),
                                     log.notes()))
     return graph

@@ -76,8 +76,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
         moved = recompute_saved(fw, bw, kwargs["num_fwd_outputs"], cfg.training_memory_budget) \
             if cfg.training_recompute else Recomputed()
         bases = save_view_bases(fw, bw, kwargs["num_fwd_outputs"])  # ([Note: saved views travel as their bases])
-        described = moved.describe() + (f"{'; ' if moved.describe() else ''}{bases} strided saved views handed "
-                                        f"over as their bases" if bases else "")
+        described = "; ".join(part for part in (moved.describe(), f"{bases} strided saved views handed over as "
+                                                f"their bases" if bases else "") if part)
         partition["summary"] = partition_summary(bw) + (f"; {described}" if described else "")
         return fw, bw
 

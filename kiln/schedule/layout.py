@@ -161,11 +161,13 @@ def relayout_copies(graph: Graph, plan: Plan, weights: bool) -> Graph:
         strides = plan.strides_of.get(base) or contiguous_strides(base.shape)
         found = view_layout(base.shape, strides, base.dtype, chain) if chain else (strides, 0)
         if found is None:  # (only a chain can fail to be a view)
+            if unit_last:
+                return []
             cut = next(i for i in range(1, len(chain) + 1)
                        if view_layout(base.shape, strides, base.dtype, chain[:i]) is None)
-            made = chain[cut - 1]
-            rest_is_view = view_layout(made.shape, contiguous_strides(made.shape), made.dtype, chain[cut:])
-            return chain[cut:] if not unit_last and rest_is_view is not None else []
+            value = chain[cut - 1]  # (what the copy makes: the rest must be views of it, dense)
+            rest_is_view = view_layout(value.shape, contiguous_strides(value.shape), value.dtype, chain[cut:])
+            return chain[cut:] if rest_is_view is not None else []
         return [] if unit_last and len(v.shape) > 0 and v.shape[-1] > 1 and found[0][-1] != 1 else None
 
     # library call -> {operand position: the views taken of the copy (none: the operand is the copy)}
