@@ -185,6 +185,7 @@ class Run:
                 self.opt_step = compile_fn(self.opt.step)
         self.times: list[float] = []
         self.last_loss = float("nan")
+        self.losses: list[float] = []  # (every step's, the first included: --losses)
         self.peak_mib = float("nan")
 
     def step(self, inputs: tuple, target: torch.Tensor) -> float:
@@ -203,6 +204,7 @@ class Run:
         sync()
         seconds = time.perf_counter() - start
         self.last_loss = loss.item()
+        self.losses.append(self.last_loss)
         if self.device == "cuda":
             self.peak_mib = torch.cuda.max_memory_allocated() / 2 ** 20
         return seconds
@@ -238,6 +240,29 @@ def _drift(run: Run, eager: Run) -> tuple[float, float, list[str]]:
     return norm, elementwise, left_out
 
 
+def _grads(model: torch.nn.Module) -> list[torch.Tensor | None]:
+    return [p.grad.detach().double().clone() if p.grad is not None else None for p in model.parameters()]
+
+
+def _grad_error(grads: list, reference: list) -> tuple[float, float]:
+    """First-step gradients against a reference run's (``--grads``): the largest over parameters of the relative
+    error ``|g - r| / |r|`` (2-norms), and the same over the whole gradient vector - what the step's update sees
+    before an optimizer turns small differences into sign-sized steps (AdamW's first step is ``lr * sign(g)``).
+    Parameters whose reference gradient norm is below 1e-6 of the largest are left out (rounding-level
+    gradients, see ``_drift``)."""
+    pairs = [(g, r) for g, r in zip(grads, reference) if g is not None and r is not None]
+    top = max((r.norm().item() for _, r in pairs), default=0.0)
+    worst = total_diff = total_ref = 0.0
+    for g, r in pairs:
+        n = r.norm().item()
+        d = (g - r).norm().item()
+        total_diff += d * d
+        total_ref += n * n
+        if n > 1e-6 * top:
+            worst = max(worst, d / n)
+    return worst, (total_diff / max(total_ref, 1e-300)) ** 0.5
+
+
 def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
     from kiln.report import mark, reports_since
     model, batches, loss = _model(name, args.size, args.device)
@@ -251,11 +276,16 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
     compile_s: dict[str, float] = {}
     position = mark()
     inputs, target = batches(0)
+    first_grads = {}  # (--grads: each run's gradients of the first step, before any update)
     for run in runs:  # the first step: compiles included
         torch._dynamo.reset() if run.backend == "eager" else None
         compile_s[run.backend] = run.step(inputs, target)
+        if args.grads:
+            first_grads[run.backend] = _grads(run.model)
     if ref is not None:
         ref.step(_double(inputs), _double(target))
+        if args.grads:
+            first_grads["fp64"] = _grads(ref.model)
     kiln_reports = [r for r in reports_since(position)]
     for step in range(1, args.steps + 1):
         inputs, target = batches(step)
@@ -266,6 +296,9 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
             ref.step(_double(inputs), _double(target))
     eager = next((r for r in runs if r.backend == "eager"), None)
     rows = {}
+    grad_errors = {b: {against: _grad_error(g, first_grads[against]) for against in ("eager", "fp64")
+                       if against in first_grads and against != b}
+                   for b, g in first_grads.items() if b != "fp64"}
     for run in runs:
         median = statistics.median(run.times)
         rows[run.backend] = {
@@ -274,12 +307,18 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
             "param_drift": _drift(run, eager) if eager is not None and run is not eager else (0.0, 0.0, []),
             "vs_eager": (statistics.median(eager.times) / median) if eager is not None else float("nan"),
             "fp64_drift": _drift(run, ref) if ref is not None else None,
+            "losses": run.losses,
+            "grad_error": grad_errors.get(run.backend),
         }
+    if ref is not None:
+        rows["fp64"] = {"losses": ref.losses}
     rows["kiln_graphs"] = [{"name": r.name, "training": r.training, "fallback": r.fallback,
                             "kernels": len(r.kernels or []), "externs": len(r.externs or [])} for r in kiln_reports]
     # (profiled after the drift is taken: the profiled steps move only the profiled runs' parameters)
     rows["profiles"] = [_profile(name, run, batches(args.steps + 1), args.profile_rows, args.profile_ops)
                         for run in runs if run.backend in args.profile.split(",")]
+    rows["profiles"] += [_host_profile(name, run, batches(args.steps + 1), args.profile_rows)
+                         for run in runs if run.backend in args.cprofile.split(",")]
     return rows
 
 
@@ -320,6 +359,28 @@ def _profile(model: str, run: Run, batch: tuple, rows: int, ops: int = 0, steps:
     return "\n".join(lines)
 
 
+def _host_profile(model: str, run: Run, batch: tuple, rows: int, steps: int = 20) -> str:
+    """``steps`` steps of ``run`` under cProfile (``--cprofile``): where the host's time goes - the Python
+    functions with the most time of their own, and the step's wall time without the profiler.  On the GPU a
+    step whose wall time exceeds its kernels' is host-bound; this says by what."""
+    import cProfile
+    import io
+    import pstats
+    inputs, target = batch
+    plain = statistics.median(run.step(inputs, target) for _ in range(steps))
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(steps):
+        run.step(inputs, target)
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("tottime").print_stats(rows)
+    stats.sort_stats("cumulative").print_stats(rows)
+    header = f"\n{model} / {run.backend}: host profile of {steps} steps (wall {plain * 1e3:.2f} ms a step unprofiled)"
+    return "\n".join([header, *(line for line in out.getvalue().splitlines() if line.strip())])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default=",".join(MODELS))
@@ -334,8 +395,13 @@ def main() -> None:
     ap.add_argument("--fp64-reference", action="store_true",
                     help="also train eager in float64 (untimed) and give each run's drift from it")
     ap.add_argument("--profile", default="", help="backends whose steps to profile: kernel times (e.g. kiln,inductor)")
+    ap.add_argument("--cprofile", default="", help="backends whose host time to profile with cProfile (e.g. "
+                    "kiln-ro,inductor-ro): the functions with the most time of their own")
     ap.add_argument("--profile-rows", type=int, default=25)
     ap.add_argument("--profile-ops", type=int, default=0, help="with --profile: the N host copies called most often")
+    ap.add_argument("--grads", action="store_true",
+                    help="compare each run's first-step gradients with eager's (and the float64 reference's)")
+    ap.add_argument("--losses", action="store_true", help="print every backend's loss at every step")
     ap.add_argument("--json")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -354,6 +420,14 @@ def main() -> None:
             drifts = [f"{b} {rows[b]['fp64_drift'][0]:.1e} / {rows[b]['fp64_drift'][1]:.1e}"
                       for b in args.backends.split(",")]
             print("  drift from the float64 reference (norm / max): " + ", ".join(drifts))
+        if args.grads:
+            for b in args.backends.split(","):
+                errors = rows[b]["grad_error"] or {}
+                print(f"  first-step gradients {b}: " + ", ".join(
+                    f"vs {k} worst {w:.1e} / all {a:.1e}" for k, (w, a) in errors.items()))
+        if args.losses:
+            for b in args.backends.split(",") + (["fp64"] if args.fp64_reference else []):
+                print(f"  losses {b}: " + " ".join(f"{x:.4f}" for x in rows[b]["losses"]))
         left_out = sorted({n for b in args.backends.split(",") for n in rows[b]["param_drift"][2]})
         if left_out:
             print(f"  drift leaves out entries of {len(left_out)} parameter(s) whose eager gradient is at rounding "
