@@ -226,7 +226,7 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             module = build_best(graph, report, functools.partial(build_cpu, choices=choices),
                                 _example_inputs(graph, examples), choices)
             if cfg.emulate_cuda_graphs:  # ([Note: CUDA graphs emulated on the CPU]: tests and diagnosis)
-                from kiln.runtime.triton_module import with_cuda_graph
+                from kiln.runtime.cuda_graphs import with_cuda_graph
                 module = with_cuda_graph(module, report, report.mode)
     finally:
         choices.close()

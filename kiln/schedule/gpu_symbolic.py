@@ -64,7 +64,8 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
     ``runtime.dynamic.SizedTritonGraph`` whose per-size builds share the plan and the kernels' code."""
     from kiln.codegen.triton import TritonKernelWriter
     from kiln.runtime.dynamic import SizedTritonGraph
-    from kiln.runtime.triton_module import GraphPool, TritonGraph, with_cuda_graph
+    from kiln.runtime.cuda_graphs import GraphPool, with_cuda_graph
+    from kiln.runtime.triton_module import TritonGraph
     start = time.perf_counter()
     if any(has_extreme(n.shape) or has_extreme(list(n.attrs.values())) for n in graph.nodes):
         raise NotImplementedError("a size that is the least or greatest of two sizes (Min/Max): no Triton kernel "

@@ -190,7 +190,7 @@ def build_triton(graph: Graph, report: CompileReport, device: torch.device, mode
                  choices: Any = None) -> Any:
     """The GPU module of ``graph`` (Triton kernels; convolutions and the kernels between them channels-last),
     replayed as a CUDA graph in reduce-overhead and max-autotune."""
-    from kiln.runtime.triton_module import with_cuda_graph
+    from kiln.runtime.cuda_graphs import with_cuda_graph
     return with_cuda_graph(triton_graph(graph, report, device, choices), report, mode)
 
 

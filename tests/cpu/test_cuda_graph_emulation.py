@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import kiln
-from kiln.runtime import triton_module
+from kiln.runtime import cuda_graphs
 
 RO = {"mode": "reduce-overhead", "fallback": False, "emulate_cuda_graphs": True}
 TRAINING = {**RO, "training_cuda_graphs": True, "cuda_graph_inputs_in_place": True}
@@ -19,8 +19,8 @@ TRAINING = {**RO, "training_cuda_graphs": True, "cuda_graph_inputs_in_place": Tr
 def counted(monkeypatch):
     """Recordings (by GraphReplay) and replays of emulated graphs, and every GraphReplay made."""
     recorded, replayed, made = [], [], []
-    record, replay, init = (triton_module.GraphReplay._record, triton_module._EmulatedGraph.replay,
-                            triton_module.GraphReplay.__init__)
+    record, replay, init = (cuda_graphs.GraphReplay._record, cuda_graphs._EmulatedGraph.replay,
+                            cuda_graphs.GraphReplay.__init__)
 
     def counting_record(self, inputs):
         recorded.append(id(self))
@@ -33,9 +33,9 @@ def counted(monkeypatch):
     def noting_init(self, *args, **kwargs):
         init(self, *args, **kwargs)
         made.append(self)
-    monkeypatch.setattr(triton_module.GraphReplay, "_record", counting_record)
-    monkeypatch.setattr(triton_module._EmulatedGraph, "replay", counting_replay)
-    monkeypatch.setattr(triton_module.GraphReplay, "__init__", noting_init)
+    monkeypatch.setattr(cuda_graphs.GraphReplay, "_record", counting_record)
+    monkeypatch.setattr(cuda_graphs._EmulatedGraph, "replay", counting_replay)
+    monkeypatch.setattr(cuda_graphs.GraphReplay, "__init__", noting_init)
     torch._dynamo.reset()
     return recorded, replayed, made
 
@@ -92,6 +92,48 @@ def accumulate_two_forwards(compiled, model, ref, steps, device="cpu"):
             torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
 
 
+def test_the_steady_call_hands_over_to_the_general_one_when_a_parameter_moves(counted, monkeypatch):
+    """[Note: the steady call of a graph on copies]: once settled, each training call takes the steady path; a
+    parameter given new storage (``p.data = ...``: the graph reads the old address) is caught there, the general
+    call records the graph again on the new address, and every step stays eager's."""
+    recorded, _, made = counted
+    steady = []
+    original = cuda_graphs.GraphReplay._steady_call
+
+    def counting_steady(self, inputs):
+        outputs = original(self, inputs)
+        steady.append(outputs is not None)
+        return outputs
+    monkeypatch.setattr(cuda_graphs.GraphReplay, "_steady_call", counting_steady)
+    model = _mlp()
+    ref = copy.deepcopy(model)
+    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=1e-2) for m in (model, ref))
+    compiled = kiln.compile(model, **TRAINING)
+    moved_at = None
+    for step in range(14):
+        if step == 7:
+            moved_at = (len(recorded), len(steady))
+            g = torch.Generator().manual_seed(99)
+            fresh = torch.randn(model[0].weight.shape, generator=g)
+            model[0].weight.data, ref[0].weight.data = fresh.clone(), fresh.clone()
+        g = torch.Generator().manual_seed(step)
+        x, y = torch.randn(32, 64, generator=g), torch.randn(32, 32, generator=g)
+        losses = []
+        for fn, o in ((compiled, opt), (ref, ref_opt)):
+            o.zero_grad(set_to_none=True)
+            loss = nn.functional.mse_loss(fn(x), y)
+            loss.backward()
+            o.step()
+            losses.append(loss.item())
+        assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6), step
+    for p, q in zip(model.parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
+    assert any(steady[:moved_at[1]]) and all(steady[-4:]), steady  # (steady before the move and after it)
+    assert False in steady[moved_at[1]:], steady  # the move went to the general call
+    assert len(recorded) > moved_at[0], recorded  # ... which recorded the forward again
+    assert all(r.unprotected_runs == 0 for r in made)
+
+
 def test_gradient_accumulation_keeps_the_first_forwards_activations(counted):
     recorded, replayed, _ = counted
     model = _mlp()
@@ -129,7 +171,7 @@ def test_held_outputs_keep_their_values_across_replays(counted):
     for got, want in held:  # every earlier output moved onto a copy before the replay that overwrote its buffer
         torch.testing.assert_close(got, want, rtol=1.3e-5, atol=1.5e-5)
     # (the graph on copies; the allocator may hand a later input an address seen before: a keyed graph)
-    assert 1 <= len(recorded) <= 1 + triton_module.GraphReplay.MAX_GRAPHS and len(replayed) >= 5, (recorded, replayed)
+    assert 1 <= len(recorded) <= 1 + cuda_graphs.GraphReplay.MAX_GRAPHS and len(replayed) >= 5, (recorded, replayed)
 
 
 def test_alternating_buffers_get_a_graph_each(counted):
@@ -201,7 +243,7 @@ def test_an_expanded_output_replays(counted):
 def test_an_emulated_replay_refuses_an_input_no_longer_at_its_address():
     double = lambda inputs: [inputs[0] * 2]  # noqa: E731
     x = torch.randn(4)
-    recording = triton_module._EmulatedGraph.record(double, [x], [])
+    recording = cuda_graphs._EmulatedGraph.record(double, [x], [])
     recording.replay([x])
     torch.testing.assert_close(recording.outputs[0], x * 2)
     elsewhere = torch.randn(4)

@@ -24,9 +24,9 @@ def _model() -> nn.Module:
 
 def _replays(monkeypatch):
     """Count the CUDA graph recordings and the replays of each GraphReplay."""
-    from kiln.runtime import triton_module
+    from kiln.runtime import cuda_graphs
     recorded, replayed = [], []
-    record, call = triton_module.GraphReplay._record, torch.cuda.CUDAGraph.replay
+    record, call = cuda_graphs.GraphReplay._record, torch.cuda.CUDAGraph.replay
 
     def counting_record(self, inputs):
         recorded.append(id(self))
@@ -35,7 +35,7 @@ def _replays(monkeypatch):
     def counting_replay(graph):
         replayed.append(1)
         return call(graph)
-    monkeypatch.setattr(triton_module.GraphReplay, "_record", counting_record)
+    monkeypatch.setattr(cuda_graphs.GraphReplay, "_record", counting_record)
     monkeypatch.setattr(torch.cuda.CUDAGraph, "replay", counting_replay)
     return recorded, replayed
 
@@ -86,7 +86,7 @@ def test_gradient_accumulation_keeps_the_first_forwards_activations(monkeypatch)
 def test_moving_a_held_output_keeps_its_version_for_autograd():
     """[Note: outputs of a replay]: a held output moved onto a copy of its values (``set_``) keeps its version
     counter, so a backward that saved it does not refuse it as modified in place (no CUDA graph needed)."""
-    from kiln.runtime.triton_module import _keep_version
+    from kiln.runtime.cuda_graphs import _keep_version
     w = torch.randn(4, requires_grad=True)
     held = torch.randn(4).detach()
     out = held * 1.0

@@ -238,7 +238,7 @@ def test_replay_outputs_are_aliases_moved_onto_copies_only_when_kept():
     moved onto a copy before the next replay (its values stay), a kept view blocks the replay, outputs sharing
     storage with each other are handed out as copies, and an output viewing an input is that view of the
     caller's input ([Note: outputs that are inputs])."""
-    from kiln.runtime.triton_module import _Recording
+    from kiln.runtime.cuda_graphs import _Recording
     x = torch.zeros(4)
     y = torch.zeros(3, 2)
     outputs = [torch.zeros(5), y, y.t(), x[:2]]  # private; two sharing storage; a view of an input
@@ -274,7 +274,7 @@ def test_a_shared_pool_moves_every_recordings_kept_outputs_before_any_replay():
     """[Note: one memory pool for a symbolic graph's sizes], on CPU tensors: recording B's output lies where
     recording A (captured before it) keeps an intermediate, so A's replay writes over it.  An output of B the
     caller keeps must be moved onto a copy before A replays - not only before B's own next replay."""
-    from kiln.runtime.triton_module import GraphPool, _Recording
+    from kiln.runtime.cuda_graphs import GraphPool, _Recording
     out_b = torch.zeros(4)                 # B's static output, where A's replay also writes (an intermediate)
     rec_a = _Recording(None, [torch.zeros(2)], [])
     rec_b = _Recording(None, [out_b], [])
@@ -342,7 +342,7 @@ def test_inputs_at_new_addresses_each_call_record_one_graph_on_copies(monkeypatc
     """[Note: graphs keyed by input addresses]: a caller passing fresh tensors every call (a decoding loop's
     growing cache) gets one recording, on copies, not a graph per address that no later call replays; addresses
     that come again get a graph of their own (replayed with no copy)."""
-    from kiln.runtime.triton_module import GraphReplay
+    from kiln.runtime.cuda_graphs import GraphReplay
     recorded = []
     original = GraphReplay._record
 
@@ -376,7 +376,7 @@ def test_a_recording_that_fails_leaves_the_graph_running_without_cuda_graphs(mon
     do not try again."""
     import kiln
     from kiln.report import mark, reports_since
-    from kiln.runtime.triton_module import GraphReplay
+    from kiln.runtime.cuda_graphs import GraphReplay
     tries = []
 
     def failing(self, inputs):
