@@ -23,11 +23,13 @@ from kiln.report import CompileReport, record
 def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], *,
                        cfg: config_mod.Config, mode: str = "default", name: str = "graph",
                        arg_names: Sequence[str | None] = (), examples: Sequence[Any] | None = None,
-                       training: str = "") -> Callable:
+                       training: str = "", saved_from: int | None = None) -> Callable:
     """Compile ``fx_gm`` (AOTAutograd's forward graph); ``frozen`` maps placeholder positions to the weights they
     are frozen to, ``arg_names`` names placeholders after the user's arguments for errors (None: unknown),
     ``examples`` holds a real value per placeholder (the call being compiled) for measuring plans; ``training``:
-    which graph of a training step this is, for the report ([Note: training graphs])."""
+    which graph of a training step this is, for the report ([Note: training graphs]); ``saved_from``: a training
+    forward's first output that is a value saved for the backward, laid out as kiln chooses ([Note: saved
+    activations channels-last]; None: every output in eager's layout)."""
     report = CompileReport(name=name, mode=mode, training=training)
     record(report)
     start = time.perf_counter()
@@ -39,7 +41,7 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
             fn = compile_split(fx_gm, frozen, functools.partial(compile_aten_graph, cfg=cfg, mode=mode), name,
                                arg_names, examples, report)
         else:
-            fn = _compile_outside_fake_mode(fx_gm, frozen, cfg, report, arg_names, examples)
+            fn = _compile_outside_fake_mode(fx_gm, frozen, cfg, report, arg_names, examples, saved_from)
             fn = _watching_frozen(fn, fx_gm, frozen, cfg, report, arg_names)
     except Exception as exc:  # never break the user's model
         if not cfg.fallback:
@@ -57,12 +59,12 @@ def compile_aten_graph(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tens
 
 def _compile_outside_fake_mode(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
                                cfg: config_mod.Config, report: CompileReport, arg_names: Sequence[str | None],
-                               examples: Sequence[Any] | None) -> Callable:
+                               examples: Sequence[Any] | None, saved_from: int | None = None) -> Callable:
     # AOTAutograd calls us under its fake-tensor mode; kiln folds real weights, so step out of it.
     from torch.utils._python_dispatch import _disable_current_modes
     with _disable_current_modes(), torch.no_grad(), \
             config_mod.scope(**{k: getattr(cfg, k) for k in config_mod.Config.option_names()}):
-        return _compile(fx_gm, frozen, cfg, report, arg_names, examples)
+        return _compile(fx_gm, frozen, cfg, report, arg_names, examples, saved_from)
 
 
 def _watching_frozen(fn: Callable, fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor],
@@ -170,7 +172,7 @@ def _triton_interprets() -> bool:
 
 def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: config_mod.Config,
              report: CompileReport, arg_names: Sequence[str | None] = (),
-             examples: Sequence[Any] | None = None) -> Callable:
+             examples: Sequence[Any] | None = None, saved_from: int | None = None) -> Callable:
     from kiln.frontend.lower import has_symbolic_sizes, lower_fx, symbol_inputs
     from kiln.frontend.training_outputs import dense_outputs
     from kiln.frontend.lowering_base import KERNEL_DTYPES, TRITON_KERNEL_DTYPES
@@ -204,7 +206,10 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
         report.phases["passes"] = time.perf_counter() - start - report.phases["lower"]
         if triton and not symbolic:
             report.target = "triton"
-            module = build_triton(graph, report, device, report.mode, choices)
+            free = _saved_positions(fx_gm, size_outputs, saved_from) if saved_from is not None else frozenset()
+            module = build_triton(graph, report, device, report.mode, choices, free)
+            if free:
+                _report_output_strides(fx_gm, graph, module, size_outputs)
         elif symbolic:
             int_sizes = symbol_inputs(fx_gm)
             if triton:
@@ -235,6 +240,33 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
     # (a static graph's outputs that are no tensors are constants: no sizes to bind, ``dict()`` is empty)
     run = _with_size_outputs(run, size_outputs, dict) if size_outputs else run
     return _host_scalars_moved(run, fx_gm, device, report) if triton else run
+
+
+def _saved_positions(fx_gm: torch.fx.GraphModule, size_outputs: dict[int, Any], saved_from: int) -> frozenset[int]:
+    """The positions among the kiln graph's outputs (the FX outputs less the sizes) of a training forward's saved
+    values: FX outputs ``saved_from`` on ([Note: saved activations channels-last])."""
+    count = len(fx_gm.graph.output_node().args[0])
+    tensors = [k for k in range(count) if k not in size_outputs]
+    return frozenset(p for p, k in enumerate(tensors) if k >= saved_from)
+
+
+def _report_output_strides(fx_gm: torch.fx.GraphModule, graph: Any, module: Any,
+                           size_outputs: dict[int, Any]) -> None:
+    """Tell AOTAutograd the strides of the outputs kiln lays out otherwise than the traced graph (a training
+    forward's saved values, [Note: saved activations channels-last]): it compiles the backward for inputs in those
+    strides.  Outputs kiln hands out as traced are None (AOTAutograd keeps the traced strides)."""
+    context = torch._guards.TracingContext.try_get()
+    strides_list = getattr(context, "output_strides", None)
+    if strides_list is None or strides_list:  # (none asked for, or a compiler already answered)
+        return
+    laid_out = getattr(getattr(module, "module", module), "laid_out_outputs", {})
+    outputs = iter(graph.outputs)
+    for k in range(len(fx_gm.graph.output_node().args[0])):
+        if k in size_outputs:
+            strides_list.append(None)
+            continue
+        strides = laid_out.get(next(outputs))
+        strides_list.append(tuple(strides) if strides is not None else None)
 
 
 def _split_reductions(graph: Any, report: CompileReport, columns: bool) -> Any:

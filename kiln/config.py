@@ -220,6 +220,11 @@ class Config:
     # contiguous ([Note: column reductions on the GPU], codegen/triton.py).  H100 (session 43, keeping 128 programs):
     # GPT training step 6.92 -> 6.56 ms, BERT 19.34 -> 18.71.  False: one column a program (the A/B).
     gpu_column_reductions: bool = True
+    # GPU training: a forward's saved values laid out as kiln's layout pass chooses (convolution inputs
+    # channels-last), the backward compiled for them, ``convolution_backward`` run channels-last ([Note: saved
+    # activations channels-last], frontend/training.py).  Off until measured on the H100 (ResNet-18's step: cuDNN's
+    # NCHW<->NHWC conversions, 0.73 ms of 5.6).
+    training_channels_last: bool = False
     # Launch the Triton kernels compiled ahead with kiln's launcher (runtime/gpu_launch.py: one C call into the
     # driver, the grid and launch parameters recorded at build time) instead of Triton's Python launcher (11 us
     # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot
@@ -302,6 +307,7 @@ class Config:
         "gpu_split_reductions": ("KILN_GPU_SPLIT_REDUCTIONS", bool),
         "gpu_split_column_reductions": ("KILN_GPU_SPLIT_COLUMN_REDUCTIONS", bool),
         "gpu_column_reductions": ("KILN_GPU_COLUMN_REDUCTIONS", bool),
+        "training_channels_last": ("KILN_TRAINING_CHANNELS_LAST", bool),
         "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),
         "gpu_attention_entry": ("KILN_GPU_ATTENTION_ENTRY", str),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),

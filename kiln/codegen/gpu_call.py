@@ -246,11 +246,25 @@ class _Writer:
     def inputs(self) -> None:
         m = self.m
         for k, _, n in m.input_slots:
-            v = self.bind(n)
+            strides = m.input_strides.get(n)  # ([Note: saved activations channels-last])
+            v = self.bind(n, strides)
             self.emit(f"{v} = inputs[{k}]")
             self.emit(f"if {v}.dtype is not {self.glob(n.dtype, 'DTYPE')} or {v}.shape != {tuple(n.shape)!r} "
                       f"or {v}.device.type != {m.device.type!r}:")
             self.emit(f"    bad_input({k}, {v}, {self.glob(n, 'NODE')}, {self.glob(m.device, 'DEVICE')})")
+            if strides is not None:  # (its kernels read it in these strides: a caller's other layout is copied)
+                restride = self.glob(functools.partial(_restrided, strides=tuple(strides)), "RESTRIDE")
+                back = f"back{k}"
+                if n in m.mutated_inputs:  # ([Note: write-back of a strided input])
+                    self.write_backs.append(back)
+                    self.emit(f"{back} = None")
+                self.emit(f"if {v}.stride() != {tuple(strides)!r}:")
+                if n in m.mutated_inputs:
+                    self.emit(f"    {back} = ({v}, {restride}({v}))")
+                    self.emit(f"    {v} = {back}[1]")
+                else:
+                    self.emit(f"    {v} = {restride}({v})")
+                continue
             if n in m.mutated_inputs:
                 # [Note: write-back of a strided input] the graph updates this input in place: a strided one is
                 # updated in a contiguous copy, copied back into the caller's tensor at the end of the call (the
@@ -401,6 +415,8 @@ class _Writer:
         base = o
         while base.op in VIEW and base not in self.bound and base not in m.static:
             base = base.inputs[0]
+        if o in m.laid_out_outputs:  # ([Note: saved activations channels-last])
+            return self.value(o)
         if o.op is Op.CONSTANT or base in m.plan.strides_of:
             # a copy the caller owns (a weight), or a library's channels-last result (or a view of one) in eager's
             # layout: CompiledGraph.output_value decides, from the value the view chain starts at

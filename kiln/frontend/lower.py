@@ -20,6 +20,10 @@ from kiln.frontend.lowering_base import KERNEL_DTYPES, Lowerer, Unsupported, met
 from kiln.ir.graph import ConstRef, Graph, GraphBuilder, Node
 from kiln.ir.ops import ELEMENTWISE, HALF, REDUCTION, Op
 
+# placeholder meta key: a training backward's input in the layout its forward chose ([Note: saved activations
+# channels-last], frontend/training.py)
+LAID_OUT = "kiln_laid_out"
+
 
 class LoweringError(RuntimeError):
     pass
@@ -193,8 +197,11 @@ def _lower_node(L: Lowerer, fx_node: torch.fx.Node, gm: torch.fx.GraphModule, fr
         elif position in frozen:
             env[fx_node] = b.add(Op.CONSTANT, (), value=ConstRef(frozen[position].detach()))
         elif isinstance(val, torch.Tensor):
+            # (a training backward's input that its forward hands over in a layout of kiln's choosing: read in
+            # that layout, [Note: saved activations channels-last])
+            laid_out = {"strides": tuple(val.stride())} if fx_node.meta.get(LAID_OUT) and L.triton else {}
             env[fx_node] = b.add(Op.INPUT, (), shape=meta_shape(val), dtype=val.dtype, index=position,
-                                 name=fx_node.name)
+                                 name=fx_node.name, **laid_out)
         else:
             raise LoweringError(f"non-tensor input {fx_node.name}")
     elif fx_node.op == "get_attr":

@@ -192,6 +192,11 @@ class Lowerer:
         raise Unsupported(f"{fx_node.target} returns {type(val).__name__}, not tensors")
 
 
+# ATen ops that take operands in any layout and choose their own (cuDNN's and oneDNN's convolutions run
+# channels-last where an operand is): kiln's layout pass lays their operands out on purpose (schedule/layout.py)
+_ANY_LAYOUT = frozenset({torch.ops.aten.convolution, torch.ops.aten.convolution_backward})
+
+
 def _dense_operands(fx_node: torch.fx.Node) -> tuple[bool, ...] | None:
     """Per tensor operand of an ATen call (in the order ``build_extern`` collects them): was it contiguous in the
     captured graph?
@@ -203,6 +208,8 @@ def _dense_operands(fx_node: torch.fx.Node) -> tuple[bool, ...] | None:
     (a copy only when the view is not).  Asked without adding a guard (``is_contiguous_or_false``: a symbolic
     layout that is not provably contiguous counts as not), and not for an op that writes an operand."""
     from torch._prims_common import is_contiguous_or_false
+    if getattr(fx_node.target, "overloadpacket", None) in _ANY_LAYOUT:
+        return None
     schema = getattr(fx_node.target, "_schema", None)
     if schema is None or any(a.alias_info is not None and a.alias_info.is_write for a in schema.arguments):
         return None

@@ -79,18 +79,23 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
         described = "; ".join(part for part in (moved.describe(), f"{bases} strided saved views handed over as "
                                                 f"their bases" if bases else "") if part)
         partition["summary"] = partition_summary(bw) + (f"; {described}" if described else "")
+        partition["visible"] = kwargs["num_fwd_outputs"]  # (the forward's outputs after these are saved values)
         return fw, bw
 
     def compiler(part: str) -> Callable:
         def compile_part(fx_gm: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> Callable:
             if reached is not None:
                 reached.append(True)
+            saved_from = None
             if part == "forward":
                 _no_donated_buffers()
+                saved_from = partition.get("visible") if cfg.training_channels_last else None
+            else:
+                laid_out_inputs(fx_gm, fx_inputs)  # ([Note: saved activations channels-last])
             summary = partition.get("summary")
             described = f"; the partition (torch's min-cut, then kiln's): {summary}" if summary else ""
             return compile_aten_graph(fx_gm, {}, cfg=cfg, mode=graph_mode, name=f"{name} ({part})",
-                                      training=part + note + described)
+                                      training=part + note + described, saved_from=saved_from)
         return compile_part
 
     # (keep_inference_input_mutations: buffers updated under no_grad - BatchNorm's running statistics - are
@@ -99,6 +104,32 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
     return aot_module_simplified(gm, example_inputs, fw_compiler=compiler("forward"),
                                  bw_compiler=compiler("backward"), partition_fn=partition_fn,
                                  decompositions=decomposition_table(), keep_inference_input_mutations=True)
+
+
+def laid_out_inputs(bw: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> int:
+    """[Note: saved activations channels-last] On the GPU, cuDNN runs convolutions channels-last (NHWC): given
+    NCHW tensors it converts each operand and result around every call (ResNet-18's training step on the H100:
+    110 + 55 conversion kernels, 0.73 ms of a 5.6 ms step).  Inference graphs keep their convolutions' inputs
+    channels-last inside the graph (schedule/layout.py); a training forward's conv inputs are also saved for the
+    backward - graph outputs, which kept eager's layout, so every one was converted in the forward and again in
+    the backward.  With ``Config.training_channels_last`` the forward lays out its *saved* values as the layout
+    pass chooses (the user's outputs keep eager's layout) and tells AOTAutograd their strides
+    (``TracingContext.output_strides``, as Inductor does); AOTAutograd then hands the backward's compiler
+    placeholders with those strides (``fx_inputs``), which this copies into the placeholders' metadata, where the
+    lowering reads each input's layout (``Op.INPUT``'s ``strides``); the runtime takes inputs in that layout.
+    Returns how many placeholders changed layout."""
+    from kiln.frontend.lower import LAID_OUT
+    changed = 0
+    placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
+    for node, value in zip(placeholders, fx_inputs):
+        traced = node.meta.get("val")
+        if isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor) \
+                and all(isinstance(d, int) for d in (*value.shape, *value.stride(), *traced.stride())) \
+                and tuple(value.shape) == tuple(traced.shape) and value.stride() != traced.stride():
+            node.meta["val"] = value
+            node.meta[LAID_OUT] = True
+            changed += 1
+    return changed
 
 
 def partition_summary(bw: torch.fx.GraphModule) -> str:

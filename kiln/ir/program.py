@@ -67,6 +67,9 @@ class Plan:
     bmm_relayout: set[Node] = dataclasses.field(default_factory=set)  # bmm externs whose operands are re-laid out
     # an input's buffer -> the value a kernel stores into it (schedule/write_back.py, [Note: write-backs in place])
     stored_into: dict[str, Node] = dataclasses.field(default_factory=dict)
+    # outputs handed out in the layout the plan stores them in (not eager's): a training forward's saved values
+    # ([Note: saved activations channels-last]), by their strides
+    laid_out: dict[Node, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def _name(self, n: Node) -> str:
         """A value's buffer, or ``view(buffer)`` for a view the step takes of one."""

@@ -63,6 +63,9 @@ class CompiledGraph:
         self.name = report.name
         self.mode = report.mode  # (what a library call's entry may weigh: host time in default mode)
         self.plan = plan
+        self.laid_out_outputs = plan.laid_out  # ([Note: saved activations channels-last])
+        # inputs that come in a layout of their own, and those strides ([Note: saved activations channels-last])
+        self.input_strides = {n: st for n in graph.inputs if (st := n.attr("strides")) is not None}
         self.arena_mode = program.arena
         report.kernels = plan.kernels
         report.plan = program.format() if shared_code is None or "module" not in shared_code else ""
@@ -316,7 +319,13 @@ class CompiledGraph:
             t = inputs[k]
             if t.dtype != n.dtype or tuple(t.shape) != n.shape or t.device.type != self.device.type:
                 raise InputMismatch(k, n.dtype, n.shape, self.device.type, t)
-            if not t.is_contiguous():
+            strides = self.input_strides.get(n)
+            if strides is not None:  # (its kernels read it in these strides)
+                if t.stride() != strides:
+                    t = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
+                    if n in self.mutated_inputs:
+                        write_back.append((inputs[k], t))
+            elif not t.is_contiguous():
                 if n in self.mutated_inputs:
                     write_back.append((inputs[k], t.contiguous()))
                     t = write_back[-1][1]
@@ -465,6 +474,8 @@ class CompiledGraph:
     def output_value(self, n: Node, env: dict[Node, torch.Tensor]) -> torch.Tensor:
         if n.op is Op.CONSTANT:
             return env[n].clone()
+        if n in self.laid_out_outputs:  # (handed out as laid out: [Note: saved activations channels-last])
+            return env[n]
         if n in self.plan.strides_of:  # a library's channels-last result: the caller gets eager's layout
             return env[n].contiguous()
         base = n

@@ -56,25 +56,64 @@ def library_layouts(graph: Graph) -> dict[Node, tuple[int, ...]]:
     return {n: s for n in graph.nodes if (s := library.fixed_strides(n)) is not None}
 
 
+def input_layouts(graph: Graph) -> dict[Node, tuple[int, ...]]:
+    """Inputs that come in a layout of their own (``Op.INPUT``'s ``strides``: a training backward's saved values
+    in the layout its forward chose, [Note: saved activations channels-last]): kernels read them through it."""
+    return {n: n.attr("strides") for n in graph.inputs if n.attr("strides") is not None}
+
+
+def _conv_backward(n: Node) -> bool:
+    """An output of ATen's ``convolution_backward`` (grad_output, input, weight are its first three operands)."""
+    return n.op is Op.EXTERN and getattr(n.attr("target"), "overloadpacket", None) is aten.convolution_backward \
+        and len(n.inputs) >= 3 and len(n.inputs[1].shape) == 4
+
+
 def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], readers: dict[Node, set[Any]],
-                   stored: set[Node]) -> tuple[dict[Node, tuple[int, ...]], set[Node]]:
+                   stored: set[Node], free: set[Node] = frozenset()) -> tuple[dict[Node, tuple[int, ...]], set[Node]]:
     """(channels-last buffers -> strides, convolutions to run on channels-last inputs and weights).
 
     Only pointwise kernels' outputs are stored channels-last (their store index follows the buffer's
-    strides); values stored once per row of a reduction keep the contiguous layout."""
+    strides); values stored once per row of a reduction keep the contiguous layout.  ``free``: graph outputs
+    whose layout is kiln's to choose (a training forward's saved values: [Note: saved activations
+    channels-last]); in a training backward, ``convolution_backward`` reads its input (a saved value) and the
+    incoming gradient channels-last, and its results come channels-last."""
     convs = [n for n in graph.nodes if is_conv2d(n)]
-    outputs = set(graph.outputs)
+    backward = [n for n in graph.nodes if _conv_backward(n)]
+    outputs = set(graph.outputs) - set(free)
     nhwc: dict[Node, tuple[int, ...]] = library_layouts(graph)
+    inputs = input_layouts(graph)
+
+    def pointwise_output(x: Node) -> bool:
+        return x in stored and x in group_of and len(x.shape) == 4 and x not in outputs \
+            and getattr(steps[group_of[x]], "axes", 0) is None
+
     for conv in convs:
         x = conv.inputs[0]
-        if x in stored and x in group_of and len(x.shape) == 4 and x not in outputs \
-                and getattr(steps[group_of[x]], "axes", 0) is None:
+        if pointwise_output(x):
             nhwc[x] = channels_last_strides(x.shape)
+    cl_inputs = {x for x, st in inputs.items() if len(x.shape) == 4 and st == channels_last_strides(x.shape)}
+    for n in backward:
+        grad, x = n.inputs[0], n.inputs[1]
+        if (x in nhwc or x in cl_inputs or pointwise_output(x)) and pointwise_output(grad):
+            nhwc[grad] = channels_last_strides(grad.shape)
+        if pointwise_output(x):
+            nhwc[x] = channels_last_strides(x.shape)
+    if free or inputs:  # a training step's graphs: a weight cast for the convolutions alone (autocast's bf16 copy)
+        users = graph.users()
+        for n in convs + backward:
+            w = n.inputs[1] if n in convs else n.inputs[2]
+            if pointwise_output(w) and needs_relayout(w.shape) \
+                    and all(is_conv2d(u) or _conv_backward(u) for u in users[w]):
+                nhwc[w] = channels_last_strides(w.shape)
     nhwc_groups = {group_of[m] for m in nhwc if m in group_of}
     for conv in convs:
         feeds_nhwc = bool(readers.get(conv, set()) & nhwc_groups)
         if conv not in outputs and (feeds_nhwc or conv.inputs[0] in nhwc):
             nhwc[conv] = channels_last_strides(conv.shape)
+    for n in backward:  # (cuDNN's results are channels-last when its input or gradient is)
+        operands_cl = any(v in nhwc or v in cl_inputs for v in n.inputs[:2])
+        if operands_cl and n.attr("out_index") in (0, 1) and len(n.shape) == 4 and n not in outputs:
+            nhwc[n] = channels_last_strides(n.shape)
     # ATen's convolutions are told to run channels-last; the operators' read any layout
     cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and _is_aten_conv2d(c)}
     # weights go channels-last only when nothing but convolutions reads them

@@ -24,7 +24,8 @@ from kiln.ir.program import Plan
 from kiln.report import CompileReport
 from kiln.schedule.fuse import Group, partition
 from kiln.schedule.kernel_build import NotFusable, build_kernel
-from kiln.schedule.layout import VIEW_COPY, WEIGHT_COPY, choose_layouts, library_layouts, relayout_copies
+from kiln.schedule.layout import (VIEW_COPY, WEIGHT_COPY, choose_layouts, input_layouts, library_layouts,
+                                  relayout_copies)
 from kiln.schedule.program import build_program
 from kiln.schedule.streams import split_streams
 from kiln.schedule.write_back import write_backs_in_place
@@ -67,15 +68,20 @@ def _stored(group_of: dict[Node, int], readers: dict[Node, set[Any]]) -> set[Nod
     return {m for m, k in group_of.items() if readers[m] - {k}}
 
 
-def make_plan(graph: Graph) -> Plan:
+def make_plan(graph: Graph, saved: frozenset[int] = frozenset()) -> Plan:
+    """``saved``: positions of ``graph.outputs`` whose layout is kiln's to choose (a training forward's saved
+    values, [Note: saved activations channels-last]); the others are handed out in eager's layout."""
     breaks: set[Node] = set()
+    free = {o for p, o in enumerate(graph.outputs) if p in saved} \
+        - {o for p, o in enumerate(graph.outputs) if p not in saved}
     while True:
         steps, realized, aliases = partition(graph, frozenset(breaks))
         group_of, readers = _readers(steps, graph)
         stored = _stored(group_of, readers)
         strides_of, cl_convs = library_layouts(graph), set()
         if config.get().layout_optimization:
-            strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored)
+            strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored, free)
+        strides_of.update(input_layouts(graph))
         buffer_of: dict[Node, str] = {}
         for n in graph.nodes:
             if n in realized and (n.op in (Op.INPUT, Op.CONSTANT, Op.EXTERN) or n in stored):
@@ -90,7 +96,8 @@ def make_plan(graph: Graph) -> Plan:
                     out_steps.append(k)
                 else:
                     out_steps.append(s)
-            plan = Plan(out_steps, buffer_of, aliases, kernels, strides_of, cl_convs)
+            plan = Plan(out_steps, buffer_of, aliases, kernels, strides_of, cl_convs,
+                        laid_out={o: strides_of[o] for o in free if o in strides_of and o.op is not Op.INPUT})
             return write_backs_in_place(plan, graph) if config.get().write_backs_in_place else plan
         except NotFusable as e:
             if e.node is None or e.node in breaks:
@@ -187,14 +194,15 @@ def triton_plan(graph: Graph, report: CompileReport, device: torch.device, choic
 
 
 def build_triton(graph: Graph, report: CompileReport, device: torch.device, mode: str = "default",
-                 choices: Any = None) -> Any:
+                 choices: Any = None, saved: frozenset[int] = frozenset()) -> Any:
     """The GPU module of ``graph`` (Triton kernels; convolutions and the kernels between them channels-last),
-    replayed as a CUDA graph in reduce-overhead and max-autotune."""
+    replayed as a CUDA graph in reduce-overhead and max-autotune; ``saved``: see ``make_plan``."""
     from kiln.runtime.cuda_graphs import with_cuda_graph
-    return with_cuda_graph(triton_graph(graph, report, device, choices), report, mode)
+    return with_cuda_graph(triton_graph(graph, report, device, choices, saved), report, mode)
 
 
-def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None) -> Any:
+def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choices: Any = None,
+                 saved: frozenset[int] = frozenset()) -> Any:
     """The ``TritonGraph`` of ``graph``, called as is (no CUDA graph)."""
     from kiln.runtime import gpu_launch
     from kiln.runtime.build import start_builds
@@ -205,9 +213,10 @@ def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choi
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
     start = time.perf_counter()
     with config.scope(layout_optimization=True):
-        first = make_plan(graph)
+        first = make_plan(graph, saved)
         copied = relayout_copies(graph, first, weights=not config.get().holds_weight_copies(report.mode))
-        plan = triton_plan(copied, report, device, choices, plan=first if copied is graph else None)
+        plan = triton_plan(copied, report, device, choices,
+                           plan=first if copied is graph else make_plan(copied, saved))
         graph = copied
         program = build_program(graph, plan, arena=False)
         report.phases["gpu_plan"] = time.perf_counter() - start - report.phases.get("matmul_tuning", 0.0)

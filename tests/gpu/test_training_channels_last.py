@@ -1,0 +1,101 @@
+"""[Note: saved activations channels-last] (frontend/training.py, ``Config.training_channels_last``): a training
+forward lays out its saved convolution inputs channels-last and tells AOTAutograd their strides, the backward is
+compiled for inputs in that layout and runs ``convolution_backward`` channels-last.  Under Triton's interpreter
+(CI) on small convolutional nets, every step's outputs and gradients against eager's, and the layouts chosen;
+on a GPU the same with BatchNorm under bf16 autocast."""
+import copy
+
+import pytest
+import torch
+import torch.nn as nn
+
+import kiln
+import kiln.schedule.plan as plan_module
+from kiln.ir.ops import channels_last_strides
+from tests.gpu.conftest import HAS_CUDA
+
+
+class _Residual(nn.Module):
+    def __init__(self, c: int, bn: bool):
+        super().__init__()
+        norm = (lambda: nn.BatchNorm2d(c)) if bn else nn.Identity
+        self.body = nn.Sequential(nn.Conv2d(c, c, 3, padding=1), norm(), nn.ReLU(), nn.Conv2d(c, c, 3, padding=1),
+                                  norm())
+
+    def forward(self, x):
+        return torch.relu(self.body(x) + x)
+
+
+def _net(bn: bool) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), _Residual(8, bn),
+                         nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 5))
+
+
+@pytest.fixture
+def plans(monkeypatch):
+    """Every plan a compile makes, with the output positions it was free to lay out."""
+    made = []
+    original = plan_module.make_plan
+
+    def recording(graph, saved=frozenset()):
+        plan = original(graph, saved)
+        made.append((graph, saved, plan))
+        return plan
+    monkeypatch.setattr(plan_module, "make_plan", recording)
+    return made
+
+
+def _train(model, ref, x, steps, device, autocast=False, tol=(1e-4, 1e-5)):
+    compiled = kiln.compile(model, fallback=False, target="triton", training_channels_last=True)
+    for _ in range(steps):
+        for m in (model, ref):
+            m.zero_grad(set_to_none=True)
+        with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+            out = compiled(x)
+            ref_out = ref(x)
+        out.float().square().mean().backward()
+        ref_out.float().square().mean().backward()
+        torch.testing.assert_close(out.float(), ref_out.float(), rtol=tol[0], atol=tol[1])
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            err = ((p.grad.float() - q.grad.float()).norm() / q.grad.float().norm().clamp_min(1e-12)).item()
+            assert err < tol[0] * 10, f"{name}: relative gradient error {err:.2e}"
+
+
+def test_saved_convolution_inputs_channels_last_and_the_backward_reads_them_so(plans):
+    torch._dynamo.reset()
+    model = _net(bn=False)
+    ref = copy.deepcopy(model)
+    _train(model, ref, torch.randn(2, 3, 16, 16), 2, "cpu")
+    forward = [(g, s, p) for g, s, p in plans if s]
+    backward = [(g, p) for g, s, p in plans if not s and any(n.attr("strides") for n in g.inputs)]
+    assert forward and backward, plans
+    graph, saved, plan = forward[-1]
+    laid_out = {o for o in plan.laid_out}
+    assert laid_out and all(plan.laid_out[o] == channels_last_strides(o.shape) for o in laid_out)
+    user_outputs = {o for k, o in enumerate(graph.outputs) if k not in saved}
+    assert not laid_out & user_outputs  # (the user's outputs keep eager's layout)
+    graph, plan = backward[-1]
+    cl = [n for n in graph.inputs if len(n.shape) == 4 and n.attr("strides") == channels_last_strides(n.shape)]
+    assert cl and all(plan.strides_of[n] == n.attr("strides") for n in cl)
+    # the backward's convolutions read a channels-last gradient
+    grads = [n.inputs[0] for n in graph.nodes if getattr(n.attr("target"), "overloadpacket", None)
+             is torch.ops.aten.convolution_backward]
+    assert any(plan.strides_of.get(g) == channels_last_strides(g.shape) for g in grads)
+
+
+def test_off_by_default_keeps_eager_layouts(plans):
+    torch._dynamo.reset()
+    model = _net(bn=False)
+    compiled = kiln.compile(model, fallback=False, target="triton")
+    compiled(torch.randn(2, 3, 16, 16)).sum().backward()
+    assert plans and all(not s and not p.laid_out for _, s, p in plans)
+
+
+@pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
+def test_batch_norm_net_under_autocast_on_the_gpu(plans):
+    torch._dynamo.reset()
+    model = _net(bn=True).cuda().train()
+    ref = copy.deepcopy(model)
+    _train(model, ref, torch.randn(8, 3, 32, 32, device="cuda"), 3, "cuda", autocast=True, tol=(2e-2, 2e-2))
+    assert any(p.laid_out for _, s, p in plans if s)
