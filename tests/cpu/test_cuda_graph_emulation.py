@@ -45,26 +45,36 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.LayerNorm(256), nn.Linear(256, 32))
 
 
-def test_training_steps_replay_one_recording_per_graph_and_match_eager(counted):
-    recorded, replayed, made = counted
+def _trained_pair(optimizer, lr):
+    """The MLP, eager's copy, an optimizer for each, and the model compiled for training under emulated graphs."""
     model = _mlp()
     ref = copy.deepcopy(model)
-    opt, ref_opt = (torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (model, ref))
-    compiled = kiln.compile(model, **TRAINING)
+    opt, ref_opt = (optimizer(m.parameters(), lr=lr) for m in (model, ref))
+    return model, ref, opt, ref_opt, kiln.compile(model, **TRAINING)
+
+
+def _step_both(compiled, opt, ref, ref_opt, step):
+    """One training step of the compiled model and of eager's copy on the same batch; their losses agree."""
+    g = torch.Generator().manual_seed(step)
+    x, y = torch.randn(32, 64, generator=g), torch.randn(32, 32, generator=g)
+    losses = []
+    for fn, o in ((compiled, opt), (ref, ref_opt)):
+        o.zero_grad(set_to_none=True)
+        loss = nn.functional.mse_loss(fn(x), y)
+        loss.backward()
+        o.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6), step
+
+
+def test_training_steps_replay_one_recording_per_graph_and_match_eager(counted):
+    recorded, replayed, made = counted
+    model, ref, opt, ref_opt, compiled = _trained_pair(torch.optim.AdamW, 1e-3)
     settled = None
     for step in range(12):
         if step == 8:
             settled = (len(recorded), len(replayed))
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(32, 64, generator=g), torch.randn(32, 32, generator=g)
-        losses = []
-        for fn, o in ((compiled, opt), (ref, ref_opt)):
-            o.zero_grad(set_to_none=True)
-            loss = nn.functional.mse_loss(fn(x), y)
-            loss.backward()
-            o.step()
-            losses.append(loss.item())
-        assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6), step
+        _step_both(compiled, opt, ref, ref_opt, step)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     assert len(made) == 2 and len(set(recorded)) == 2, (made, recorded)
@@ -105,10 +115,7 @@ def test_the_steady_call_hands_over_to_the_general_one_when_a_parameter_moves(co
         steady.append(outputs is not None)
         return outputs
     monkeypatch.setattr(cuda_graphs.GraphReplay, "_steady_call", counting_steady)
-    model = _mlp()
-    ref = copy.deepcopy(model)
-    opt, ref_opt = (torch.optim.SGD(m.parameters(), lr=1e-2) for m in (model, ref))
-    compiled = kiln.compile(model, **TRAINING)
+    model, ref, opt, ref_opt, compiled = _trained_pair(torch.optim.SGD, 1e-2)
     moved_at = None
     for step in range(14):
         if step == 7:
@@ -116,16 +123,7 @@ def test_the_steady_call_hands_over_to_the_general_one_when_a_parameter_moves(co
             g = torch.Generator().manual_seed(99)
             fresh = torch.randn(model[0].weight.shape, generator=g)
             model[0].weight.data, ref[0].weight.data = fresh.clone(), fresh.clone()
-        g = torch.Generator().manual_seed(step)
-        x, y = torch.randn(32, 64, generator=g), torch.randn(32, 32, generator=g)
-        losses = []
-        for fn, o in ((compiled, opt), (ref, ref_opt)):
-            o.zero_grad(set_to_none=True)
-            loss = nn.functional.mse_loss(fn(x), y)
-            loss.backward()
-            o.step()
-            losses.append(loss.item())
-        assert losses[0] == pytest.approx(losses[1], rel=1e-5, abs=1e-6), step
+        _step_both(compiled, opt, ref, ref_opt, step)
     for p, q in zip(model.parameters(), ref.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-5)
     assert any(steady[:moved_at[1]]) and all(steady[-4:]), steady  # (steady before the move and after it)
