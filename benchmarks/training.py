@@ -244,23 +244,28 @@ def _grads(model: torch.nn.Module) -> list[torch.Tensor | None]:
     return [p.grad.detach().double().clone() if p.grad is not None else None for p in model.parameters()]
 
 
-def _grad_error(grads: list, reference: list) -> tuple[float, float]:
+def _grad_error(grads: list, reference: list, names: list[str] | None = None) -> tuple[float, float, list]:
     """First-step gradients against a reference run's (``--grads``): the largest over parameters of the relative
     error ``|g - r| / |r|`` (2-norms), and the same over the whole gradient vector - what the step's update sees
     before an optimizer turns small differences into sign-sized steps (AdamW's first step is ``lr * sign(g)``).
     Parameters whose reference gradient norm is below 1e-6 of the largest are left out (rounding-level
-    gradients, see ``_drift``)."""
-    pairs = [(g, r) for g, r in zip(grads, reference) if g is not None and r is not None]
-    top = max((r.norm().item() for _, r in pairs), default=0.0)
+    gradients, see ``_drift``).  Third: the three parameters with the largest share of the whole error, as
+    (name, relative error, share) - where a wrong gradient lies."""
+    names = names or [str(k) for k in range(len(grads))]
+    triples = [(name, g, r) for name, g, r in zip(names, grads, reference) if g is not None and r is not None]
+    top = max((r.norm().item() for _, _, r in triples), default=0.0)
     worst = total_diff = total_ref = 0.0
-    for g, r in pairs:
+    shares = []
+    for name, g, r in triples:
         n = r.norm().item()
         d = (g - r).norm().item()
         total_diff += d * d
         total_ref += n * n
+        shares.append((d * d, name, d / max(n, 1e-300)))
         if n > 1e-6 * top:
             worst = max(worst, d / n)
-    return worst, (total_diff / max(total_ref, 1e-300)) ** 0.5
+    largest = [(name, rel, sq / max(total_diff, 1e-300)) for sq, name, rel in sorted(shares, reverse=True)[:3]]
+    return worst, (total_diff / max(total_ref, 1e-300)) ** 0.5, largest
 
 
 def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
@@ -296,7 +301,8 @@ def bench(name: str, args: argparse.Namespace) -> dict[str, Any]:
             ref.step(_double(inputs), _double(target))
     eager = next((r for r in runs if r.backend == "eager"), None)
     rows = {}
-    grad_errors = {b: {against: _grad_error(g, first_grads[against]) for against in ("eager", "fp64")
+    names = [name for name, _ in model.named_parameters()]
+    grad_errors = {b: {against: _grad_error(g, first_grads[against], names) for against in ("eager", "fp64")
                        if against in first_grads and against != b}
                    for b, g in first_grads.items() if b != "fp64"}
     for run in runs:
@@ -424,7 +430,9 @@ def main() -> None:
             for b in args.backends.split(","):
                 errors = rows[b]["grad_error"] or {}
                 print(f"  first-step gradients {b}: " + ", ".join(
-                    f"vs {k} worst {w:.1e} / all {a:.1e}" for k, (w, a) in errors.items()))
+                    f"vs {k} worst {w:.1e} / all {a:.1e} (most: " + ", ".join(
+                        f"{name} {rel:.1e} {share:.0%}" for name, rel, share in largest) + ")"
+                    for k, (w, a, largest) in errors.items()))
         if args.losses:
             for b in args.backends.split(",") + (["fp64"] if args.fp64_reference else []):
                 print(f"  losses {b}: " + " ".join(f"{x:.4f}" for x in rows[b]["losses"]))
