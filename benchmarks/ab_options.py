@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 
-def _options(text: str) -> dict[str, Any]:
+def parse_options(text: str) -> dict[str, Any]:
+    """kiln options from ``"a=1;b=x;c=true"`` (values stay text but for true/false; kiln's config checks them)."""
     out: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         key, value = part.split("=", 1)
@@ -63,7 +64,7 @@ def main() -> None:
             fns = []
             for opts in (args.a, args.b):
                 torch._dynamo.reset()
-                fn = kiln.compile(model, mode=args.mode, **_options(opts))
+                fn = kiln.compile(model, mode=args.mode, **parse_options(opts))
                 for _ in range(3):
                     fn(*inputs)
                 fns.append(fn)

@@ -45,7 +45,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from benchmarks.ab_options import _options
+from benchmarks.ab_options import parse_options
 from benchmarks.models import gpt, mlp, resnet18
 
 BACKENDS = ["eager", "inductor", "kiln"]
@@ -176,7 +176,7 @@ class Run:
             mode = {"": "default", "ro": "reduce-overhead"}[suffix]
             if compiler == "kiln":
                 import kiln
-                options = _options(option_text)
+                options = parse_options(option_text)
                 compile_fn: Callable = lambda f: kiln.compile(f, mode=mode, **options)  # noqa: E731
             else:
                 compile_fn = lambda f: torch.compile(f, backend=compiler, mode=mode)  # noqa: E731
