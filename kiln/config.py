@@ -225,6 +225,10 @@ class Config:
     # activations channels-last], frontend/training.py).  Off until measured on the H100 (ResNet-18's step: cuDNN's
     # NCHW<->NHWC conversions, 0.73 ms of 5.6).
     training_channels_last: bool = False
+    # GPU: ATen's cuDNN attention backward's gradients kept in the layouts ATen gives them (q's, k's, v's), and a
+    # training forward's attention output handed to its backward in its own ([Note: attention results in ATen's
+    # layout], library/attention/__init__.py).  Off until measured on the GPU (BERT-base's step: 48 ATen copies).
+    attention_result_layouts: bool = False
     # Launch the Triton kernels compiled ahead with kiln's launcher (runtime/gpu_launch.py: one C call into the
     # driver, the grid and launch parameters recorded at build time) instead of Triton's Python launcher (11 us
     # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot
@@ -308,6 +312,7 @@ class Config:
         "gpu_split_column_reductions": ("KILN_GPU_SPLIT_COLUMN_REDUCTIONS", bool),
         "gpu_column_reductions": ("KILN_GPU_COLUMN_REDUCTIONS", bool),
         "training_channels_last": ("KILN_TRAINING_CHANNELS_LAST", bool),
+        "attention_result_layouts": ("KILN_ATTENTION_RESULT_LAYOUTS", bool),
         "gpu_static_launch": ("KILN_GPU_STATIC_LAUNCH", bool),
         "gpu_attention_entry": ("KILN_GPU_ATTENTION_ENTRY", str),
         "winograd_tiles": ("KILN_WINOGRAD_TILES", str),

@@ -89,13 +89,18 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
             saved_from = None
             if part == "forward":
                 _no_donated_buffers()
-                saved_from = partition.get("visible") if cfg.training_channels_last else None
-            else:
-                laid_out_inputs(fx_gm, fx_inputs)  # ([Note: saved activations channels-last])
+                laid_out = cfg.training_channels_last or cfg.attention_result_layouts
+                saved_from = partition.get("visible") if laid_out else None
+            else:  # ([Note: saved activations channels-last])
+                laid_out_inputs(fx_gm, fx_inputs, partition.get("reported"), partition.get("visible", 0))
             summary = partition.get("summary")
             described = f"; the partition (torch's min-cut, then kiln's): {summary}" if summary else ""
-            return compile_aten_graph(fx_gm, {}, cfg=cfg, mode=graph_mode, name=f"{name} ({part})",
-                                      training=part + note + described, saved_from=saved_from)
+            compiled = compile_aten_graph(fx_gm, {}, cfg=cfg, mode=graph_mode, name=f"{name} ({part})",
+                                          training=part + note + described, saved_from=saved_from)
+            if part == "forward":  # (the strides the forward reported for its outputs, if any)
+                context = torch._guards.TracingContext.try_get()
+                partition["reported"] = list(getattr(context, "output_strides", None) or [])
+            return compiled
         return compile_part
 
     # (keep_inference_input_mutations: buffers updated under no_grad - BatchNorm's running statistics - are
@@ -106,7 +111,8 @@ def compile_training(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], mo
                                  decompositions=decomposition_table(), keep_inference_input_mutations=True)
 
 
-def laid_out_inputs(bw: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> int:
+def laid_out_inputs(bw: torch.fx.GraphModule, fx_inputs: Sequence[Any], reported: Sequence[Any] | None = None,
+                    visible: int = 0) -> int:
     """[Note: saved activations channels-last] On the GPU, cuDNN runs convolutions channels-last (NHWC): given
     NCHW tensors it converts each operand and result around every call (ResNet-18's training step on the H100:
     110 + 55 conversion kernels, 0.73 ms of a 5.6 ms step).  Inference graphs keep their convolutions' inputs
@@ -117,15 +123,24 @@ def laid_out_inputs(bw: torch.fx.GraphModule, fx_inputs: Sequence[Any]) -> int:
     (``TracingContext.output_strides``, as Inductor does); AOTAutograd then hands the backward's compiler
     placeholders with those strides (``fx_inputs``), which this copies into the placeholders' metadata, where the
     lowering reads each input's layout (``Op.INPUT``'s ``strides``); the runtime takes inputs in that layout.
-    Returns how many placeholders changed layout."""
+    ``reported``: the strides the forward reported for its outputs (``visible`` of them the user's; the saved
+    tensors follow, in the order of the backward's inputs after its saved sizes): an input whose forward output
+    was reported in the layout the trace had anyway (an attention output: [Note: attention results in ATen's
+    layout]) is marked too, where AOTAutograd changed nothing.  Returns how many placeholders were marked."""
     from kiln.frontend.lower import LAID_OUT
     changed = 0
     placeholders = [n for n in bw.graph.nodes if n.op == "placeholder"]
-    for node, value in zip(placeholders, fx_inputs):
+    sizes = next((k for k, n in enumerate(placeholders) if isinstance(n.meta.get("val"), torch.Tensor)), 0)
+    reported = list(reported or [])
+    for k, (node, value) in enumerate(zip(placeholders, fx_inputs)):
         traced = node.meta.get("val")
-        if isinstance(value, torch.Tensor) and isinstance(traced, torch.Tensor) \
-                and all(isinstance(d, int) for d in (*value.shape, *value.stride(), *traced.stride())) \
-                and tuple(value.shape) == tuple(traced.shape) and value.stride() != traced.stride():
+        if not isinstance(value, torch.Tensor) or not isinstance(traced, torch.Tensor) \
+                or not all(isinstance(d, int) for d in (*value.shape, *value.stride(), *traced.stride())) \
+                or tuple(value.shape) != tuple(traced.shape):
+            continue
+        position = visible + k - sizes
+        said = reported[position] if k >= sizes and position < len(reported) else None
+        if value.stride() != traced.stride() or (said is not None and tuple(said) == tuple(value.stride())):
             node.meta["val"] = value
             node.meta[LAID_OUT] = True
             changed += 1

@@ -80,7 +80,9 @@ def make_plan(graph: Graph, saved: frozenset[int] = frozenset()) -> Plan:
         stored = _stored(group_of, readers)
         strides_of, cl_convs = library_layouts(graph), set()
         if config.get().layout_optimization:
-            strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored, free)
+            # (saved values channels-last only with training_channels_last; the library's layouts are kept anyway)
+            strides_of, cl_convs = choose_layouts(graph, steps, group_of, readers, stored,
+                                                  free if config.get().training_channels_last else set())
         strides_of.update(input_layouts(graph))
         buffer_of: dict[Node, str] = {}
         for n in graph.nodes:

@@ -101,3 +101,38 @@ def test_batch_norm_net_under_autocast_on_the_gpu(plans):
     ref = copy.deepcopy(model)
     _train(model, ref, torch.randn(8, 3, 32, 32, device="cuda"), 3, "cuda", autocast=True, tol=(2e-2, 2e-2))
     assert any(p.laid_out for _, s, p in plans if s)
+
+
+class _Attention(nn.Module):
+    """Heads split from one projection, SDPA, heads merged for the output projection."""
+
+    def __init__(self, d: int = 32, heads: int = 4):
+        super().__init__()
+        self.heads, self.qkv, self.out = heads, nn.Linear(d, 3 * d), nn.Linear(d, d)
+
+    def forward(self, x):
+        b, t, d = x.shape
+        q, k, v = (u.transpose(1, 2) for u in self.qkv(x).view(b, t, 3, self.heads, d // self.heads).unbind(2))
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+        return self.out(y.transpose(1, 2).reshape(b, t, d))
+
+
+def test_attention_output_handed_to_the_backward_in_its_own_layout(plans):
+    """[Note: attention results in ATen's layout]: with ``attention_result_layouts`` the forward hands its saved
+    attention output over in the layout ATen wrote it ([B, T, H, D] memory; reported to AOTAutograd though the
+    trace had it too) and the backward takes it so, without a copy; gradients are eager's."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    model = _Attention()
+    ref = copy.deepcopy(model)
+    x = torch.randn(2, 8, 32)
+    compiled = kiln.compile(model, fallback=False, target="triton", attention_result_layouts=True)
+    compiled(x).square().mean().backward()
+    ref(x).square().mean().backward()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-5, msg=name)
+    merged = (256, 8, 32, 1)  # ([2, 4, 8, 8] laid out [2, 8, 4, 8])
+    forward = [p for _, s, p in plans if s]
+    backward = [g for g, s, _ in plans if not s]
+    assert forward and any(v == merged for v in forward[-1].laid_out.values())
+    assert backward and any(n.attr("strides") == merged for n in backward[-1].inputs)

@@ -56,3 +56,48 @@ def test_matching_layout_orders_dimensions_like_the_reference():
     # a size-1 dimension's stride does not matter
     one = torch.randn(2, 1, 7, 4)
     assert extern.matching_layout(one, torch.randn(2, 7, 1, 4).transpose(1, 2)) is one
+
+
+def _cudnn_attention_graph():
+    """A self-attention's core and its backward as kiln lowers them for the GPU: q, k, v views of one projection,
+    ATen's cuDNN attention and its backward (traced on fake tensors - their meta functions need no GPU), the
+    heads merged for the next products."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from kiln.frontend.lower import lower_fx
+
+    def f(x, w, w2, g):
+        q, k, v = (t.transpose(1, 2) for t in (x @ w).view(2, 16, 3, 4, 8).unbind(2))
+        out, lse, cq, ck, mq, mk, seed, offset, _ = torch.ops.aten._scaled_dot_product_cudnn_attention(
+            q, k, v, None, True)
+        grads = torch.ops.aten._scaled_dot_product_cudnn_attention_backward(
+            g, q, k, v, out, lse, seed, offset, None, cq, ck, mq, mk, 0.0, False)
+        return [out.transpose(1, 2).reshape(32, 32) @ w2] + [d.transpose(1, 2).reshape(32, 32) @ w2 for d in grads]
+    gm = make_fx(f, tracing_mode="fake")(torch.randn(2, 16, 32), torch.randn(32, 96), torch.randn(32, 32),
+                                         torch.randn(2, 4, 16, 8))
+    graph, _ = lower_fx(gm, {}, triton=True)
+    attention = [n for n in graph.nodes if n.op.value == "extern" and "cudnn_attention" in str(n.attr("target"))
+                 and n.shape == (2, 4, 16, 8)]
+    return graph, attention
+
+
+@pytest.mark.parametrize("on", [False, True])
+def test_attention_gradients_planned_in_their_operands_layout(on):
+    """[Note: attention results in ATen's layout]: the forward's output keeps the query's layout (always), the
+    backward's gradients their operands' (with ``attention_result_layouts``), so each heads' merge for the next
+    product is a view - no copy kernel."""
+    from kiln import config
+    from kiln.schedule.layout import VIEW_COPY, relayout_copies
+    from kiln.schedule.plan import make_plan
+
+    graph, (out, *grads) = _cudnn_attention_graph()
+    merged = (512, 8, 32, 1)  # ([B, H, T, D] laid out [B, T, H, D], as the meta functions say)
+    with config.scope(attention_result_layouts=on):
+        plan = make_plan(graph)
+        copied = relayout_copies(graph, plan, weights=False)
+    copies = [n for n in copied.nodes if n.attr(VIEW_COPY)]
+    assert len(grads) == 3 and plan.strides_of[out] == merged
+    if on:
+        assert all(plan.strides_of[d] == merged for d in grads) and not copies
+    else:
+        assert not any(d in plan.strides_of for d in grads) and len(copies) == 3

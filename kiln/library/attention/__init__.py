@@ -37,7 +37,11 @@ def _fixed_strides(n: Node) -> tuple[int, ...] | None:
     target = n.attr("target")
     if _writes_heads_merged(target):
         return _heads_merged(n.shape)
-    if n.attr("out_index") != 0 or n.shape[1] == 1 or n.shape[2] == 1:  # (strides of size-1 dims are arbitrary)
+    if n.shape[1] == 1 or n.shape[2] == 1:  # (strides of size-1 dims are arbitrary)
+        return None
+    if target in _GRADIENTS_LIKE_OPERANDS:
+        return _gradient_strides(n)
+    if n.attr("out_index") != 0:
         return None
     if target in _ALWAYS_HEADS_MERGED:
         return _heads_merged(n.shape)
@@ -61,13 +65,34 @@ _SDPA_CPU = aten._scaled_dot_product_flash_attention_for_cpu.default
 _ALWAYS_HEADS_MERGED = frozenset({aten._scaled_dot_product_efficient_attention.default})
 _LIKE_QUERY = frozenset({_SDPA_CPU, aten._scaled_dot_product_flash_attention.default,
                          aten._scaled_dot_product_cudnn_attention.default})
+_GRADIENTS_LIKE_OPERANDS = frozenset({aten._scaled_dot_product_cudnn_attention_backward.default})
+
+
+def _gradient_strides(n: Node) -> tuple[int, ...] | None:
+    """[Note: attention results in ATen's layout] ATen's cuDNN attention backward writes the gradients of the
+    query, key and value (outputs 0, 1, 2) each in its operand's stride order, as the forward writes its output
+    in the query's (its meta function agrees): heads split from a projection give gradients laid out
+    [B, T, H, D], whose merge for the projection's weight gradient is then a view.  Left unknown, each was made
+    contiguous by the generated call (three ATen copies a layer: with the forward's output, the 48
+    ``aten::contiguous`` of BERT-base's training step on the H100) and copied back by a kernel of ours.  With
+    ``Config.attention_result_layouts`` (off until measured on a GPU; it also hands a training forward's output
+    to its backward in its own layout: frontend/training.py)."""
+    from kiln import config
+    k = n.attr("out_index")
+    if not config.get().attention_result_layouts or k not in (0, 1, 2) or len(n.inputs) < 4:
+        return None
+    operand = _query_strides(n.inputs[k + 1])  # (grad_out, then query, key, value)
+    if operand is not None and operand[3] == 1 and operand[1] < operand[2]:
+        return _heads_merged(n.shape)
+    return None
 
 
 def _query_strides(q: Node) -> tuple[int, ...] | None:
     """The query's strides as the plan will lay it out: its view chain over a contiguous base (or one whose
-    layout a library fixes), or None where the chain copies."""
+    layout a library fixes, or an input that comes laid out), or None where the chain copies."""
     root, chain = view_chain(q)
-    base = (_fixed_strides(root) if root.op is Op.EXTERN else None) or contiguous_strides(root.shape)
+    base = (_fixed_strides(root) if root.op is Op.EXTERN else root.attr("strides") if root.op is Op.INPUT
+            else None) or contiguous_strides(root.shape)
     found = view_layout(root.shape, base, root.dtype, chain)
     return tuple(found[0]) if found is not None else None
 
