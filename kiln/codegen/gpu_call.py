@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from kiln.ir.extern import Baked, InputRef, fast_callable, is_flat
+from kiln.ir.extern import Baked, InputRef, fast_callable, is_flat, restrided
 from kiln.ir.graph import Node
 from kiln.ir.interp import view_layout
 from kiln.ir.ops import VIEW, Op, channels_last_strides, contiguous_strides
@@ -62,9 +62,6 @@ def _literal(a: Any) -> bool:
     return False
 
 
-def _restrided(result: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
-    """A library result copied into the strides the kernels read it with."""
-    return torch.empty_strided(result.shape, strides, dtype=result.dtype, device=result.device).copy_(result)
 
 
 Launchers = Callable[[int], list[tuple[Callable, list[Node], bool, Any]]]
@@ -253,31 +250,23 @@ class _Writer:
                       f"or {v}.device.type != {m.device.type!r}:")
             self.emit(f"    bad_input({k}, {v}, {self.glob(n, 'NODE')}, {self.glob(m.device, 'DEVICE')})")
             if strides is not None:  # (its kernels read it in these strides: a caller's other layout is copied)
-                restride = self.glob(functools.partial(_restrided, strides=tuple(strides)), "RESTRIDE")
-                back = f"back{k}"
-                if n in m.mutated_inputs:  # ([Note: write-back of a strided input])
-                    self.write_backs.append(back)
-                    self.emit(f"{back} = None")
-                self.emit(f"if {v}.stride() != {tuple(strides)!r}:")
-                if n in m.mutated_inputs:
-                    self.emit(f"    {back} = ({v}, {restride}({v}))")
-                    self.emit(f"    {v} = {back}[1]")
-                else:
-                    self.emit(f"    {v} = {restride}({v})")
-                continue
+                restride = self.glob(functools.partial(restrided, strides=tuple(strides)), "RESTRIDE")
+                differs, copy = f"{v}.stride() != {tuple(strides)!r}", f"{restride}({v})"
+            else:
+                differs, copy = f"not {v}.is_contiguous()", f"{v}.contiguous()"
             if n in m.mutated_inputs:
-                # [Note: write-back of a strided input] the graph updates this input in place: a strided one is
-                # updated in a contiguous copy, copied back into the caller's tensor at the end of the call (the
+                # [Note: write-back of a strided input] the graph updates this input in place: one in another
+                # layout is updated in a copy, copied back into the caller's tensor at the end of the call (the
                 # pair is held under a name no ``del`` takes: the copy may die inside the program)
                 back = f"back{k}"
                 self.write_backs.append(back)
                 self.emit(f"{back} = None")
-                self.emit(f"if not {v}.is_contiguous():")
-                self.emit(f"    {back} = ({v}, {v}.contiguous())")
+                self.emit(f"if {differs}:")
+                self.emit(f"    {back} = ({v}, {copy})")
                 self.emit(f"    {v} = {back}[1]")
                 continue
-            self.emit(f"if not {v}.is_contiguous():")
-            self.emit(f"    {v} = {v}.contiguous()")
+            self.emit(f"if {differs}:")
+            self.emit(f"    {v} = {copy}")
 
     def allocation(self, a: "Allocation") -> None:
         shape, strides = tuple(a.shape), tuple(a.strides)
@@ -371,7 +360,7 @@ class _Writer:
             self.emit(f"    {v} = {v}.contiguous()")
         else:  # the kernels read it through these strides
             self.emit(f"if {v}.stride() != {tuple(strides)!r}:")
-            self.emit(f"    {v} = {self.glob(functools.partial(_restrided, strides=tuple(strides)), 'RESTRIDE')}({v})")
+            self.emit(f"    {v} = {self.glob(functools.partial(restrided, strides=tuple(strides)), 'RESTRIDE')}({v})")
         return True
 
     def argument(self, a: Any, n: Node) -> str:

@@ -168,6 +168,12 @@ def matching_layout(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
         step *= t.shape[d]
     if all(t.stride(d) == strides[d] for d in range(t.dim()) if t.shape[d] > 1):
         return t
+    return restrided(t, tuple(strides))
+
+
+def restrided(t: torch.Tensor, strides: tuple[int, ...]) -> torch.Tensor:
+    """A copy of ``t`` laid out with ``strides`` (a library's result or a caller's input re-laid out for the
+    kernels that read it so)."""
     return torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
 
 

@@ -127,7 +127,6 @@ class GraphReplay:
         self.settle = config.get().cuda_graph_inputs_in_place or not self.keyed
         self.copy_recordings = 0
         self.expected = [(n.shape, n.dtype) for n in module.graph.inputs]
-        self.expected_sizes = [(torch.Size(n.shape), n.dtype) for n in module.graph.inputs]
         self.device_type = module.device.type  # (cuda; cpu where CUDA graphs are emulated)
         self._on_device = operator.attrgetter("is_cuda" if self.device_type == "cuda" else "is_cpu")
         self.unprotected_runs = 0  # calls run without the graph: the caller held views of earlier outputs
@@ -277,8 +276,8 @@ class GraphReplay:
         self.streak = [0] * len(inputs)
         self.last_addresses = list(key)
         # ([Note: the steady call of a graph on copies])
-        self.steady_inputs = [(shape, dtype, *self.in_place.get(k, (None, None)))
-                              for k, (shape, dtype) in enumerate(self.expected_sizes)]
+        self.steady_inputs = [(torch.Size(shape), dtype, *self.in_place.get(k, (None, None)))
+                              for k, (shape, dtype) in enumerate(self.expected)]
         self.copied = [k for k, x in enumerate(self.static_inputs) if x is not None]
 
     def _saw(self, key: tuple) -> None:

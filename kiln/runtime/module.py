@@ -15,7 +15,7 @@ import torch
 
 from kiln.codegen.cpp import native_calls, translation_unit
 from kiln import config
-from kiln.ir.extern import argument_builder, fast_callable, short_name, sibling_outputs
+from kiln.ir.extern import argument_builder, fast_callable, restrided, short_name, sibling_outputs
 from kiln.ir.graph import Graph, Node, view_root
 from kiln.ir.interp import view_chain, view_function
 from kiln.ir.ops import VIEW, Op, contiguous_strides
@@ -65,7 +65,7 @@ class CompiledGraph:
         self.plan = plan
         self.laid_out_outputs = plan.laid_out  # ([Note: saved activations channels-last])
         # inputs that come in a layout of their own, and those strides ([Note: saved activations channels-last])
-        self.input_strides = {n: st for n in graph.inputs if (st := n.attr("strides")) is not None}
+        self.input_strides = {n: plan.strides_of[n] for n in graph.inputs if n in plan.strides_of}
         self.arena_mode = program.arena
         report.kernels = plan.kernels
         report.plan = program.format() if shared_code is None or "module" not in shared_code else ""
@@ -319,18 +319,11 @@ class CompiledGraph:
             t = inputs[k]
             if t.dtype != n.dtype or tuple(t.shape) != n.shape or t.device.type != self.device.type:
                 raise InputMismatch(k, n.dtype, n.shape, self.device.type, t)
-            strides = self.input_strides.get(n)
-            if strides is not None:  # (its kernels read it in these strides)
-                if t.stride() != strides:
-                    t = torch.empty_strided(t.shape, strides, dtype=t.dtype, device=t.device).copy_(t)
-                    if n in self.mutated_inputs:
-                        write_back.append((inputs[k], t))
-            elif not t.is_contiguous():
+            strides = self.input_strides.get(n)  # (its kernels read it in these strides, else contiguous)
+            if t.stride() != strides if strides is not None else not t.is_contiguous():
+                t = restrided(t, strides) if strides is not None else t.contiguous()
                 if n in self.mutated_inputs:
-                    write_back.append((inputs[k], t.contiguous()))
-                    t = write_back[-1][1]
-                else:
-                    t = t.contiguous()
+                    write_back.append((inputs[k], t))
             env[n] = t
             ptrs[slot] = t.data_ptr()
         if self.arena_mode:  # (without one, outputs are allocated at their first writer, see _allocations)
@@ -465,8 +458,7 @@ class CompiledGraph:
             if strides is None:
                 return result if result.is_contiguous() else result.contiguous()
             if result.stride() != strides:  # kernels read it through these strides
-                result = torch.empty_strided(result.shape, strides, dtype=result.dtype,
-                                             device=result.device).copy_(result)
+                result = restrided(result, strides)
             return result
         self._extern_calls[n] = call
         return call
