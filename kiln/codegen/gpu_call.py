@@ -51,6 +51,14 @@ if TYPE_CHECKING:
     from kiln.ir.program import Allocation
 
 
+def _is_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    """Whether a value of ``shape`` laid out with ``strides`` (None: not known here) is contiguous as torch
+    counts it (the stride of a dimension of size 1 does not matter)."""
+    if strides is None:
+        return False
+    return all(s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)) if d != 1)
+
+
 def _literal(a: Any) -> bool:
     """Is ``repr(a)`` Python that evaluates to ``a`` (numbers, bools, None, strings and lists/tuples of them)?"""
     if a is None or isinstance(a, (bool, int, str)):
@@ -337,8 +345,10 @@ class _Writer:
         if n in m.sibling_of or n in m.last_sibling:  # (one call for its outputs: the closure keeps it,
             return False                                # [Note: one call for a multi-output extern])
         args_t, kwargs_t = template
-        parts = [self.argument(a, n) for a in args_t]
-        parts += [f"{k}={self.argument(v, n)}" for k, v in kwargs_t.items()]
+        dense = n.attr("dense_inputs")  # ([Note: externs get the layouts they were traced with])
+        dense = frozenset(k for k, d in enumerate(dense) if d) if dense is not None else frozenset()
+        parts = [self.argument(a, n, dense) for a in args_t]
+        parts += [f"{k}={self.argument(v, n, dense)}" for k, v in kwargs_t.items()]
         if n in m.plan.cl_convs and args_t and isinstance(args_t[0], InputRef):
             x = n.inputs[args_t[0].index]
             known = self.strides.get(self.value(x))
@@ -363,10 +373,19 @@ class _Writer:
             self.emit(f"    {v} = {self.glob(functools.partial(restrided, strides=tuple(strides)), 'RESTRIDE')}({v})")
         return True
 
-    def argument(self, a: Any, n: Node) -> str:
-        """An extern argument as text: its tensor's name, a literal, or a global holding the value."""
+    def argument(self, a: Any, n: Node, dense: frozenset[int] = frozenset()) -> str:
+        """An extern argument as text: its tensor's name, a literal, or a global holding the value.  An input
+        in ``dense`` (the extern's traced operands that were contiguous) whose layout here is not is made
+        contiguous at the call, as ``CompiledGraph.extern_call`` does."""
         if isinstance(a, InputRef):
-            return self.value(n.inputs[a.index])
+            name = self.value(n.inputs[a.index])
+            if a.index in dense:
+                held = self.ns.get(name)  # (a constant: the tensor itself)
+                dense_here = held.is_contiguous() if isinstance(held, torch.Tensor) else \
+                    _is_contiguous(n.inputs[a.index].shape, self.strides.get(name))
+                if not dense_here:
+                    return f"{name}.contiguous()"
+            return name
         if isinstance(a, Baked):
             return self.glob(a.value, "BAKED")
         if _literal(a):

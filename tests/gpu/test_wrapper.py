@@ -327,3 +327,30 @@ def test_wrapper_takes_every_output_of_a_multi_output_op_from_one_call():
     (out, mask), report = compile_and_run(Drop(), x)
     torch.testing.assert_close(out - 1, torch.where(mask, x * 4, torch.zeros_like(x)))
     assert 0.4 < mask.float().mean().item() < 0.6
+
+
+@torch.library.custom_op("kiln_wrapper_test::dense_only", mutates_args=())
+def _dense_only(x: torch.Tensor) -> torch.Tensor:
+    """A library op that refuses strided operands (as the CPU ``native_group_norm`` does)."""
+    if not x.is_contiguous():
+        raise RuntimeError("dense_only: a non-contiguous operand")
+    return x.flatten().cumsum(0).view(x.shape)
+
+
+@_dense_only.register_fake
+def _(x):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def test_library_calls_get_the_contiguous_operands_they_were_traced_with():
+    """[Note: externs get the layouts they were traced with] in the generated call's written-out library call:
+    the captured graph's ``contiguous`` is no node of kiln's, so the op is handed a permuted view of the product
+    - and made contiguous at the call, as the runtime's closure does."""
+    class Net(nn.Module):
+        def forward(self, x):
+            return _dense_only((x * 2).permute(0, 2, 1).contiguous()) + 1
+
+    x = torch.randn(4, 5, 6, device=DEVICE)
+    got, report = compile_and_run(Net(), x)
+    torch.testing.assert_close(got, Net()(x), rtol=1e-5, atol=1e-5)
+    assert ".contiguous())  # kiln_wrapper_test.dense_only" in report.wrapper
