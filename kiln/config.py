@@ -222,13 +222,16 @@ class Config:
     gpu_column_reductions: bool = True
     # GPU training: a forward's saved values laid out as kiln's layout pass chooses (convolution inputs
     # channels-last), the backward compiled for them, ``convolution_backward`` run channels-last ([Note: saved
-    # activations channels-last], frontend/training.py).  Off until measured on the H100 (ResNet-18's step: cuDNN's
-    # NCHW<->NHWC conversions, 0.73 ms of 5.6).
+    # activations channels-last], frontend/training.py).  Off: measured on the H100 (ResNet-18's reduce-overhead
+    # step, sessions 44/45: 5.31 -> 5.73 and 5.66 -> 5.60 ms): cuDNN's NCHW<->NHWC conversions (0.67 ms) go, but
+    # 68 ATen elementwise copies (0.48 ms) and a BatchNorm backward reduction over channels-last data (0.35 ms)
+    # come.
     training_channels_last: bool = False
     # GPU: ATen's cuDNN attention backward's gradients kept in the layouts ATen gives them (q's, k's, v's), and a
     # training forward's attention output handed to its backward in its own ([Note: attention results in ATen's
-    # layout], library/attention/__init__.py).  Off until measured on the GPU (BERT-base's step: 48 ATen copies).
-    attention_result_layouts: bool = False
+    # layout], library/attention/__init__.py).  H100 (session 45, one process, BERT-base bf16 step, gradients the
+    # same): default mode 23.32 -> 21.21 ms, reduce-overhead 11.39 -> 11.16 (GPU kernels 9.78 -> 9.48).  On.
+    attention_result_layouts: bool = True
     # Launch the Triton kernels compiled ahead with kiln's launcher (runtime/gpu_launch.py: one C call into the
     # driver, the grid and launch parameters recorded at build time) instead of Triton's Python launcher (11 us
     # of host time per launch on the H200 machine).  False: Triton's launcher (a kernel the record cannot

@@ -37,7 +37,7 @@ import re
 import torch
 
 from kiln import config
-from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, literal, tl_type
+from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, converted, literal, tl_type
 from kiln.ir.tiling import plan_tiles
 from kiln.ir.index import Var
 from kiln.ir.kernel import Acc, FullLoop, KConst, KLoad, Kernel, ReduceLoop, RowAssign, RowStore, Store, \
@@ -311,7 +311,7 @@ class TritonKernelWriter:
             # zeros(1) output failed to compile on the GPU: HF GPT-2's decode with a static cache), or a size or
             # float parameter Triton passes as a Python scalar (one specialized to 1; any under the interpreter)
             value = f"tl.cast({value}, {tl_type(dtype)})" if isinstance(st.value, KConst) \
-                else f"{value}.to({tl_type(dtype)})"
+                else converted(value, tl_type(dtype))
         offset = p.index(st.index)
         if st.index.is_const():  # a 0-d result: the pointer is made a block of the mask's shape
             offset += f" + 0 * ({mask}).to(tl.int32)"
@@ -428,7 +428,7 @@ class TritonKernelWriter:
     def _value(self, p: TritonPrinter, a: Acc) -> str:
         v = p.expr(a.value)
         if compute_dtype(a.value.dtype) != compute_dtype(a.dtype):
-            v = f"{v}.to({tl_type(compute_dtype(a.dtype))})"
+            v = converted(v, tl_type(compute_dtype(a.dtype)))
         return v
 
     def _reduce_block(self, p: TritonPrinter, a: Acc, mask: str, ind: str) -> str:

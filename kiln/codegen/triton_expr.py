@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 
 import math
+import re
 from typing import Any
 
 import torch
@@ -105,16 +106,29 @@ def _interpreted() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+_LITERAL = re.compile(r'^\(?-?(\d+(\.\d*)?(e[-+]?\d+)?|float\("-?(inf|nan)"\)|True|False)\)?$')
+
+
+def converted(text: str, to: str) -> str:
+    """``text`` (an expression) converted to the Triton type ``to``: ``.to`` for a block, ``tl.cast`` for a
+    Python number - a constant has no ``.to`` (``3.to(tl.int64)`` does not even parse: an int64 ``full`` a
+    training graph returned; ``0.5.to(tl.bfloat16)``: a constant a reduction stored)."""
+    return f"tl.cast({text}, {to})" if _LITERAL.match(text) else f"{text}.to({to})"
+
+
 def _cast(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
+    x = a[0]
+    if _LITERAL.match(x):  # (a constant: see ``converted``)
+        x = f"tl.cast({x}, {tl_type(ad)})"
     if d in HALF and ad == torch.bool:  # 0 and 1 are exact (and Triton's interpreter made a bool's bf16 zero:
-        return f"{a[0]}.to(tl.float32)"   # fuzz_symbolic --target triton, seed 594)
+        return f"{x}.to(tl.float32)"   # fuzz_symbolic --target triton, seed 594)
     if d == torch.bfloat16 and not ad.is_floating_point and _interpreted():
         # Triton 3.6's interpreter converts an int to bf16 by its bits (1 -> 9.2e-41): through fp32 there, which
         # rounds twice only past 2**24 (the GPU's text converts directly)
-        return f"{a[0]}.to(tl.float32).to(tl.bfloat16).to(tl.float32)"
+        return f"{x}.to(tl.float32).to(tl.bfloat16).to(tl.float32)"
     if d in HALF:  # round to the half type, keep computing in fp32
-        return f"{a[0]}.to({tl_type(d)}).to(tl.float32)"
-    return f"{a[0]}.to({tl_type(d)})"
+        return f"{x}.to({tl_type(d)}).to(tl.float32)"
+    return f"{x}.to({tl_type(d)})"
 
 
 TRITON_OPS = OpTable("Triton", _INFIX, {

@@ -349,6 +349,7 @@ def _allocations_in_place(p: Program, node_of: dict[str, Node]) -> tuple[list[li
                 for b in inplace.overwritable_inputs(kernels[0], buf_of[n]):
                     m = node_of[b]
                     if (m in dying and m not in taken and m.op not in (Op.INPUT, Op.CONSTANT)
+                            and not _returns_an_alias(m)
                             and m.numel == n.numel and m.dtype.itemsize == n.dtype.itemsize):
                         reuse = m
                         taken.add(m)
@@ -359,6 +360,19 @@ def _allocations_in_place(p: Program, node_of: dict[str, Node]) -> tuple[list[li
 
 def _nbytes(n: Node) -> int:
     return n.numel * n.dtype.itemsize
+
+
+def _returns_an_alias(n: Node) -> bool:
+    """Is ``n`` a library call whose result may be (a view of) one of its inputs - an ATen op whose schema's
+    return aliases an argument (``index_put_`` made in place over the caller's input by
+    passes/inplace_updates.py), or a callable without a schema?  Its memory is not the call's own to write over: the
+    generated call's check that it holds a library result's storage alone counts tensors, and the caller's
+    input updated in place is one tensor with the result (fuzz seed 168, Triton target: ``x[i] = v; x * x``
+    wrote ``x * x`` into the caller's ``x``)."""
+    if n.op is not Op.EXTERN:
+        return False
+    schema = getattr(n.attr("target"), "_schema", None)
+    return schema is None or any(r.alias_info is not None for r in schema.returns)
 
 
 def _aliased_by_library(p: Program, buf_of: dict[Node, str]) -> set[Node]:

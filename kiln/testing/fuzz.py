@@ -85,7 +85,7 @@ def _answer(task: dict[str, Any]) -> dict[str, Any]:
     start = time.perf_counter()
     program = _program_of(task)
     gen_s = time.perf_counter() - start
-    res = run_program(program, task.get("backend", "kiln"), task.get("options"))
+    res = run_program(program, task.get("backend", "kiln"), task.get("options"), grad=task.get("grad", False))
     res.phases["generate"] = gen_s
     return res.to_json()
 
@@ -122,11 +122,12 @@ def _result(seed: int, answer: dict[str, Any]) -> Result:
 
 def run_seeds(seeds: Sequence[int], *, dtype: str = "fp32", size: str = "ci", jobs: int = 1, group: int = 1,
               options: dict[str, Any] | None = None, log: Callable[[str], None] | None = print,
-              progress_every: int = 100) -> Summary:
-    """Run the programs of ``seeds`` in ``jobs`` worker processes, ``group`` programs per compiled function."""
+              progress_every: int = 100, grad: bool = False) -> Summary:
+    """Run the programs of ``seeds`` in ``jobs`` worker processes, ``group`` programs per compiled function
+    (``grad``: their gradients too, [Note: fuzzing gradients])."""
     from kiln.testing.fuzz_pool import Pool
     summary, start = Summary(), time.perf_counter()
-    base = {"dtype": dtype, "size": size, "options": options}
+    base = {"dtype": dtype, "size": size, "options": options, "grad": grad}
     tasks = collections.deque({**base, "seeds": chunk} for chunk in _groups(seeds, group, dtype))
     pool = Pool(jobs, timeout=120.0)
     split: dict[tuple[int, ...], Result] = {}  # groups that were not ok, while their members run alone
@@ -191,7 +192,7 @@ def _brief(counts: dict[str, int]) -> str:
 
 
 def shrink_failures(summary: Summary, out_dir: str, *, dtype: str, size: str, options: dict[str, Any] | None,
-                    log: Callable[[str], None] = print, max_tests: int = 120) -> list[str]:
+                    log: Callable[[str], None] = print, max_tests: int = 120, grad: bool = False) -> list[str]:
     """Shrink every failing seed (candidates run in a worker, so a crash stays contained) and write a
     reproducer per seed into ``out_dir``; returns the paths."""
     from kiln.testing.fuzz_pool import Pool
@@ -200,7 +201,7 @@ def shrink_failures(summary: Summary, out_dir: str, *, dtype: str, size: str, op
 
     def test(p: Program) -> Result:
         box: list[Result] = []
-        pool.run(collections.deque([{"program": p.to_json(), "options": options}]),
+        pool.run(collections.deque([{"program": p.to_json(), "options": options, "grad": grad}]),
                  lambda _t, a: box.append(_result(p.seed, a)))
         return box[0]
 
@@ -241,6 +242,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mode", default="default", choices=["default", "reduce-overhead"],
                     help="reduce-overhead: CUDA graphs replayed (emulated on the CPU), outputs held across replays "
                          "checked ([Note: fuzzing replays])")
+    ap.add_argument("--grad", action="store_true",
+                    help="also compile each program for training and compare its inputs' gradients with eager's "
+                         "([Note: fuzzing gradients], kiln/testing/fuzz_grad.py)")
     ap.add_argument("--json", help="write every result as JSON to this file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -252,13 +256,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         options.update(mode=args.mode, emulate_cuda_graphs=True)
     options = options or None
     summary = run_seeds(_seed_range(args.seeds), dtype=args.dtype, size=args.size, jobs=args.jobs,
-                        group=args.group, options=options)
+                        group=args.group, options=options, grad=args.grad)
     print(summary.format())
     if args.json:
         with open(args.json, "w") as f:
             json.dump({s: r.to_json() for s, r in summary.results.items()}, f, indent=1)
     if args.out and summary.failing():
-        shrink_failures(summary, args.out, dtype=args.dtype, size=args.size, options=options)
+        shrink_failures(summary, args.out, dtype=args.dtype, size=args.size, options=options, grad=args.grad)
     return 1 if summary.failing() else 0
 
 

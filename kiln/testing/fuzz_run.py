@@ -82,12 +82,13 @@ def compare(out: Any, ref: Any, tols: list[Any], what: str) -> tuple[str, str] |
 
 
 def run_program(program: Program, backend: str | Callable = "kiln", options: dict[str, Any] | None = None,
-                control: bool = True, decoy: bool = True) -> Result:
+                control: bool = True, decoy: bool = True, grad: bool = False) -> Result:
     """Run ``program`` eagerly and compiled (``backend``: "kiln", another Dynamo backend name, or a backend
     callable) on fresh copies of its inputs and classify the outcome.  ``control``: confirm a failure
     against ``aot_eager`` before blaming kiln.  ``decoy``: call the compiled function first on other input
     values of the same layouts (not compared), so a value computed once and reused by the next call (a stale
-    cache) shows as a mismatch of the compared, second call."""
+    cache) shows as a mismatch of the compared, second call.  ``grad``: where the outputs match, compile it
+    again for training and compare its inputs' gradients too ([Note: fuzzing gradients])."""
     ns = program.namespace()
     fn, make_inputs = ns["fn"], ns["make_inputs"]
     res = Result(program.seed, "ok", members=list(program.members))
@@ -111,16 +112,34 @@ def run_program(program: Program, backend: str | Callable = "kiln", options: dic
             (compare(held, decoy_ref, program.out_tol, "held output") if replays else None)
         if diff is not None:
             res.status, (res.signature, res.detail) = "mismatch", diff
-        elif res.fallbacks:
+        elif grad:
+            _gradient_run(res, program, backend, options)
+        if res.status == "ok" and res.fallbacks:
             res.status, res.detail = "fallback", res.fallbacks[0]
             res.signature = "fallback:" + res.fallbacks[0].split(":")[0]
     if (res.failed or res.status == "fallback") and control and backend != "aot_eager":
-        again = run_program(program, "aot_eager", control=False, decoy=decoy)
+        again = run_program(program, "aot_eager", control=False, decoy=decoy, grad=grad)
         if again.signature == res.signature or _same_capture_failure(res, again):
             res.status, res.detail = "torch_error", f"aot_eager fails the same way: {again.detail}"
     torch._dynamo.reset()
     res.seconds = time.perf_counter() - start
     return res
+
+
+def _gradient_run(res: Result, program: Program, backend: str | Callable, options: dict[str, Any] | None) -> None:
+    """The training compile of ``program`` ([Note: fuzzing gradients]): a gradient that differs, or a raise, is
+    recorded in ``res``; so are kiln's fallbacks; nothing to differentiate leaves it as it was."""
+    import kiln.report
+    from kiln.testing.fuzz_grad import check_gradients
+    torch._dynamo.reset()
+    mark = kiln.report.mark()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        status, signature, detail = check_gradients(program, lambda f: compile_fn(f, backend, options))
+    _record_reports(res, kiln.report.reports_since(mark))
+    res.phases["grad"] = 1.0 if status != "skip" else 0.0
+    if status in ("mismatch", "crash"):
+        res.status, res.signature, res.detail = status, signature, detail
 
 
 CAPTURE_FAILED = "capture to ATen (AOTAutograd) failed: "

@@ -306,3 +306,55 @@ def test_ci_programs_replayed_under_reduce_overhead_match_eager():
                              options=options)
     assert not summary.failing(), summary.format()
     assert summary.counts()["ok"] >= 55, summary.format()
+
+
+# ------------------------------------------------------------------------------------------------ gradients
+
+def _backward_off_by(scale: float):
+    """A backend whose backward graph's results come out ``scale`` times too large (its forward is right)."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    def backward(gm, example_inputs):
+        def run(args):
+            return [g * scale if isinstance(g, torch.Tensor) and g.is_floating_point() else g for g in gm(*args)]
+        run._boxed_call = True
+        return run
+    return aot_autograd(fw_compiler=lambda gm, _: make_boxed_func(gm.forward), bw_compiler=backward)
+
+
+def test_gradient_check_catches_a_wrong_backward_and_passes_a_right_one():
+    """[Note: fuzzing gradients]: a backward 1% off is a mismatch of the inputs' gradients (its forward matches);
+    aot_eager and kiln pass on the same programs."""
+    from kiln.testing.fuzz_grad import check_gradients
+    from kiln.testing.fuzz_run import compile_fn, run_program
+    checked = 0
+    for seed in range(40):
+        p = generate(seed)
+        torch._dynamo.reset()
+        status, signature, detail = check_gradients(p, lambda f: torch.compile(f, backend=_backward_off_by(1.01)))
+        if status == "skip":
+            continue
+        checked += 1
+        assert status == "mismatch" and signature == "mismatch:gradient", (seed, status, detail)
+        assert "gradient of input" in detail
+        for backend in ("aot_eager", "kiln"):
+            torch._dynamo.reset()
+            assert check_gradients(p, lambda f: compile_fn(f, backend, None))[0] == "ok", (seed, backend)
+        if checked == 3:
+            break
+    assert checked == 3
+    wrong = run_program(p, _backward_off_by(1.01), control=False, grad=True)
+    assert wrong.status == "mismatch" and wrong.signature == "mismatch:gradient", wrong
+    assert run_program(p, _backward_off_by(1.01), control=False).status == "ok"  # (the forward alone is right)
+
+
+def test_ci_programs_trained_match_eagers_gradients():
+    """[Note: fuzzing gradients]: 100 programs (other seeds than the runs above) compiled for training by kiln -
+    every float input's gradient against eager's, judged by a float64 run.  ~30 s on the 2-core dev box."""
+    summary = fuzz.run_seeds(list(range(7000, 7100)), size="ci", dtype="all", jobs=CI_JOBS, group=CI_GROUP,
+                             log=None, grad=True)
+    assert not summary.failing(), summary.format()
+    assert summary.counts()["ok"] >= 90, summary.format()
+    checked = sum(r.phases.get("grad", 0.0) * max(1, len(r.members)) for r in summary.results.values())
+    assert checked >= 60, f"only {checked:.0f} programs had gradients to check"

@@ -12,7 +12,7 @@ import torch.nn as nn
 import kiln
 import kiln.schedule.plan as plan_module
 from kiln.ir.ops import channels_last_strides
-from tests.gpu.conftest import HAS_CUDA
+from tests.gpu.conftest import DEVICE, HAS_CUDA
 
 
 class _Residual(nn.Module):
@@ -64,11 +64,11 @@ def _train(model, ref, x, steps, device, autocast=False, tol=(1e-4, 1e-5)):
             assert err < tol[0] * 10, f"{name}: relative gradient error {err:.2e}"
 
 
-def test_saved_convolution_inputs_channels_last_and_the_backward_reads_them_so(plans):
+def test_saved_convolution_inputs_channels_last_and_the_backward_reads_them_so(plans, no_tf32):
     torch._dynamo.reset()
-    model = _net(bn=False)
+    model = _net(bn=False).to(DEVICE)
     ref = copy.deepcopy(model)
-    _train(model, ref, torch.randn(2, 3, 16, 16), 2, "cpu")
+    _train(model, ref, torch.randn(2, 3, 16, 16, device=DEVICE), 2, DEVICE)
     forward = [(g, s, p) for g, s, p in plans if s]
     backward = [(g, p) for g, s, p in plans if not s and any(n.attr("strides") for n in g.inputs)]
     assert forward and backward, plans
@@ -88,10 +88,10 @@ def test_saved_convolution_inputs_channels_last_and_the_backward_reads_them_so(p
 
 def test_off_by_default_keeps_eager_layouts(plans):
     torch._dynamo.reset()
-    model = _net(bn=False)
+    model = _net(bn=False).to(DEVICE)
     compiled = kiln.compile(model, fallback=False, target="triton")
-    compiled(torch.randn(2, 3, 16, 16)).sum().backward()
-    assert plans and all(not s and not p.laid_out for _, s, p in plans)
+    compiled(torch.randn(2, 3, 16, 16, device=DEVICE)).sum().backward()
+    assert plans and all(not p.laid_out for _, s, p in plans)  # (no attention here: nothing laid out)
 
 
 @pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA")
@@ -117,15 +117,15 @@ class _Attention(nn.Module):
         return self.out(y.transpose(1, 2).reshape(b, t, d))
 
 
-def test_attention_output_handed_to_the_backward_in_its_own_layout(plans):
+def test_attention_output_handed_to_the_backward_in_its_own_layout(plans, no_tf32):
     """[Note: attention results in ATen's layout]: with ``attention_result_layouts`` the forward hands its saved
     attention output over in the layout ATen wrote it ([B, T, H, D] memory; reported to AOTAutograd though the
     trace had it too) and the backward takes it so, without a copy; gradients are eager's."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    model = _Attention()
+    model = _Attention().to(DEVICE)
     ref = copy.deepcopy(model)
-    x = torch.randn(2, 8, 32)
+    x = torch.randn(2, 8, 32, device=DEVICE)
     compiled = kiln.compile(model, fallback=False, target="triton", attention_result_layouts=True)
     compiled(x).square().mean().backward()
     ref(x).square().mean().backward()

@@ -341,3 +341,35 @@ def test_pow_of_a_literal_base():
     with torch.inference_mode():
         got = kiln.compile(fn, target="triton", fallback=False)(x)
     torch.testing.assert_close(got, fn(x), rtol=1e-5, atol=1e-5)
+
+
+def test_a_constant_cast_in_a_kernel():
+    """A kernel that stores a cast constant (an int64 ``full`` a training forward returns): a Python number has no
+    ``.to`` - ``3.to(tl.int64)`` did not even parse, and the graph fell back (fuzz seed 5 with gradients)."""
+    def fn(x):
+        return x.softmax(-1), torch.full((8,), 3, dtype=torch.int64, device=x.device)
+
+    x = torch.randn(3, 5, device=DEVICE, requires_grad=True)
+    ref = x.detach().clone().requires_grad_()
+    probs, threes = kiln.compile(fn, target="triton", fallback=False)(x)
+    expected = fn(ref)
+    torch.testing.assert_close(threes, expected[1], rtol=0, atol=0)
+    (probs * torch.arange(5.0, device=DEVICE)).sum().backward()
+    (expected[0] * torch.arange(5.0, device=DEVICE)).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad, rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_reduction_of_a_constant(dtype):
+    """Kernels over a constant alone (a ``full``, repeated, its product and a minimum, returned): a stored value
+    whose text is a Python number converts with ``tl.cast`` (``0.5.to(tl.bfloat16)`` failed; fuzz seed 548)."""
+    def fn(x):
+        c = torch.full(x.shape, 0.5, dtype=x.dtype, device=x.device)
+        r = c.repeat(1, 1).contiguous()
+        return c.reshape(-1), torch.minimum(r.prod(dim=0, keepdim=True), r), c, x * 2
+
+    x = torch.randn(4, 2, device=DEVICE).to(dtype)
+    with torch.inference_mode():
+        got = kiln.compile(fn, target="triton", fallback=False)(x)
+    for g, e in zip(got, fn(x)):
+        torch.testing.assert_close(g, e, rtol=0, atol=0)

@@ -354,3 +354,21 @@ def test_library_calls_get_the_contiguous_operands_they_were_traced_with():
     got, report = compile_and_run(Net(), x)
     torch.testing.assert_close(got, Net()(x), rtol=1e-5, atol=1e-5)
     assert ".contiguous())  # kiln_wrapper_test.dense_only" in report.wrapper
+
+
+def test_a_callers_input_updated_in_place_is_not_written_over():
+    """An update of the caller's input made in place (``index_put_``, passes/inplace_updates.py) returns the
+    input itself: the buffer of ``x * x`` may not take its memory when it dies - the generated call's check that
+    it holds a library result alone counts tensors, and the caller's input is that one tensor (fuzz seed 168)."""
+    def fn(x, i, v):
+        x[i] = v
+        return x * x
+
+    x = torch.rand(7, 1, 2, device=DEVICE) * 4 - 2
+    i = torch.randperm(7, device=DEVICE)[:5]
+    v = torch.randint(-3, 4, (5, 1, 2), device=DEVICE).float()
+    expected_x = x.clone()
+    expected = fn(expected_x, i, v)
+    got, report = compile_and_run(fn, x, i, v)
+    torch.testing.assert_close(x, expected_x, rtol=0, atol=0)
+    torch.testing.assert_close(got, expected, rtol=0, atol=0)
