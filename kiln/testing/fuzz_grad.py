@@ -37,6 +37,10 @@ class Skip(Exception):
     """The program has nothing to differentiate, or eager itself cannot differentiate it."""
 
 
+class CompiledRaised(Exception):
+    """The compiled function or its backward raised (the cause): a crash of the compiler under test."""
+
+
 def _leaves(program: Program, xs: list[torch.Tensor]) -> list[int]:
     """Positions of the inputs that get gradients: float inputs the program does not change in place."""
     return [k for k, (x, tol) in enumerate(zip(xs, program.input_tol))
@@ -81,10 +85,13 @@ def _differentiable(o: Any) -> bool:
     return isinstance(o, torch.Tensor) and o.is_floating_point() and o.requires_grad
 
 
-def check_gradients(program: Program, compile_fn: Callable[[Callable], Callable]) -> tuple[str, str, str]:
+def check_gradients(program: Program, compile_fn: Callable[[Callable], Callable],
+                    calls: int = 1) -> tuple[str, str, str]:
     """Compile ``program.fn`` with ``compile_fn`` and compare the gradients of its inputs with eager's (see
     [Note: fuzzing gradients]).  Returns (status, signature, detail): status "ok", "skip" (nothing to check:
-    the detail says why), "mismatch" or "crash" (the compiled function or its backward raised)."""
+    the detail says why) or "mismatch"; ``CompiledRaised`` where the compiled function or its backward raised.  ``calls``:
+    training steps taken with the compiled function, on fresh copies of the inputs, the last one compared
+    (reduce-overhead records its graphs at the third and replays them after: [Note: fuzzing replays])."""
     ns, ns64 = program.namespace(), program.namespace(ft="float64")
     wrt = _leaves(program, ns["make_inputs"]())
     if not wrt:
@@ -100,13 +107,13 @@ def check_gradients(program: Program, compile_fn: Callable[[Callable], Callable]
     except Exception as exc:  # noqa: BLE001 - eager cannot differentiate it (an in-place op on a saved value)
         return "skip", "", f"eager: {type(exc).__name__}: {str(exc)[:120]}"
     try:
-        gc, _ = _gradients(compile_fn(ns["fn"]), ns["make_inputs"](), wrt, weights, seed)
+        compiled = compile_fn(ns["fn"])
+        for _ in range(calls):
+            gc, _ = _gradients(compiled, ns["make_inputs"](), wrt, weights, seed)
     except Skip as exc:
         return "skip", "", str(exc)
-    except Exception as exc:  # noqa: BLE001 - the compiled forward or backward raised
-        from kiln.testing.fuzz_run import short_error
-        name, msg = short_error(exc)
-        return "crash", f"crash:gradient:{name}", f"{name} in the compiled training call: {msg}"
+    except Exception as exc:  # noqa: BLE001 - the compiled forward or backward raised: the caller names it
+        raise CompiledRaised() from exc
     depth = max(1, len(program.stmts))
     rtol, atol = BASE_TOL[program.ft]
     for k, c, e, x in zip(wrt, gc, ge, gx):

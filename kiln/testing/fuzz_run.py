@@ -130,12 +130,18 @@ def _gradient_run(res: Result, program: Program, backend: str | Callable, option
     """The training compile of ``program`` ([Note: fuzzing gradients]): a gradient that differs, or a raise, is
     recorded in ``res``; so are kiln's fallbacks; nothing to differentiate leaves it as it was."""
     import kiln.report
-    from kiln.testing.fuzz_grad import check_gradients
+    from kiln.testing.fuzz_grad import CompiledRaised, check_gradients
     torch._dynamo.reset()
     mark = kiln.report.mark()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        status, signature, detail = check_gradients(program, lambda f: compile_fn(f, backend, options))
+        try:
+            status, signature, detail = check_gradients(program, lambda f: compile_fn(f, backend, options),
+                                                        calls=REPLAY_CALLS + 1 if replays_graphs(options) else 1)
+        except CompiledRaised as raised:
+            name, msg = short_error(raised.__cause__)
+            status, signature, detail = "crash", f"crash:gradient:{name}", \
+                f"{name} in the compiled training call: {msg}"
     _record_reports(res, kiln.report.reports_since(mark))
     res.phases["grad"] = 1.0 if status != "skip" else 0.0
     if status in ("mismatch", "crash"):

@@ -350,11 +350,11 @@ def test_gradient_check_catches_a_wrong_backward_and_passes_a_right_one():
 
 
 def test_ci_programs_trained_match_eagers_gradients():
-    """[Note: fuzzing gradients]: 100 programs (other seeds than the runs above) compiled for training by kiln -
-    every float input's gradient against eager's, judged by a float64 run.  ~30 s on the 2-core dev box."""
-    summary = fuzz.run_seeds(list(range(7000, 7100)), size="ci", dtype="all", jobs=CI_JOBS, group=CI_GROUP,
+    """[Note: fuzzing gradients]: 60 programs (other seeds than the runs above) compiled for training by kiln -
+    every float input's gradient against eager's, judged by a float64 run.  ~15 s on the 2-core dev box."""
+    summary = fuzz.run_seeds(list(range(7000, 7060)), size="ci", dtype="all", jobs=CI_JOBS, group=CI_GROUP,
                              log=None, grad=True)
     assert not summary.failing(), summary.format()
-    assert summary.counts()["ok"] >= 90, summary.format()
+    assert summary.counts()["ok"] >= 54, summary.format()
     checked = sum(r.phases.get("grad", 0.0) * max(1, len(r.members)) for r in summary.results.values())
-    assert checked >= 60, f"only {checked:.0f} programs had gradients to check"
+    assert checked >= 36, f"only {checked:.0f} programs had gradients to check"
