@@ -89,9 +89,10 @@ def check_gradients(program: Program, compile_fn: Callable[[Callable], Callable]
                     calls: int = 1) -> tuple[str, str, str]:
     """Compile ``program.fn`` with ``compile_fn`` and compare the gradients of its inputs with eager's (see
     [Note: fuzzing gradients]).  Returns (status, signature, detail): status "ok", "skip" (nothing to check:
-    the detail says why) or "mismatch"; ``CompiledRaised`` where the compiled function or its backward raised.  ``calls``:
-    training steps taken with the compiled function, on fresh copies of the inputs, the last one compared
-    (reduce-overhead records its graphs at the third and replays them after: [Note: fuzzing replays])."""
+    the detail says why) or "mismatch"; ``CompiledRaised`` where the compiled function or its backward
+    raised.  ``calls``: training steps taken with the compiled function, on fresh copies of the inputs, the last
+    one compared (reduce-overhead records its graphs at the third and replays them after: [Note: fuzzing
+    replays])."""
     ns, ns64 = program.namespace(), program.namespace(ft="float64")
     wrt = _leaves(program, ns["make_inputs"]())
     if not wrt:
