@@ -542,6 +542,15 @@ def _order_of(graph: torch.fx.Graph) -> dict[torch.fx.Node, int]:
     return {n: i for i, n in enumerate(graph.nodes)}
 
 
+def _reads_nodes(args: list[Any]) -> bool:
+    """Does any of ``args`` hold a graph node, also inside a list (a view's sizes under dynamic shapes:
+    ``view(x, [primals_4, 12, 64])`` reads the forward's size symbol, which the backward does not have by that
+    node - BERT trained over several lengths failed to capture: KeyError primals_4)?"""
+    found: list[bool] = []
+    torch.fx.node.map_arg(args, lambda n: found.append(True) or n)
+    return bool(found)
+
+
 def save_view_bases(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_outputs: int) -> int:
     """[Note: saved views travel as their bases] A saved value that is a strided view of another forward value
     (attention's ``transpose(q)``, ``[B*H, D, T]`` over a ``[B*H, T, D]`` buffer) reaches the backward as a
@@ -553,7 +562,7 @@ def save_view_bases(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_
         before:  forward -> saved: transpose_22 (strided view of bmm_3)     backward: bmm(transpose_22, grad)
         after:   forward -> saved: bmm_3                                    backward: bmm(transpose(bmm_3), grad)
 
-    Only chains of views (no size taken from another node) over a contiguous base computed by the forward (not
+    Only chains of views (no size taken from another node, nor a symbolic size) over a contiguous base computed by the forward (not
     one of its inputs).  Returns how many saved values
     were replaced; the graphs are left as they were where there are none."""
     out_node = fw.graph.output_node()
@@ -569,7 +578,7 @@ def save_view_bases(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_
             continue
         chain, node = [], s
         while node.op == "call_function" and node.target in _VIEWS and isinstance(node.args[0], torch.fx.Node) \
-                and not any(isinstance(a, torch.fx.Node) for a in [*node.args[1:], *node.kwargs.values()]):
+                and not _reads_nodes([*node.args[1:], *node.kwargs.values()]):
             chain.append(node)
             node = node.args[0]
         base = node.meta.get("val")

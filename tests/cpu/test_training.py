@@ -331,6 +331,28 @@ def test_training_graphs_with_a_symbolic_batch():
     assert all(r.dynamic for r in reports)
 
 
+def test_training_over_sequence_lengths_dynamo_marks_dynamic():
+    """Dynamo's automatic dynamic (the default): the second length compiles symbolic training graphs, whose saved
+    views take their sizes from the forward's size symbols - the partition's swap of a saved view for its base
+    must leave those alone (it read ``view(x, [s0, 4, 12])``'s symbol in the backward: KeyError, the graph ran
+    eagerly; BERT trained over several lengths).  Every step's gradients are eager's, and nothing falls back."""
+    torch.manual_seed(0)
+    model = _Block(48, 4)
+    ref = copy.deepcopy(model)
+    compiled = _compiled(model)
+    position = mark()
+    for length in (16, 24, 40):
+        x = torch.randn(2, length, 48)
+        for m in (compiled, ref):
+            m.zero_grad()
+            m(x).square().mean().backward()
+        for p, q in zip(model.parameters(), ref.parameters()):
+            torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6)
+    reports = _compiled_graphs(position)
+    assert not [r.fallback for r in reports_since(position) if r.fallback]
+    assert sum(bool(r.dynamic) for r in reports) == 2  # (a symbolic forward and backward after the first length)
+
+
 @pytest.mark.parametrize("make", [lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
                                   lambda p: torch.optim.AdamW(p, lr=1e-2, weight_decay=0.1)],
                          ids=["sgd-momentum", "adamw"])
