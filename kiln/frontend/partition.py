@@ -562,9 +562,9 @@ def save_view_bases(fw: torch.fx.GraphModule, bw: torch.fx.GraphModule, num_fwd_
         before:  forward -> saved: transpose_22 (strided view of bmm_3)     backward: bmm(transpose_22, grad)
         after:   forward -> saved: bmm_3                                    backward: bmm(transpose(bmm_3), grad)
 
-    Only chains of views (no size taken from another node, nor a symbolic size) over a contiguous base computed by the forward (not
-    one of its inputs).  Returns how many saved values
-    were replaced; the graphs are left as they were where there are none."""
+    Only chains of views (no size taken from another node, nor a symbolic size) over a contiguous base computed
+    by the forward (not one of its inputs).  Returns how many saved values were replaced; the graphs are left as
+    they were where there are none."""
     out_node = fw.graph.output_node()
     outputs = list(out_node.args[0])
     saved = outputs[num_fwd_outputs:]
