@@ -244,12 +244,29 @@ class TritonPrinter(Temporaries):
             args = [self.expr(a, guard) for a in e.args]
             if e.op in (Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR, Op.LOGICAL_NOT):
                 args = [x if a.dtype == torch.bool else f"({x} != 0)" for x, a in zip(args, e.args)]
+            elif e.op in _COMPARISONS:
+                args = [_rounded(x, a, self.scratch) for x, a in zip(args, e.args)]
             arg_dtype = e.args[0].dtype if e.args else e.dtype
             text = op_text(e.op, args, e.dtype, arg_dtype)
         name = self.fresh()
         self.lines.append(f"{self.indent}{name} = {text}")
         self.names[key] = name
         return name
+
+
+_COMPARISONS = (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE)
+
+
+def _rounded(text: str, a: KExpr, scratch: dict[str, KExpr]) -> str:
+    """A comparison's operand as eager compares it: a half-precision value computed here (kept in fp32 while
+    computing, as Inductor does) rounded to its type first.  A recomputed ``x * -1.25`` compared with its
+    saved ``amin`` (which the forward stored rounded) was never equal in fp16: amin's backward divided by a
+    count of 0 - NaN gradients (fuzz seed 2003 with gradients).  Loads and constants are the type's already
+    (an accumulator is rounded too: a reduction's result is compared as it is stored; and a load of a row-scratch
+    buffer, which stands for the value computed again: fuzz seed 257, amax's mask beside the amax)."""
+    if a.dtype in HALF and (isinstance(a, (KOp, KVar)) or isinstance(a, KLoad) and a.buf in scratch):
+        return f"{text}.to({tl_type(a.dtype)}).to(tl.float32)"
+    return text
 
 
 def _has_position(index: Lin) -> bool:

@@ -97,6 +97,9 @@ def worker_main() -> None:
     import torch
     torch.set_num_threads(1)
     warnings.simplefilter("ignore")
+    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):  # (the Triton target on CPU tensors)
+        from kiln.testing import triton_interpreter
+        triton_interpreter.patch()
     for line in sys.stdin:
         if not line.strip():
             continue

@@ -199,8 +199,27 @@ if __name__ == "__main__":
 '''
 
 
+GRADIENT_CHECK_SOURCE = '''
+
+def check_gradients(backend="kiln"):
+    """The failure is in the gradients ([Note: fuzzing gradients], kiln/testing/fuzz_grad.py): the inputs'
+    gradients of the compiled training call against eager's, judged by a float64 run."""
+    from kiln.testing.fuzz_grad import check_gradients as run
+    from kiln.testing.fuzz_program import Program
+    torch._dynamo.reset()
+    status, _, detail = run(Program.from_json(PROGRAM), lambda f: torch.compile(f, backend=backend))
+    assert status in ("ok", "skip"), detail
+    print("OK: compiled gradients match eager's")
+
+
+if __name__ == "__main__":
+    check_gradients(args[0] if args else "kiln")
+'''
+
+
 def reproducer_source(program: Program, result: Result, name: str = "repro.py") -> str:
-    """A self-contained file: the program's source (what the fuzzer ran), a ``check()`` and a main."""
+    """A self-contained file: the program's source (what the fuzzer ran), a ``check()`` and a main (and for a
+    failure of the gradients, the program as data and a ``check_gradients()``)."""
     members = f" (group of seeds {program.members})" if len(program.members) > 1 else ""
     error = textwrap.wrap(result.detail[:600], 110) or [""]
     head = [f"# REPRODUCER  backend=kiln  class={result.status}  signature={result.signature}",
@@ -208,7 +227,10 @@ def reproducer_source(program: Program, result: Result, name: str = "repro.py") 
             f"# run:   {'KILN_FALLBACK=0 ' if result.status == 'fallback' else ''}python {name} kiln",
             f"# a random program (seed {program.seed}{members}, {program.ft}), found by kiln's differential fuzzer",
             "# (python -m kiln.testing.fuzz) and shrunk; its tolerances come from kiln/testing/fuzz_numerics.py"]
-    return "\n".join(head) + "\n" + program.source() + CHECK_SOURCE
+    text = "\n".join(head) + "\n" + program.source() + CHECK_SOURCE
+    if ":gradient" in result.signature:
+        text += f"\n\nPROGRAM = {program.to_json()!r}\n" + GRADIENT_CHECK_SOURCE
+    return text
 
 
 def write_reproducer(program: Program, result: Result, path: str) -> str:

@@ -295,6 +295,8 @@ def test_found_reproducer_passes(name):
     spec.loader.exec_module(module)
     torch._dynamo.reset()
     module.check("kiln")
+    if hasattr(module, "check_gradients"):  # (a failure of the gradients: [Note: fuzzing gradients])
+        module.check_gradients("kiln")
 
 
 def test_ci_programs_replayed_under_reduce_overhead_match_eager():

@@ -15,6 +15,9 @@ if not HAS_CUDA:
 try:
     import triton  # noqa: F401
     HAS_TRITON = True
+    if not HAS_CUDA:  # ([Note: the interpreter's scalar comparisons])
+        from kiln.testing import triton_interpreter
+        triton_interpreter.patch()
 except ImportError:
     HAS_TRITON = False
 

@@ -373,3 +373,64 @@ def test_a_reduction_of_a_constant(dtype):
         got = kiln.compile(fn, target="triton", fallback=False)(x)
     for g, e in zip(got, fn(x)):
         torch.testing.assert_close(g, e, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_amin_backward_compares_values_as_they_were_rounded(dtype):
+    """amin's backward finds the reduced values equal to the result - ``x * -1.25`` recomputed in the backward
+    against the ``amin`` the forward stored rounded to ``dtype``: compared unrounded, no element was equal and
+    the gradient a 0/0 (NaN; fuzz seed 2003 with gradients).  Gradients are eager's."""
+    def fn(x):
+        m = (x * -1.25).amin(dim=[0, 1])
+        return torch.maximum(m, x) + m
+
+    base = (torch.rand(1, 1, 256, device=DEVICE) * 2 + 0.5).to(dtype)
+    x, ref = base.clone().requires_grad_(), base.clone().requires_grad_()
+    kiln.compile(fn, target="triton", fallback=False)(x).sum().backward()
+    fn(ref).sum().backward()
+    assert torch.isfinite(x.grad).all()
+    torch.testing.assert_close(x.grad, ref.grad, rtol=0, atol=0)
+
+
+def test_a_scalar_comparison_anded_with_a_block():
+    """Kernel text kiln writes for a one-element buffer's value compared and ANDed with a block of bools (fuzz
+    seeds 294, 394 with gradients): valid Triton; Triton 3.6's interpreter needs tests/gpu/conftest.py's patch
+    ([Note: the interpreter's scalar comparisons])."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def kernel(p_scalar, p_x, p_out, BLOCK: tl.constexpr):
+        r = tl.arange(0, BLOCK)
+        x = tl.load(p_x + r)
+        s = tl.load(p_scalar + (0))
+        tl.store(p_out + r, tl.where((s == 0.5) & (x >= 0.0), x, -1.0))
+
+    x = torch.randn(16, device=DEVICE)
+    for value in (0.5, 0.25):
+        out = torch.empty_like(x)
+        kernel[(1,)](torch.tensor([value], device=DEVICE), x, out, BLOCK=16)
+        expected = torch.where((x >= 0) & (value == 0.5), x, torch.full_like(x, -1.0))
+        torch.testing.assert_close(out, expected, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_amax_mask_beside_the_amax_compares_rounded_values(dtype):
+    """The forward computes amax's backward mask in the kernel of the amax, from the product held in row scratch
+    (not stored, computed again): compared unrounded with the rounded amax, nothing was equal - NaN gradients
+    (fuzz seed 257 with gradients).  Gradients are eager's."""
+    def fn(a, b):
+        p = a * b
+        return p.amax(), p
+
+    base_a = (torch.rand(64, 1, device=DEVICE) * 4 - 2).to(dtype)
+    base_b = (torch.rand(1, device=DEVICE) * 4 - 2).to(dtype)
+    got, expected = [], []
+    for out, run in ((got, kiln.compile(fn, target="triton", fallback=False)), (expected, fn)):
+        a, b = base_a.clone().requires_grad_(), base_b.clone().requires_grad_()
+        m, p = run(a, b)
+        (m.float() * 3 + p.float().sum()).backward()
+        out += [a.grad, b.grad]
+    for g, e in zip(got, expected):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, e, rtol=2e-2, atol=2e-2)
