@@ -293,12 +293,17 @@ def _host_scalars_moved(run: Callable, fx_gm: torch.fx.GraphModule, device: torc
     if device.type != "cuda":
         return run
     placeholders = [n for n in fx_gm.graph.nodes if n.op == "placeholder"]
-    host = [k for k, n in enumerate(placeholders)
-            if isinstance(v := n.meta.get("val"), torch.Tensor) and v.device.type == "cpu" and v.dim() == 0]
+    # (any 0-d input, whatever its traced device, is copied where it comes on the CPU: memory-efficient
+    # attention's random seed and offset, which its forward returns on the CPU outside a CUDA graph's capture and
+    # on the GPU inside one - its meta function leaves the device open - reach a training backward as CPU
+    # tensors where the trace had the GPU: refused, session 45 on the H100)
+    host = [k for k, n in enumerate(placeholders) if isinstance(v := n.meta.get("val"), torch.Tensor) and v.dim() == 0]
     if not host:
         return run
-    report.host_inputs = (f"{len(host)} 0-d CPU tensor(s) (arguments {host}: Python floats TorchDynamo passes as "
-                          f"tensors) copied to {device} at each call")
+    traced = [k for k in host if placeholders[k].meta["val"].device.type != device.type]
+    if traced:
+        report.host_inputs = (f"{len(traced)} 0-d CPU tensor(s) (arguments {traced}: Python floats TorchDynamo "
+                              f"passes as tensors, attention's random seeds) copied to {device} at each call")
 
     def call(args: Sequence[Any]) -> Any:
         args = list(args)

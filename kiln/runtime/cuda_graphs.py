@@ -417,12 +417,13 @@ class _Recording:
             if holders != 1:
                 return False
             copy = alias.clone()
-            version = alias._version
+            version = None if alias.is_inference() else alias._version  # (inference tensors have no counter)
             # (without grad mode: recorded by autograd, ``set_`` would replace the output's grad_fn, and a
             # gradient taken through the moved output later would find no backward)
             with torch.inference_mode(alias.is_inference()), torch.no_grad():
                 alias.set_(copy.untyped_storage(), copy.storage_offset(), copy.shape, copy.stride())
-            _keep_version(alias, version)
+            if version is not None:
+                _keep_version(alias, version)
             del self.handed[k]
         return True
 
