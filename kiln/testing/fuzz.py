@@ -245,6 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--mode", default="default", choices=["default", "reduce-overhead"],
                     help="reduce-overhead: CUDA graphs replayed (emulated on the CPU), outputs held across replays "
                          "checked ([Note: fuzzing replays])")
+    ap.add_argument("--target", default=None, choices=["cpu", "triton"],
+                    help="kiln's code generator (default: the inputs' device's); triton on the CPU's tensors runs "
+                         "under Triton's interpreter (set TRITON_INTERPRET=1)")
     ap.add_argument("--grad", action="store_true",
                     help="also compile each program for training and compare its inputs' gradients with eager's "
                          "([Note: fuzzing gradients], kiln/testing/fuzz_grad.py)")
@@ -257,6 +260,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     options = {"check": True} if args.check else {}
     if args.mode != "default":
         options.update(mode=args.mode, emulate_cuda_graphs=True)
+    if args.target is not None:
+        options.update(target=args.target)
     options = options or None
     summary = run_seeds(_seed_range(args.seeds), dtype=args.dtype, size=args.size, jobs=args.jobs,
                         group=args.group, options=options, grad=args.grad)
