@@ -70,8 +70,6 @@ def _literal(a: Any) -> bool:
     return False
 
 
-
-
 Launchers = Callable[[int], list[tuple[Callable, list[Node], bool, Any]]]
 
 

@@ -365,8 +365,8 @@ def _nbytes(n: Node) -> int:
 def _returns_an_alias(n: Node) -> bool:
     """Is ``n`` a library call whose result may be (a view of) one of its inputs - an ATen op whose schema's
     return aliases an argument (``index_put_`` made in place over the caller's input by
-    passes/inplace_updates.py), or a callable without a schema?  Its memory is not the call's own to write over: the
-    generated call's check that it holds a library result's storage alone counts tensors, and the caller's
+    passes/inplace_updates.py), or a callable without a schema?  Its memory is not the call's own to write over:
+    the generated call's check that it holds a library result's storage alone counts tensors, and the caller's
     input updated in place is one tensor with the result (fuzz seed 168, Triton target: ``x[i] = v; x * x``
     wrote ``x * x`` into the caller's ``x``)."""
     if n.op is not Op.EXTERN:
@@ -381,10 +381,7 @@ def _aliased_by_library(p: Program, buf_of: dict[Node, str]) -> set[Node]:
     buffer's own last reader."""
     out: set[Node] = set()
     for kind, item in p.steps:
-        if kind != "extern" or item in p.planned:
-            continue
-        schema = getattr(item.attr("target"), "_schema", None)
-        if schema is not None and all(r.alias_info is None for r in schema.returns):
+        if kind != "extern" or item in p.planned or not _returns_an_alias(item):
             continue
         for i in item.inputs:
             out.add(base_of(i, buf_of))
