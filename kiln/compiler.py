@@ -505,9 +505,34 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
             views = [view_function(v) if call_sizes is None else
                      (lambda t, v=v: eval_node(v, [t], call_sizes())) for v in reversed(chain)]
             fixes.append(_AliasFix(k, out.attr("index"), views, out in mutated))
+    fixes += _distinct_outputs(fx_outputs, graph.outputs, {f.output for f in fixes})
     if not output_views:
         return fixes
     return fixes + _output_views(fx_outputs, placeholders, {f.output for f in fixes}, call_sizes)
+
+
+# [Note: one value at two outputs]
+# The passes may make two outputs that are tensors of their own in FX one node of kiln's graph: CSE merges
+# ``x * 2`` computed twice, a clone of a value is the value, two empty results are one zero-size expand.  kiln
+# would hand the caller one tensor object at both positions: an in-place update of one would show in the other,
+# and in a training step AOTAutograd marks outputs non-differentiable by object - output 0 marked with output 2
+# (an integer cast's) gets no gradient, and the backward crashed on its missing tangent (gradient fuzz seed
+# 4192).  The later positions get copies.
+def _distinct_outputs(fx_outputs: list[Any], graph_outputs: list[Any], fixed: set[int]) -> list[_AliasFix]:
+    from kiln.ir.graph import view_root
+    first: dict[Any, int] = {}
+    fixes = []
+    for k, (fx_out, out) in enumerate(zip(fx_outputs, graph_outputs)):
+        if k in fixed:
+            continue
+        j = first.setdefault(view_root(out), k)
+        if j == k:
+            continue
+        shared = _fx_storage(fx_out)
+        if fx_out is fx_outputs[j] or shared is not None and shared == _fx_storage(fx_outputs[j]):
+            continue  # (one tensor in eager too, or views of one: [Note: outputs that view outputs])
+        fixes.append(_AliasFix(k, -1, [torch.Tensor.clone], False, alias=True, from_output=k))
+    return fixes
 
 
 # [Note: outputs that view outputs]
@@ -571,6 +596,11 @@ def _aliased_placeholder(fx_out: Any, placeholders: list[Any]) -> Any:
         return None
     return next((p for p in placeholders if (key := _storage(p.meta.get("val"))) is not None and key == storage),
                 None)
+
+
+def _fx_storage(node: Any) -> Any:
+    """``_storage`` of FX output ``node``'s traced value (None for an output that is no node)."""
+    return _storage(node.meta.get("val")) if isinstance(node, torch.fx.Node) else None
 
 
 def _storage(val: Any) -> Any:

@@ -206,3 +206,38 @@ def test_outputs_that_view_another_output_alias_it_as_in_eager(dynamic):
         want[0].add_(100)
         torch.testing.assert_close(got[2], want[2])
         torch.testing.assert_close(got[3], want[3])
+
+
+def _one_value_twice(x0, mask, x4, x5):
+    """Outputs 0 and 2 are one zero-size value in kiln's graph; output 2 (an integer round trip) has no gradient."""
+    return torch.where(mask, x0, x5), x4.softmax(0), (x0 * 1.0).to(torch.int64).to(x0.dtype)
+
+
+def check_outputs_kiln_merges_are_distinct_tensors(device: str = "cpu", **options) -> None:
+    """[Note: one value at two outputs], for the tests of each target."""
+    torch._dynamo.reset()
+    x0 = torch.randn(0, 1, device=device, requires_grad=True)
+    x5 = torch.randn(0, 1, device=device, requires_grad=True)
+    x4 = torch.randn(3, device=device, requires_grad=True)
+    mask = torch.tensor([True], device=device)
+    outs = torch.compile(_one_value_twice, backend="kiln", options=options)(x0, mask, x4, x5)
+    assert outs[0] is not outs[2] and [o.requires_grad for o in outs] == [True, True, False]
+    weight = torch.randn(3, device=device)
+    (outs[0].sum() + (outs[1] * weight).sum()).backward()  # (crashed: no tangent for output 0)
+    x = x4.detach().requires_grad_()
+    torch.testing.assert_close(x4.grad, torch.autograd.grad((x.softmax(0) * weight).sum(), x)[0])
+    assert x0.grad is not None and x0.grad.shape == (0, 1)
+
+    def twice(x):  # (CSE makes one node of the two products)
+        return x * 2, x * 2
+
+    torch._dynamo.reset()
+    a, b = torch.compile(twice, backend="kiln", options=options)(torch.randn(4, 3, device=device))
+    assert a is not b
+    a.add_(1)
+    torch.testing.assert_close(b + 1, a)
+
+
+def test_outputs_kiln_merges_are_distinct_tensors():
+    """[Note: one value at two outputs]: the caller gets a tensor per output, and a training step its gradients."""
+    check_outputs_kiln_merges_are_distinct_tensors()

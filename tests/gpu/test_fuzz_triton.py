@@ -17,3 +17,10 @@ def test_programs_and_their_gradients_through_the_triton_target():
                              options={"target": "triton"}, grad=True)
     assert not summary.failing(), summary.format()
     assert summary.counts()["ok"] >= 72, summary.format()
+
+
+def test_outputs_kiln_merges_are_distinct_tensors_on_the_triton_target():
+    """[Note: one value at two outputs] through the Triton target (gradient fuzz seed 4192 crashed there too)."""
+    from tests.cpu.test_runtime import check_outputs_kiln_merges_are_distinct_tensors
+    from tests.gpu.conftest import DEVICE
+    check_outputs_kiln_merges_are_distinct_tensors(DEVICE, target="triton")
