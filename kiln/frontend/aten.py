@@ -479,6 +479,14 @@ def _to_copy(L: Lowerer, n: Any, x: Node, **kwargs: Any) -> Node:
     return L.cast(x, out_dtype(n))
 
 
+@register("prims::convert_element_type")
+def _convert_element_type(L: Lowerer, n: Any, x: Node, dtype: torch.dtype) -> Node:
+    """``prims.convert_element_type(x, dtype)``: a cast.  The training partition writes it where a recomputed
+    norm's float32 result goes back to the activation's type (frontend/partition.py ``_emit_normalized``); without
+    this lowering each ran as an ATen call between two kernels (ResNet-18's backward on the GPU: four a step)."""
+    return L.cast(x, out_dtype(n))
+
+
 @register(aten.copy)
 def _copy(L: Lowerer, n: Any, x: Node, src: Any, non_blocking: bool = False) -> Node:
     """Functional copy_: ``src`` broadcast to ``x``'s shape in ``x``'s dtype."""
@@ -567,17 +575,46 @@ def _max(L: Lowerer, n: Any, x: Node, dim: Any = None, keepdim: bool = False) ->
 
 
 def _variance(L: Lowerer, x: Node, axes: tuple[int, ...], correction: float, keepdim: bool,
-              dtype: torch.dtype) -> tuple[Node, Node]:
-    """(var, mean) with the two-pass formula: sum((x - mean)^2) / (N - correction)."""
+              dtype: torch.dtype, shifted: bool = False) -> tuple[Node, Node]:
+    """(var, mean) with the two-pass formula: sum((x - mean)^2) / (N - correction).
+
+    ``shifted`` ([Note: the variance of equal values]): the mean taken of the data shifted by each row's first
+    element, ``mean = x0 + sum(x - x0) / N``, the deviations ``(x - x0) - sum(x - x0) / N``."""
     count = numel(tuple(x.shape[a] for a in axes))
     x = L.cast(x, dtype)
-    mean = L.binary(Op.DIV, L.reduce(Op.SUM, x, axes, True), count, dtype)
-    centered = L.binary(Op.SUB, x, mean, dtype)
+    if shifted and all(isinstance(x.shape[a], int) and x.shape[a] > 0 or not isinstance(x.shape[a], int)
+                       for a in axes):
+        first = _first_of_rows(L, x, axes)
+        deviation = L.binary(Op.SUB, x, first, dtype)
+        offset = L.binary(Op.DIV, L.reduce(Op.SUM, deviation, axes, True), count, dtype)
+        mean = L.binary(Op.ADD, first, offset, dtype)
+        centered = L.binary(Op.SUB, deviation, offset, dtype)
+    else:
+        mean = L.binary(Op.DIV, L.reduce(Op.SUM, x, axes, True), count, dtype)
+        centered = L.binary(Op.SUB, x, mean, dtype)
     sq = L.b.add(Op.MUL, (centered, centered))
     var = L.binary(Op.DIV, L.reduce(Op.SUM, sq, axes, keepdim), max(count - correction, 0), dtype)
     if not keepdim:
         mean = L.reshape(mean, var.shape)
     return var, mean
+
+
+# [Note: the variance of equal values]
+# ATen's var and std (Welford's update) give exactly 0 for a row of equal values, and std's backward relies on
+# it: its gradient is masked where ``std == 0`` and divides by ``2 * std`` elsewhere.  The plain two-pass formula
+# rounds ``sum(x) / N`` off the common value (three equal fp32 values: 1 ulp), leaves deviations of ~1e-7 and a
+# standard deviation of ~1e-7 - whose gradient, ``grad / (2 * std) * (x - mean)`` with the backward's own mean,
+# came out ~0.6 where eager's is 0 (gradient fuzz seed 9304: ``torch.max(x, y).std(-1)`` over a row where ``y``
+# wins every element).  Shifting the data by an element of the row makes the deviations of equal values exactly
+# 0 (and cancels less wherever the mean is large against the spread), for an extra load of one element per row.
+# Only where the variance is the result (``var``, ``std``, ``var_mean``): the norms add ``eps`` before the root.
+def _first_of_rows(L: Lowerer, x: Node, axes: tuple[int, ...]) -> Node:
+    """``x`` at index 0 of each axis in ``axes`` (kept as size-1 axes): an element of every row."""
+    for a in axes:
+        shape = list(x.shape)
+        shape[a] = 1
+        x = L.b.add(Op.SLICE, (x,), shape=tuple(shape), dim=a, start=0, step=1)
+    return x
 
 
 def _correction(correction: Any, unbiased: Any) -> float:
@@ -591,7 +628,7 @@ def _var(L: Lowerer, n: Any, x: Node, dim: Any = None, unbiased: Any = None, kee
          correction: Any = None) -> Node:
     if isinstance(dim, bool):
         unbiased, dim = dim, None
-    return _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, out_dtype(n))[0]
+    return _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, out_dtype(n), True)[0]
 
 
 @register(aten.var_mean)
@@ -600,7 +637,7 @@ def _var_mean(L: Lowerer, n: Any, x: Node, dim: Any = None, unbiased: Any = None
     if isinstance(dim, bool):
         unbiased, dim = dim, None
     dtype = meta_val(n)[0].dtype
-    return _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, dtype)
+    return _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, dtype, True)
 
 
 @register(aten.std)
@@ -608,7 +645,7 @@ def _std(L: Lowerer, n: Any, x: Node, dim: Any = None, unbiased: Any = None, kee
          correction: Any = None) -> Node:
     if isinstance(dim, bool):
         unbiased, dim = dim, None
-    var = _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, out_dtype(n))[0]
+    var = _variance(L, x, _dims(x, dim), _correction(correction, unbiased), keepdim, out_dtype(n), True)[0]
     return L.b.add(Op.SQRT, (var,))
 
 

@@ -98,13 +98,6 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
             nhwc[grad] = channels_last_strides(grad.shape)
         if pointwise_output(x):
             nhwc[x] = channels_last_strides(x.shape)
-    if free or inputs:  # a training step's graphs: a weight cast for the convolutions alone (autocast's bf16 copy)
-        users = graph.users()
-        for n in convs + backward:
-            w = n.inputs[1] if n in convs else n.inputs[2]
-            if pointwise_output(w) and needs_relayout(w.shape) \
-                    and all(is_conv2d(u) or _conv_backward(u) for u in users[w]):
-                nhwc[w] = channels_last_strides(w.shape)
     nhwc_groups = {group_of[m] for m in nhwc if m in group_of}
     for conv in convs:
         feeds_nhwc = bool(readers.get(conv, set()) & nhwc_groups)
@@ -114,6 +107,22 @@ def choose_layouts(graph: Graph, steps: list[Any], group_of: dict[Node, int], re
         operands_cl = any(v in nhwc or v in cl_inputs for v in n.inputs[:2])
         if operands_cl and n.attr("out_index") in (0, 1) and len(n.shape) == 4 and n not in outputs:
             nhwc[n] = channels_last_strides(n.shape)
+    if free or inputs:  # a training step's graphs: a weight cast for the convolutions alone (autocast's bf16 copy)
+        users = graph.users()
+
+        def runs_cl(u: Node) -> bool:
+            # (ATen runs a convolution channels-last when its input *or its weight* is: a channels-last weight
+            # beside NCHW activations had ATen copy the input and the incoming gradient to channels-last, and its
+            # results come back channels-last where the kernels read NCHW - ResNet-18's deeper layers, whose
+            # BatchNorm outputs are a reduction's and stay NCHW: 68 ATen copies a step on the H100)
+            if is_conv2d(u):
+                return u in nhwc or u.inputs[0] in nhwc
+            return any(v in nhwc or v in cl_inputs for v in u.inputs[:2])
+        for n in convs + backward:
+            w = n.inputs[1] if n in convs else n.inputs[2]
+            if pointwise_output(w) and needs_relayout(w.shape) \
+                    and all((is_conv2d(u) or _conv_backward(u)) and runs_cl(u) for u in users[w]):
+                nhwc[w] = channels_last_strides(w.shape)
     # ATen's convolutions are told to run channels-last; the operators' read any layout
     cl_convs = {c for c in convs if (c in nhwc or c.inputs[0] in nhwc) and _is_aten_conv2d(c)}
     # weights go channels-last only when nothing but convolutions reads them

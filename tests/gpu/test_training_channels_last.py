@@ -136,3 +136,34 @@ def test_attention_output_handed_to_the_backward_in_its_own_layout(plans, no_tf3
     backward = [g for g, s, _ in plans if not s]
     assert forward and any(v == merged for v in forward[-1].laid_out.values())
     assert backward and any(n.attr("strides") == merged for n in backward[-1].inputs)
+
+
+def test_weights_channels_last_only_beside_channels_last_activations(plans):
+    """ATen runs a convolution channels-last when its input *or its weight* is: a weight cast laid out
+    channels-last beside NCHW activations (a BatchNorm output that a reduction kernel writes, NCHW) had ATen copy
+    the activations and the incoming gradient around each call, and re-lay out its results.  Under bf16 autocast
+    (whose weight casts are kiln's kernels) every convolution's weight is channels-last only where its
+    activations are; gradients against eager's."""
+    torch._dynamo.reset()
+    model = _net(bn=True).to(DEVICE).train()
+    ref = copy.deepcopy(model)
+    _train(model, ref, torch.randn(2, 3, 16, 16, device=DEVICE), 2, DEVICE, autocast=True, tol=(3e-2, 3e-2))
+    aten = torch.ops.aten
+    checked = 0
+    for graph, _, plan in plans:
+        cl = {n for n, s in plan.strides_of.items() if len(n.shape) == 4 and s == channels_last_strides(n.shape)}
+        cl |= {n for n in graph.inputs if len(n.shape) == 4 and n.attr("strides") == channels_last_strides(n.shape)}
+        for n in graph.nodes:
+            packet = getattr(n.attr("target"), "overloadpacket", None) if n.op.name == "EXTERN" else None
+            if packet is aten.convolution and n.inputs[1] in cl:
+                assert n.inputs[0] in cl or n in cl, f"forward convolution {n}: weight channels-last alone"
+                checked += 1
+            elif packet is aten.convolution_backward and len(n.inputs) > 2 and n.inputs[2] in cl:
+                assert n.inputs[0] in cl or n.inputs[1] in cl, f"{n}: weight channels-last alone"
+                checked += 1
+    assert checked  # (some weight is laid out channels-last: the net's first layers run so)
+    # (the partition's rebuilt BatchNorm output, rounded to bf16 by ``prims.convert_element_type``: a cast in a
+    # kernel, not an ATen call between two kernels)
+    converts = [n for graph, _, _ in plans for n in graph.nodes if n.op.name == "EXTERN"
+                and "convert_element_type" in str(n.attr("target"))]
+    assert not converts, converts
