@@ -37,7 +37,8 @@ import re
 import torch
 
 from kiln import config
-from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, converted, literal, tl_type
+from kiln.codegen.triton_expr import HALF, TritonPrinter, compute_dtype, converted, literal, stored_half_values, \
+    tl_type
 from kiln.ir.tiling import plan_tiles
 from kiln.ir.index import Var
 from kiln.ir.kernel import Acc, FullLoop, KConst, KLoad, Kernel, ReduceLoop, RowAssign, RowStore, Store, \
@@ -233,6 +234,9 @@ class TritonKernelWriter:
         # floats computed from sizes (``x.shape[-1] ** -0.5``): fp32 parameters after the sizes, each size's value
         # computed on the host in double precision (``float_params``)
         self._floats: dict[KConst, str] = {}
+        stores = [st for ph in kernel.phases for st in (ph.stores if hasattr(ph, "stores") else
+                                                         [ph.store] if isinstance(ph, RowStore) else [])]
+        self._stored = stored_half_values(stores, {b: d for b, d in dtype_of.items() if b not in kernel.scratch})
         if self.symbolic:
             for phase in kernel.phases:
                 for e in phase_exprs(phase):
@@ -333,7 +337,7 @@ class TritonKernelWriter:
         self._emit(ind, f"x = {pid} * XBLOCK + tl.arange(0, XBLOCK)")
         self._emit(ind, f"xmask = x < {_size(rows)}")
         self._unflatten("x", "i", ind)
-        p = TritonPrinter(self.lines, ind, "xmask", names=self._names())
+        p = TritonPrinter(self.lines, ind, "xmask", names=self._names(), stored=self._stored)
         for phase in self.k.phases:
             assert isinstance(phase, FullLoop)
             for load in phase.old_value_loads():  # ([Note: old values loaded first])
@@ -367,7 +371,7 @@ class TritonKernelWriter:
         for name, size in reversed(others):
             self._emit(ind, f"{name} = (z // {stride}) % {size}")
             stride *= size
-        p = TritonPrinter(self.lines, ind, "xmask", names=self._names())
+        p = TritonPrinter(self.lines, ind, "xmask", names=self._names(), stored=self._stored)
         for phase in self.k.phases:
             for load in phase.old_value_loads():  # ([Note: old values loaded first])
                 p.expr(load)
@@ -397,7 +401,7 @@ class TritonKernelWriter:
         # final loop reads, kernel_build's [Note: row scratch]); either way recomputed where read, never stored
         scratch = {st.buf: st.value for ph in k.phases if isinstance(ph, (ReduceLoop, FullLoop)) for st in ph.stores
                    if st.buf in k.scratch}
-        row = TritonPrinter(self.lines, ind, "xmask", scratch, names=self._names())
+        row = TritonPrinter(self.lines, ind, "xmask", scratch, names=self._names(), stored=self._stored)
         if self.s.persistent:
             self._emit(ind, "r = rb")
             self._emit(ind, f"xrmask = xmask & (r < {_size(k.rsize)})")

@@ -167,16 +167,18 @@ class TritonPrinter(Temporaries):
     shared by (expression, guard)."""
 
     def __init__(self, lines: list[str], indent: str, mask: str, scratch: dict[str, KExpr] | None = None,
-                 names: dict[Any, str] | None = None, counter: list[int] | None = None):
+                 names: dict[Any, str] | None = None, counter: list[int] | None = None,
+                 stored: frozenset[KExpr] = frozenset()):
         super().__init__(names, counter)
         self.lines = lines
         self.indent = indent
         self.mask = mask                  # the block mask every load and store carries
         self.scratch = scratch or {}      # row-scratch buffer -> the value it holds (recomputed, not stored)
+        self.stored = stored              # half-precision values the kernel stores ([Note: stored values as stored])
         self._unguarded: set[KExpr] = set()
 
     def child(self, lines: list[str], indent: str, mask: str) -> "TritonPrinter":
-        return TritonPrinter(lines, indent, mask, self.scratch, self.names, self.counter)
+        return TritonPrinter(lines, indent, mask, self.scratch, self.names, self.counter, self.stored)
 
     def index(self, e: Lin, guard: str | None = None) -> str:
         return render_index(e, lambda d: self._dyn(d, guard))
@@ -248,6 +250,9 @@ class TritonPrinter(Temporaries):
                 args = [_rounded(x, a, self.scratch) for x, a in zip(args, e.args)]
             arg_dtype = e.args[0].dtype if e.args else e.dtype
             text = op_text(e.op, args, e.dtype, arg_dtype)
+        if e in self.stored and isinstance(e, KOp) and e.op is not Op.CAST:  # (a cast to half has rounded)
+            # (tl.cast: a KOp of constants alone may be a Python number at run time - no ``.to``: CI seed 8070)
+            text = f"tl.cast(tl.cast({text}, {tl_type(e.dtype)}), tl.float32)"
         name = self.fresh()
         self.lines.append(f"{self.indent}{name} = {text}")
         self.names[key] = name
@@ -255,6 +260,28 @@ class TritonPrinter(Temporaries):
 
 
 _COMPARISONS = (Op.EQ, Op.NE, Op.LT, Op.LE, Op.GT, Op.GE)
+
+
+# [Note: stored values as stored]
+# Half-precision values are computed in fp32 and rounded where stored.  A value a kernel stores *and* uses
+# further was used unrounded: what the kernel computed from it differed from what another kernel computes from
+# the stored value.  A training step's partition cuts exactly there: the forward computed ``amax(cos(v))`` from
+# ``v`` unrounded and stored ``v`` for the backward, whose recomputed ``cos(v)`` (from the rounded ``v``) was
+# then never equal to the saved maximum - amax's backward divided by a count of 0: NaN gradients (gradient fuzz
+# seed 9185, bf16).  A stored half value is used as stored, rounded once where it is computed.
+def stored_half_values(stores: Any, dtype_of: dict[str, torch.dtype]) -> frozenset[KExpr]:
+    """The computed half-precision values among ``stores`` that go to half-precision buffers: a store of a row
+    scratch's value (the value computed again where read, kernel_build's [Note: row scratch]) counts as one of
+    the value itself; writes of the scratch do not."""
+    scratch = {st.buf: st.value for st in stores if st.buf not in dtype_of}
+    values = set()
+    for st in stores:
+        value = st.value
+        while isinstance(value, KLoad) and value.buf in scratch:
+            value = scratch[value.buf]
+        if isinstance(value, KOp) and value.dtype in HALF and dtype_of.get(st.buf) in HALF:
+            values.add(value)
+    return frozenset(values)
 
 
 def _rounded(text: str, a: KExpr, scratch: dict[str, KExpr]) -> str:

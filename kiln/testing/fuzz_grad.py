@@ -27,6 +27,7 @@ from typing import Any, Callable
 import torch
 
 from kiln.testing.fuzz_numerics import BASE_TOL
+from kiln.testing.fuzz_pool import eager_only
 from kiln.testing.fuzz_program import Program
 
 # how far a compiled gradient may be from eager's, in units of eager's own error (see the Note)
@@ -98,13 +99,15 @@ def check_gradients(program: Program, compile_fn: Callable[[Callable], Callable]
     if not wrt:
         return "skip", "", "no input to differentiate"
     seed = program.seed
-    wrt = _differentiable_inputs(ns, wrt, seed)
+    with eager_only():
+        wrt = _differentiable_inputs(ns, wrt, seed)
     if not wrt:
         return "skip", "", "eager differentiates with respect to none of the inputs"
     try:
-        ge, weights = _gradients(ns["fn"], ns["make_inputs"](), wrt, None, seed)
-        exact_in = [x.detach().to(torch.float64) if x.is_floating_point() else x for x in ns["make_inputs"]()]
-        gx, _ = _gradients(ns64["fn"], exact_in, wrt, weights, seed)
+        with eager_only():
+            ge, weights = _gradients(ns["fn"], ns["make_inputs"](), wrt, None, seed)
+            exact_in = [x.detach().to(torch.float64) if x.is_floating_point() else x for x in ns["make_inputs"]()]
+            gx, _ = _gradients(ns64["fn"], exact_in, wrt, weights, seed)
     except Exception as exc:  # noqa: BLE001 - eager cannot differentiate it (an in-place op on a saved value)
         return "skip", "", f"eager: {type(exc).__name__}: {str(exc)[:120]}"
     try:

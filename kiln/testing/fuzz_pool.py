@@ -8,6 +8,7 @@ are recycled every ``max_tasks`` tasks, which bounds memory (every built module 
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import selectors
@@ -19,6 +20,23 @@ import time
 from typing import Any, Callable
 
 PREFIX = "@@FUZZ "
+# [Note: eager's own crashes] A worker writes these around what runs eager PyTorch alone (the reference, the
+# gradient probes): a worker that dies in between was killed by PyTorch itself - eager's autograd segfaulted on
+# gradient fuzz seed 10426 (a batch_norm whose running statistics are the weight's tensors) - and the task is
+# answered ``torch_error``, not a crash of kiln's code.
+EAGER_RUNNING, EAGER_DONE = "kiln-fuzz: eager PyTorch running", "kiln-fuzz: eager PyTorch done"
+
+
+@contextlib.contextmanager
+def eager_only() -> Any:
+    """Mark (on the worker's stderr) a stretch that runs eager PyTorch alone ([Note: eager's own crashes])."""
+    sys.stderr.write(EAGER_RUNNING + "\n")
+    sys.stderr.flush()
+    try:
+        yield
+    finally:
+        sys.stderr.write(EAGER_DONE + "\n")
+        sys.stderr.flush()
 # a worker ended by one of these was stopped from outside (a shell, a session's cleanup), not by a crash in
 # kiln's code: its task runs once more
 EXTERNAL = frozenset({-signal.SIGTERM, -signal.SIGINT, -signal.SIGHUP})
@@ -53,8 +71,15 @@ class Worker:
 
     def stderr_tail(self) -> str:
         self.log.seek(0)
-        lines = [ln for ln in self.log.read().splitlines() if ln.strip() and "Warning" not in ln]
+        lines = [ln for ln in self.log.read().splitlines() if ln.strip() and "Warning" not in ln
+                 and not ln.startswith((EAGER_RUNNING, EAGER_DONE))]
         return " | ".join(lines[-3:])[-400:]
+
+    def died_in_eager(self) -> bool:
+        """Did the worker stop inside ``eager_only`` ([Note: eager's own crashes])?"""
+        self.log.seek(0)
+        marks = [ln for ln in self.log.read().splitlines() if ln.startswith((EAGER_RUNNING, EAGER_DONE))]
+        return bool(marks) and marks[-1].startswith(EAGER_RUNNING)
 
     def stop(self) -> None:
         if self.proc.poll() is None:
@@ -72,6 +97,9 @@ def _died(worker: Worker, why: str) -> dict[str, Any]:
     else:
         detail = f"the worker exited with code {code}"
     sig = "crash:timeout" if why == "timeout" else f"crash:{detail.split()[-1]}"
+    if worker.died_in_eager():  # ([Note: eager's own crashes])
+        return {"status": "torch_error", "signature": f"torch_error:eager-{sig}",
+                "detail": f"eager PyTorch alone: {detail}; stderr: {worker.stderr_tail()}", "died": True}
     return {"status": "crash", "signature": sig, "detail": f"{detail}; stderr: {worker.stderr_tail()}",
             "died": True}
 

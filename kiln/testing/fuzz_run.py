@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 import torch
 
+from kiln.testing.fuzz_pool import eager_only
 from kiln.testing.fuzz_program import Program
 
 FAILURES = ("mismatch", "crash")
@@ -97,7 +98,8 @@ def run_program(program: Program, backend: str | Callable = "kiln", options: dic
         warnings.simplefilter("ignore")
         ref_in = make_inputs()
         try:
-            ref = fn(*ref_in)
+            with eager_only():
+                ref = fn(*ref_in)
         except Exception as exc:  # noqa: BLE001 - the program is invalid: it does not count
             res.status, res.detail = "eager_error", ": ".join(short_error(exc))
             return res

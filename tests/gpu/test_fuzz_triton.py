@@ -3,8 +3,13 @@
 The fuzzer's programs make CPU tensors, so its runs on the device machine reach the C++ target only; here the
 Triton target runs them under Triton's interpreter (CI).  Its first runs found a wrong result (an input updated
 in place written over), NaN gradients (half-precision comparisons), and constants Triton could not parse."""
-import pytest
+import importlib.util
+import os
 
+import pytest
+import torch
+
+import kiln
 from kiln.testing import fuzz
 from tests.gpu.conftest import HAS_CUDA
 
@@ -31,3 +36,32 @@ def test_variance_of_equal_values_on_the_triton_target():
     from tests.cpu.test_variance import check_variance_of_equal_values
     from tests.gpu.conftest import DEVICE
     check_variance_of_equal_values(DEVICE, target="triton")
+
+
+_FOUND = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "fuzz", "found")
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(_FOUND) if f.endswith(".py")
+                                        and "def check_gradients" in open(os.path.join(_FOUND, f)).read()))
+def test_found_gradient_reproducers_through_the_triton_target(name):
+    """Every shrunk reproducer of a gradient failure (tests/fuzz/found/, run there on the C++ target) through the
+    Triton target too: two of them failed on it alone (a half value stored and used unrounded; the
+    interpreter's bf16 truncation)."""
+    spec = importlib.util.spec_from_file_location(f"found_{name[:-3]}", os.path.join(_FOUND, name))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch._dynamo.reset()
+    with kiln.config.scope(target="triton"):
+        module.check_gradients("kiln")
+
+
+def test_bf16_casts_round_to_nearest_even():
+    """A kernel's fp32 -> bf16 conversion rounds as ATen's does (ties to even; [Note: the interpreter's bf16
+    rounding] - Triton's interpreter truncated), subnormals kept."""
+    from tests.gpu.conftest import DEVICE
+    x = torch.randn(4096, device=DEVICE) * 3
+    x[:6] = torch.tensor([1.00390625, 1.01171875, -1.00390625, 1e-40, float("nan"), float("inf")])
+    torch._dynamo.reset()
+    got = kiln.compile(lambda t: (t * 1.0).to(torch.bfloat16), target="triton", fallback=False)(x)
+    want = x.to(torch.bfloat16)
+    assert torch.equal(got.view(torch.int16)[5:], want.view(torch.int16)[5:]) and got[4].isnan()

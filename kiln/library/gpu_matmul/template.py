@@ -154,7 +154,7 @@ def template_source(spec: MatmulSpec, dtype_of: dict[str, torch.dtype]) -> str:
     writer._unflatten("x", "i", "    ")
     names = {(x, None): "mmv" for p in spec.epilogue.phases for st in getattr(p, "stores", [])
              for x in subexprs(st.value) if isinstance(x, KLoad) and x.buf == spec.c_buf}
-    printer = TritonPrinter(lines, "    ", "xmask", names=names)
+    printer = TritonPrinter(lines, "    ", "xmask", names=names, stored=writer._stored)
     for phase in spec.epilogue.phases:
         for st in phase.stores:
             writer._store(printer, st, "xmask", "    ")
