@@ -25,11 +25,16 @@ PREFIX = "@@FUZZ "
 # gradient fuzz seed 10426 (a batch_norm whose running statistics are the weight's tensors) - and the task is
 # answered ``torch_error``, not a crash of kiln's code.
 EAGER_RUNNING, EAGER_DONE = "kiln-fuzz: eager PyTorch running", "kiln-fuzz: eager PyTorch done"
+WORKER_ENV = "KILN_FUZZ_WORKER"  # set in a pool's workers
 
 
 @contextlib.contextmanager
 def eager_only() -> Any:
-    """Mark (on the worker's stderr) a stretch that runs eager PyTorch alone ([Note: eager's own crashes])."""
+    """Mark (on the worker's stderr) a stretch that runs eager PyTorch alone ([Note: eager's own crashes]); outside
+    a pool's worker, nothing."""
+    if os.environ.get(WORKER_ENV) != "1":
+        yield
+        return
     sys.stderr.write(EAGER_RUNNING + "\n")
     sys.stderr.flush()
     try:
@@ -109,7 +114,7 @@ class Pool:
 
     def __init__(self, jobs: int, timeout: float = 300.0, max_tasks: int = 60):
         self.jobs, self.timeout, self.max_tasks = max(1, jobs), timeout, max_tasks
-        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+        self.env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1", WORKER_ENV: "1"}
         self.workers: list[Worker] = []
         self._cache: tempfile.TemporaryDirectory | None = None
         if "KILN_CACHE_DIR" not in os.environ:  # ~50 MB of modules per 1000 programs: not into the user's cache

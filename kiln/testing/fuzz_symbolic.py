@@ -5,7 +5,8 @@ sizes and optimizing it compute what eager computes (at the traced size - other 
 which ``tests/unit/test_symbolic_lowering.py`` covers by hand).  A graph the symbolic lowering refuses
 (``LoweringError``: a size kiln has no form for, a lowering that would specialize) is counted, not failed.
 
-    python -m kiln.testing.fuzz_symbolic --seeds 0:300 [--dtype all] [--size full] [--compile [--target triton]]
+    python -m kiln.testing.fuzz_symbolic --seeds 0:300 [--dtype all] [--size full] [--compile [--target triton]
+        [--grad]]
 
 ``--compile``: through kiln's own backend instead (``torch.compile(backend="kiln", dynamic=True)``): the symbolic
 graph compiled to C++ with its sizes read at run time and a Program planned for the call's sizes (layers 3-6);
@@ -56,9 +57,12 @@ def _symbolic_backend(refused: list[str]) -> Any:
 
 
 def check(seed: int, dtype: str, size: str, compile: bool = False, target: str = "auto",
-          device: str = "cpu") -> tuple[str, str]:
+          device: str = "cpu", grad: bool = False) -> tuple[str, str]:
     """(status, detail) of one program: ok, mismatch, crash, refused (fallback with ``compile``), or eager_error
-    (an invalid program).  ``target``: kiln's (with ``compile``); ``device``: where the inputs live."""
+    (an invalid program).  ``target``: kiln's (with ``compile``); ``device``: where the inputs live; ``grad``
+    (with ``compile``, CPU inputs): where the outputs match, the program compiled again with ``dynamic=True``
+    for training, its inputs' gradients against eager's ([Note: fuzzing gradients]; status ``mismatch`` or
+    ``crash`` with a ``gradient:`` detail)."""
     from kiln.report import mark, reports_since
     from kiln.testing.fuzz_gen import generate
     from kiln.testing.fuzz_run import compare, short_error
@@ -92,8 +96,26 @@ def check(seed: int, dtype: str, size: str, compile: bool = False, target: str =
         return "mismatch", diff[1]
     if compile:
         fallbacks = [r.fallback for r in reports_since(position) if r.fallback]
-        return ("fallback", fallbacks[0][:100]) if fallbacks else ("ok", "")
+        if fallbacks:
+            return "fallback", fallbacks[0][:100]
+        return _gradients(program, target) if grad else ("ok", "")
     return ("refused", refused[0]) if refused else ("ok", "")
+
+
+def _gradients(program: Any, target: str) -> tuple[str, str]:
+    """The program's gradients through kiln's backend with ``dynamic=True`` against eager's."""
+    from kiln.testing.fuzz_grad import CompiledRaised, check_gradients
+    from kiln.testing.fuzz_run import short_error
+    torch._dynamo.reset()
+    try:
+        status, _, detail = check_gradients(
+            program, lambda f: torch.compile(f, backend="kiln", dynamic=True, options={"target": target}))
+    except CompiledRaised as exc:
+        cause = exc.__cause__ if exc.__cause__ is not None else exc
+        return "crash", "gradient: " + ": ".join(short_error(cause))
+    finally:
+        torch._dynamo.reset()
+    return ("mismatch", f"gradient: {detail}") if status == "mismatch" else ("ok", "")
 
 
 def main() -> None:
@@ -105,6 +127,8 @@ def main() -> None:
     ap.add_argument("--target", default="auto", choices=["auto", "cpu", "triton"],
                     help="kiln's target with --compile (triton: the GPU's code generator)")
     ap.add_argument("--device", default="cpu", help="where the programs' inputs live (cuda: the GPU)")
+    ap.add_argument("--grad", action="store_true",
+                    help="with --compile (CPU inputs): also the inputs' gradients of a training compile")
     args = ap.parse_args()
     if args.target == "triton" and args.device == "cpu":
         import os
@@ -114,7 +138,8 @@ def main() -> None:
     counts: collections.Counter[str] = collections.Counter()
     reasons: collections.Counter[str] = collections.Counter()
     for seed in range(lo, hi):
-        status, detail = check(seed, args.dtype, args.size, args.compile, args.target, args.device)
+        status, detail = check(seed, args.dtype, args.size, args.compile, args.target, args.device,
+                               args.grad and args.device == "cpu")
         counts[status] += 1
         if status in ("mismatch", "crash"):
             print(f"seed {seed}: {status}: {detail[:300]}", flush=True)

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import kiln
 from kiln.report import mark, reports_since
 from tests.cpu.test_dynamic_shapes import _Block  # (a pre-norm GPT block with a causal mask)
 
@@ -524,3 +525,28 @@ def test_embedding_gradients_are_one_library_call_and_match_eager(options):
     backward = [r for r in _compiled_graphs(position) if "backward" in r.name]
     targets = [str(n.attr("target")) for r in backward for n in r.optimized.nodes if n.op is Op.EXTERN]
     assert "aten.embedding_dense_backward.default" in targets and not any("index_put" in t for t in targets)
+
+
+def test_training_graph_with_a_convolution_and_index_inputs_compiles():
+    """A training forward with a convolution is not measured on random values where it has integer inputs: it
+    has no real ones (AOTAutograd's compile sees fake tensors), and a random index may be out of range - here
+    index 1 into a dim of size 1 made ATen raise while the layouts were measured, and the graph ran eagerly
+    (gradient fuzz group 20000, 20008, 20021, 20026)."""
+    torch.manual_seed(0)
+
+    def f(x, w, idx, v):
+        y = torch.nn.functional.conv2d(x, w)
+        y[idx] = v  # (index_put_, ATen's: it checks its indices)
+        return y.relu()
+    x = torch.randn(1, 1, 8, 8, requires_grad=True)
+    w = torch.randn(1, 1, 3, 3, requires_grad=True)
+    v = torch.randn(6, 6, requires_grad=True)
+    idx = torch.zeros(1, dtype=torch.int64)
+    torch._dynamo.reset()
+    out = kiln.compile(f, fallback=False)(x, w, idx, v)
+    weight = torch.randn(out.shape)
+    got = torch.autograd.grad((out * weight).sum(), [x, w, v])
+    xe, we, ve = (t.detach().requires_grad_() for t in (x, w, v))
+    want = torch.autograd.grad((f(xe, we, idx, ve) * weight).sum(), [xe, we, ve])
+    for g, e in zip(got, want):
+        torch.testing.assert_close(g, e, rtol=1e-4, atol=1e-5)
