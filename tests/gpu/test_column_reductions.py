@@ -91,3 +91,33 @@ def test_a_sum_of_a_prologue_held_in_row_scratch_is_a_column_reduction():
     k.phases[0].stores[0] = Store("scr0", Lin(0, ((row, 1),)), KLoad("buf0", by_rows, f32))
     k.phases[2] = FullLoop([Store("buf3", by_rows, scratch)])
     assert not column_reduction(k)  # (rows contiguous: one row a program reads them whole)
+
+
+@pytest.mark.parametrize("shape", [(96, 130), (3, 6000)], ids=["column", "long-rows"])
+def test_elementwise_stores_written_in_the_reduction_s_pass(shape, monkeypatch):
+    """[Note: elementwise stores in the first pass] (codegen/triton.py): a looped reduction that also stores an
+    elementwise value reading no row value - a bias gradient with the masked gradient it sums - writes it in the
+    pass that accumulates (one loop over the row, its operands loaded once); one that reads its row's result (a
+    softmax's output) keeps its final pass (max, sum, then the output: three); results eager's."""
+    from kiln.codegen import triton as triton_codegen
+    monkeypatch.setattr(triton_codegen, "COLUMN_PROGRAMS", 2)
+    torch.manual_seed(0)
+    x = torch.randn(shape, device=DEVICE)
+    y = torch.randn(shape, device=DEVICE)
+    dim = 0 if shape[1] < 1000 else 1  # (columns of 96 rows; rows past one block)
+
+    def masked(a, b):
+        g = torch.where(a > 0, b * 2, 0.0)
+        return g, g.sum(dim) + 1
+
+    def normalized(a, b):
+        return torch.softmax(a * b, dim)
+    for fn, passes in ((masked, 1), (normalized, 3)):
+        torch._dynamo.reset()
+        position = mark()
+        got = kiln.compile(fn, target="triton", fallback=False, gpu_column_reductions=True)(x, y)
+        want = fn(x, y)
+        for a, e in zip(got if isinstance(got, tuple) else (got,), want if isinstance(want, tuple) else (want,)):
+            torch.testing.assert_close(a, e, rtol=1e-5, atol=1e-5)
+        source = "".join(r.source for r in reports_since(position))
+        assert source.count("for r0 in range(") == passes, source
