@@ -434,8 +434,11 @@ class TritonKernelWriter:
 
     def _value(self, p: TritonPrinter, a: Acc) -> str:
         v = p.expr(a.value)
-        if compute_dtype(a.value.dtype) != compute_dtype(a.dtype):
-            v = converted(v, tl_type(compute_dtype(a.dtype)))
+        cd = compute_dtype(a.dtype)
+        # (an int64 value may be printed as int32 - a ``full`` or literals alone - where beside it the identity of
+        # amin/amax, 2**63 - 1, does not fit: converted; Triton-target fuzz seed 12470)
+        if compute_dtype(a.value.dtype) != cd or cd == torch.int64:
+            v = converted(v, tl_type(cd))
         return v
 
     def _reduce_block(self, p: TritonPrinter, a: Acc, mask: str, ind: str) -> str:
@@ -454,6 +457,8 @@ class TritonKernelWriter:
         """First index of the max (min); NaN counts as the largest (smallest), as in torch."""
         v = p.expr(a.value)
         vd = compute_dtype(a.value.dtype)
+        if vd == torch.int64:  # (see ``_value``)
+            v = converted(v, "tl.int64")
         fn = "tl.argmax" if a.kind is Op.ARGMAX else "tl.argmin"
         masked = f"tl.where({mask}, {v}, {_init(a.kind, vd)})"
         ax = self.axis

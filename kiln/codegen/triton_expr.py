@@ -67,9 +67,12 @@ def _unary(op: Op, fn: str) -> Rule:
     """A function of a floating block; on integers the rounding ops are the identity and ``abs`` a select."""
     def rule(a: list[str], d: torch.dtype, ad: torch.dtype) -> str:
         if ad.is_floating_point:
+            # (a constant operand made a 0-d tensor: kiln's math functions call ``.to`` on theirs - ``erf`` of a
+            # ``full`` crashed the interpreter and would not compile: Triton-target fuzz seed 11502)
+            x = f"tl.cast({a[0]}, tl.float32)" if _LITERAL.match(a[0]) else a[0]
             if op is Op.TANH and d in HALF:  # rounded to half precision anyway: the fast hardware tanh
-                return f"km.tanh_half({a[0]})"
-            return f"{fn}({a[0]})"
+                return f"km.tanh_half({x})"
+            return f"{fn}({x})"
         if op in (Op.FLOOR, Op.CEIL, Op.TRUNC, Op.ROUND):
             return a[0]
         if op is Op.ABS:
@@ -246,7 +249,11 @@ class TritonPrinter(Temporaries):
             args = [self.expr(a, guard) for a in e.args]
             if e.op in (Op.LOGICAL_AND, Op.LOGICAL_OR, Op.LOGICAL_XOR, Op.LOGICAL_NOT):
                 args = [x if a.dtype == torch.bool else f"({x} != 0)" for x, a in zip(args, e.args)]
-            elif e.op in _COMPARISONS:
+            elif e.op in _COMPARISONS or e.op is Op.CAST and e.args[0].dtype in HALF:
+                # (a cast observes its operand as eager holds it: ``erf(x).float()`` of an fp16 ``erf`` is the
+                # rounded value - a LayerNorm's saved mean, taken of the unrounded one, differed from its
+                # backward's recomputation by the rounding, and the normalized size-1 row's gradient was 0.8 off:
+                # Triton-target fuzz seed 12073)
                 args = [_rounded(x, a, self.scratch) for x, a in zip(args, e.args)]
             arg_dtype = e.args[0].dtype if e.args else e.dtype
             text = op_text(e.op, args, e.dtype, arg_dtype)
@@ -285,14 +292,15 @@ def stored_half_values(stores: Any, dtype_of: dict[str, torch.dtype]) -> frozens
 
 
 def _rounded(text: str, a: KExpr, scratch: dict[str, KExpr]) -> str:
-    """A comparison's operand as eager compares it: a half-precision value computed here (kept in fp32 while
-    computing, as Inductor does) rounded to its type first.  A recomputed ``x * -1.25`` compared with its
-    saved ``amin`` (which the forward stored rounded) was never equal in fp16: amin's backward divided by a
-    count of 0 - NaN gradients (fuzz seed 2003 with gradients).  Loads and constants are the type's already
+    """A comparison's (or a cast's) operand as eager compares (converts) it: a half-precision value computed here
+    (kept in fp32 while computing, as Inductor does) rounded to its type first.  A recomputed ``x * -1.25``
+    compared with its saved ``amin`` (which the forward stored rounded) was never equal in fp16: amin's backward
+    divided by a count of 0 - NaN gradients (fuzz seed 2003 with gradients).  Loads and constants are the type's already
     (an accumulator is rounded too: a reduction's result is compared as it is stored; and a load of a row-scratch
     buffer, which stands for the value computed again: fuzz seed 257, amax's mask beside the amax)."""
     if a.dtype in HALF and (isinstance(a, (KOp, KVar)) or isinstance(a, KLoad) and a.buf in scratch):
-        return f"{text}.to({tl_type(a.dtype)}).to(tl.float32)"
+        # (tl.cast: the text may be a Python number)
+        return f"tl.cast(tl.cast({text}, {tl_type(a.dtype)}), tl.float32)"
     return text
 
 

@@ -124,7 +124,12 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
     cost: dict[Node, int] = {}
     reads: dict[Node, frozenset[Node]] = {}  # the stored values an inlined node's expression loads
     from_weights: set[Node] = set()  # computed from constants alone
+    updated = _updates_in_place(graph)
     for n in graph.nodes:
+        for i in _inlined_across_an_update(n, reads, realized, updated):  # ([Note: reads before an in-place update])
+            realized.add(i)
+            cost[i] = 0
+            reads[i] = frozenset((i,))
         if n.op in (Op.CONSTANT, Op.FULL) or (n.op in INLINABLE and n.inputs and set(n.inputs) <= from_weights):
             from_weights.add(n)
         if n in realized or n.op not in INLINABLE or n in from_weights:
@@ -149,6 +154,43 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
         else:
             realized.add(o)
     return realized - aliases, aliases
+
+
+# [Note: reads before an in-place update]
+# ``y = torch.where(m, 0.25, x); x.index_put_(i, v); return y[:4]``: ``y`` reads ``x`` before the update, and the
+# kernel that computes the output comes after it.  Inlined there, ``y`` read the updated ``x`` - a wrong result
+# on both targets (Triton-target fuzz seed 11444; ``y`` reached the output through three inlined nodes).  A value
+# whose expression loads a graph input that a library call updates in place between the value's definition and a
+# node that reads it is realized: computed where it is defined, before the update.
+def _updates_in_place(graph: Graph) -> dict[Node, list[int]]:
+    """Each graph input an extern writes in place -> the positions (in ``graph.nodes``) of those writes."""
+    from kiln.schedule.program import written_inputs  # (program.py builds on this module)
+    updated: dict[Node, list[int]] = {}
+    for k, n in enumerate(graph.nodes):
+        if mutates(n):
+            for x in written_inputs(n):
+                updated.setdefault(x, []).append(k)
+    if updated:
+        position = {n: k for k, n in enumerate(graph.nodes)}
+        updated = {x: [position, ks] for x, ks in updated.items()}  # (the positions of readers are looked up)
+    return updated
+
+
+def _inlined_across_an_update(n: Node, reads: dict[Node, frozenset[Node]], realized: set[Node],
+                              updated: dict[Node, list]) -> list[Node]:
+    """``n``'s inlined inputs that load an input updated in place after them and before ``n``."""
+    if not updated:
+        return []
+    out = []
+    for i in set(n.inputs):
+        if i in realized or i not in reads:
+            continue
+        for x in reads[i] & updated.keys():
+            position, writes = updated[x]
+            if any(position[i] < k < position[n] for k in writes):
+                out.append(i)
+                break
+    return out
 
 
 def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list[Step], set[Node], set[Node]]:

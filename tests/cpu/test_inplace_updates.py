@@ -127,3 +127,31 @@ def test_an_output_of_the_input_before_its_update_keeps_the_old_values(copy):
     torch.testing.assert_close(cache, want_cache, rtol=0, atol=0)
     for g, e in zip(got, expected):
         torch.testing.assert_close(g, e, rtol=1e-6, atol=1e-6)
+
+
+def check_values_read_before_an_update_keep_the_old_values(device: str = "cpu", **options) -> None:
+    """[Note: reads before an in-place update] (schedule/fuse.py), for each target's tests."""
+    def fn(mask, x, index, value, scale):
+        y = torch.where(mask, 0.25, x)  # (reads x before its update; reaches the output through inlined nodes)
+        first, _, last = torch.tensor_split(y, 3, dim=0)
+        x.index_put_((index,), value, accumulate=True)
+        last.mul_(scale)
+        return first, last * 2
+
+    torch.manual_seed(0)
+    mask = torch.rand(11, 1, device=device) < 0.3
+    x, value, scale = (torch.randn(1, device=device) for _ in range(3))
+    index = torch.zeros(1, dtype=torch.int64, device=device)
+    want_x = x.clone()
+    want = fn(mask, want_x, index, value, scale)
+    torch._dynamo.reset()
+    got = torch.compile(fn, backend="kiln", options=options)(mask, x, index, value, scale)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+    torch.testing.assert_close(x, want_x)
+
+
+def test_values_read_before_an_update_keep_the_old_values():
+    """A value computed from an input before the graph updates that input in place, inlined into a kernel after
+    the update, read the new values (fuzz seed 11444, both targets): it is computed before the update."""
+    check_values_read_before_an_update_keep_the_old_values()

@@ -137,6 +137,25 @@ def test_prims_convert_element_type_is_a_cast_in_the_kernel():
     assert not report.externs, report.externs
 
 
+@pytest.mark.parametrize("fn", [torch.erf, torch.tanh, torch.expm1, torch.rsqrt])
+def test_math_of_a_constant(fn):
+    """A math function of a ``full`` (left unfolded): its constant operand is made a tensor (``km.erf(0.5)``
+    called ``.to`` on a Python number: Triton-target fuzz seed 11502)."""
+    def f(x):
+        c = torch.full(x.shape, 0.5, dtype=x.dtype, device=x.device)
+        return x.sum(-1, keepdim=True) / (x.abs() + 0.5) + fn(c) ** 2
+    run(f, torch.randn(8, 12))
+
+
+def test_int64_extremes_of_constants():
+    """amin/amax/argmin of an int64 ``full`` (printed as int32 literals) beside the identity 2**63 - 1: the
+    values converted to int64 (Triton-target fuzz seed 12470: 'out of range for type int32')."""
+    def f(m):
+        v = torch.masked_fill(torch.full((3,), 3, dtype=torch.int64, device=m.device), m, -1)
+        return v.amin(), v.amax(), v.argmin()
+    run(f, torch.tensor([False, True, False]))
+
+
 def test_wrong_device_input_is_a_clear_error():
     if not HAS_CUDA:
         pytest.skip("needs a GPU to have a second device")
