@@ -133,6 +133,8 @@ def main() -> None:
     if args.target == "triton" and args.device == "cpu":
         import os
         os.environ.setdefault("TRITON_INTERPRET", "1")  # (before Triton is imported: its interpreter on CPU tensors)
+        from kiln.testing import triton_interpreter  # ([Note: the interpreter's bf16 rounding] and its scalars)
+        triton_interpreter.patch()
     torch.set_num_threads(1)
     lo, hi = (int(v) for v in args.seeds.split(":"))
     counts: collections.Counter[str] = collections.Counter()
