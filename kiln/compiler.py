@@ -219,7 +219,11 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             else:
                 module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
-            fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs), not report.training)
+            # (views of another output handed back as views of it in training too: a symbolic module returns its
+            # outputs as buffers of their own, and AOTAutograd rebuilds an output that views an intermediate from
+            # the base it also returns, with the strides and offset kiln's output has - a dense copy made it read
+            # the base's first rows: fuzz_symbolic --grad seed 84, wrong gradients on both targets)
+            fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs), True)
             run = _runner(module, positions, arg_names, fixes)
             run = _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
             if triton:
@@ -467,8 +471,9 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
                  output_views: bool = True) -> list[_AliasFix]:
     """``call_sizes``: for a symbolic graph, the sizes of the module's last call (views take them); ``skip``: FX
     output positions that are sizes, not graph outputs; ``output_views``: outputs that view other outputs are
-    handed back as views ([Note: outputs that view outputs]; not in a training step's graphs, where AOTAutograd
-    rebuilds the aliases that need gradients and a saved value or a gradient must not share a user's tensor)."""
+    handed back as views ([Note: outputs that view outputs]; not in a static training step's graphs, whose
+    modules hand such outputs out as views of their buffers already, and where a saved value or a gradient must
+    not share a user's tensor; a symbolic module returns buffers of its own, so its training graphs take them)."""
     from kiln.ir.graph import Op, view_root
     from kiln.ir.interp import eval_node, view_function
     from kiln.ir.ops import VIEW

@@ -73,3 +73,10 @@ def test_values_read_before_an_update_keep_the_old_values_on_the_triton_target()
     from tests.cpu.test_inplace_updates import check_values_read_before_an_update_keep_the_old_values
     from tests.gpu.conftest import DEVICE
     check_values_read_before_an_update_keep_the_old_values(DEVICE, target="triton")
+
+
+def test_dynamic_training_outputs_that_view_an_intermediate_on_the_triton_target():
+    """fuzz_symbolic --grad seed 84 through the Triton target (it failed on both)."""
+    from tests.cpu.test_training import check_dynamic_training_outputs_that_view_an_intermediate
+    from tests.gpu.conftest import DEVICE
+    check_dynamic_training_outputs_that_view_an_intermediate(DEVICE, target="triton")
