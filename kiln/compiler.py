@@ -219,11 +219,9 @@ def _compile(fx_gm: torch.fx.GraphModule, frozen: dict[int, torch.Tensor], cfg: 
             else:
                 module = build_cpu_symbolic(graph, report, choices, [name for name, _ in int_sizes])
             positions = [n.attr("index") for n in graph.inputs] + [k for _, k in int_sizes]
-            # (views of another output handed back as views of it in training too: a symbolic module returns its
-            # outputs as buffers of their own, and AOTAutograd rebuilds an output that views an intermediate from
-            # the base it also returns, with the strides and offset kiln's output has - a dense copy made it read
-            # the base's first rows: fuzz_symbolic --grad seed 84, wrong gradients on both targets)
-            fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs), True)
+            fixes = _alias_fixes(fx_gm, graph, module.call_sizes, set(size_outputs), not report.training)
+            if report.training:
+                fixes += _views_of_outputs(graph, module.call_sizes, {f.output for f in fixes})
             run = _runner(module, positions, arg_names, fixes)
             run = _with_size_outputs(run, size_outputs, module.call_sizes) if size_outputs else run
             if triton:
@@ -471,9 +469,9 @@ def _alias_fixes(fx_gm: torch.fx.GraphModule, graph: Any,
                  output_views: bool = True) -> list[_AliasFix]:
     """``call_sizes``: for a symbolic graph, the sizes of the module's last call (views take them); ``skip``: FX
     output positions that are sizes, not graph outputs; ``output_views``: outputs that view other outputs are
-    handed back as views ([Note: outputs that view outputs]; not in a static training step's graphs, whose
-    modules hand such outputs out as views of their buffers already, and where a saved value or a gradient must
-    not share a user's tensor; a symbolic module returns buffers of its own, so its training graphs take them)."""
+    handed back as views ([Note: outputs that view outputs]; not in a training step's graphs, where AOTAutograd
+    rebuilds the aliases that need gradients and a saved value or a gradient must not share a user's tensor - a
+    symbolic one's take ``_views_of_outputs``)."""
     from kiln.ir.graph import Op, view_root
     from kiln.ir.interp import eval_node, view_function
     from kiln.ir.ops import VIEW
@@ -570,6 +568,39 @@ def _output_views(fx_outputs: list[Any], placeholders: list[Any], fixed: set[int
             if geometry is not None:
                 fixes.append(_AliasFix(k, -1, [lambda t, g=geometry: _traced_view(t, g, call_sizes)], False,
                                        alias=True, from_output=base))
+    return fixes
+
+
+def _views_of_outputs(graph: Any, call_sizes: Callable[[], dict[str, int]], fixed: set[int]) -> list[_AliasFix]:
+    """[Note: views of outputs in a symbolic training graph] A symbolic module returns each output as a buffer of
+    its own.  In a training forward AOTAutograd returns an intermediate (``where``) beside outputs that view it
+    (its ``tensor_split``) and rebuilds those from it with the strides and offset of what kiln returned: a dense
+    copy's made them read the base's first rows - wrong gradients on both targets (fuzz_symbolic --grad seeds 84
+    and 307; in 307 kiln lays the base out otherwise than eager, so eager's view geometry would be wrong too).  An
+    output kiln computes as a view chain of another output's node is handed back as that chain applied to that
+    output: kiln's own layout, consistent with the base it returned."""
+    from kiln.ir.graph import Op
+    from kiln.ir.interp import eval_node
+    from kiln.ir.ops import VIEW
+    first: dict[Any, int] = {}
+    for k, o in enumerate(graph.outputs):
+        if o.op not in VIEW and o.op is not Op.INPUT:
+            first.setdefault(o, k)
+    fixes = []
+    for k, o in enumerate(graph.outputs):
+        if k in fixed or o.op not in VIEW:
+            continue
+        chain, n = [], o
+        while n.op in VIEW and n not in first:
+            chain.append(n)
+            n = n.inputs[0]
+        if n in first and first[n] != k:
+            def apply(t: torch.Tensor, chain: list = chain[::-1]) -> torch.Tensor:
+                sizes = call_sizes()
+                for v in chain:
+                    t = eval_node(v, [t], sizes)
+                return t
+            fixes.append(_AliasFix(k, -1, [apply], False, alias=True, from_output=first[n]))
     return fixes
 
 

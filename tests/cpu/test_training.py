@@ -576,5 +576,25 @@ def check_dynamic_training_outputs_that_view_an_intermediate(device: str = "cpu"
             torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
 
 
+    def laid_out(a, b, w):  # (kiln lays the base out contiguously, eager after the permuted operand: seed 307)
+        v = torch.minimum(F.linear(a, w), b.permute(1, 0, 3, 2))
+        first, _, last = torch.tensor_split(v, 3, dim=2)
+        return last, first
+
+    for rows in (6, 9):
+        a = torch.randn(2, 3, rows, 4, device=device, requires_grad=True)
+        b = torch.randn(3, 2, 5, rows, device=device, requires_grad=True)
+        w = torch.randn(5, 4, device=device, requires_grad=True)
+        weights = [torch.randn(o.shape, device=device) for o in laid_out(a, b, w)]
+        want = torch.autograd.grad(sum((o * g).sum() for o, g in zip(laid_out(a, b, w), weights)), [a, b, w])
+        if rows == 6:
+            torch._dynamo.reset()
+            compiled = torch.compile(laid_out, backend="kiln", dynamic=True, options=options)
+        outs = compiled(a, b, w)
+        got = torch.autograd.grad(sum((o * g).sum() for o, g in zip(outs, weights)), [a, b, w])
+        for g, e in zip(got, want):
+            torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-5)
+
+
 def test_dynamic_training_outputs_that_view_an_intermediate():
     check_dynamic_training_outputs_that_view_an_intermediate()
