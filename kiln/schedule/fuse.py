@@ -162,35 +162,27 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
 # on both targets (Triton-target fuzz seed 11444; ``y`` reached the output through three inlined nodes).  A value
 # whose expression loads a graph input that a library call updates in place between the value's definition and a
 # node that reads it is realized: computed where it is defined, before the update.
-def _updates_in_place(graph: Graph) -> dict[Node, list[int]]:
-    """Each graph input an extern writes in place -> the positions (in ``graph.nodes``) of those writes."""
+def _updates_in_place(graph: Graph) -> tuple[dict[Node, int], dict[Node, list[int]]]:
+    """(each node's position in ``graph.nodes``, each graph input an extern writes in place -> the positions of
+    those writes); both empty where nothing is written in place."""
     from kiln.schedule.program import written_inputs  # (program.py builds on this module)
-    updated: dict[Node, list[int]] = {}
-    for k, n in enumerate(graph.nodes):
+    position = {n: k for k, n in enumerate(graph.nodes)}
+    writes: dict[Node, list[int]] = {}
+    for n in graph.nodes:
         if mutates(n):
             for x in written_inputs(n):
-                updated.setdefault(x, []).append(k)
-    if updated:
-        position = {n: k for k, n in enumerate(graph.nodes)}
-        updated = {x: [position, ks] for x, ks in updated.items()}  # (the positions of readers are looked up)
-    return updated
+                writes.setdefault(x, []).append(position[n])
+    return (position, writes) if writes else ({}, {})
 
 
 def _inlined_across_an_update(n: Node, reads: dict[Node, frozenset[Node]], realized: set[Node],
-                              updated: dict[Node, list]) -> list[Node]:
+                              updated: tuple[dict[Node, int], dict[Node, list[int]]]) -> list[Node]:
     """``n``'s inlined inputs that load an input updated in place after them and before ``n``."""
-    if not updated:
+    position, writes = updated
+    if not writes:
         return []
-    out = []
-    for i in set(n.inputs):
-        if i in realized or i not in reads:
-            continue
-        for x in reads[i] & updated.keys():
-            position, writes = updated[x]
-            if any(position[i] < k < position[n] for k in writes):
-                out.append(i)
-                break
-    return out
+    return [i for i in set(n.inputs) if i not in realized and i in reads
+            and any(position[i] < k < position[n] for x in reads[i] & writes.keys() for k in writes[x])]
 
 
 def partition(graph: Graph, breaks: frozenset[Node] = frozenset()) -> tuple[list[Step], set[Node], set[Node]]:
