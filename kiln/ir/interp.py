@@ -66,13 +66,13 @@ def _reduce(n: Node, x: torch.Tensor, shape: Sequence[int]) -> torch.Tensor:
 
 
 def _slice(n: Node, x: torch.Tensor, shape: Sequence[int], sizes: dict[str, int] | None) -> torch.Tensor:
-    d, start, step = n.attr("dim"), concrete(n.attr("start"), sizes), n.attr("step")
+    d, start, step = n.attr("dim"), concrete(n.attr("start"), sizes), concrete(n.attr("step"), sizes)
     return torch.ops.aten.slice.Tensor(x, d, start, start + step * shape[d], step)
 
 
-def _pad(n: Node, x: torch.Tensor) -> torch.Tensor:
+def _pad(n: Node, x: torch.Tensor, sizes: dict[str, int] | None) -> torch.Tensor:
     flat: list[int] = []
-    for before, after in reversed(n.attr("pads")):
+    for before, after in reversed(concrete(n.attr("pads"), sizes)):
         flat += [before, after]
     return torch.nn.functional.pad(x, flat, value=n.attr("value"))
 
@@ -104,7 +104,8 @@ def eval_node(n: Node, args: Sequence[Any], sizes: dict[str, int] | None = None)
     if op is Op.FULL:
         return torch.full(shape, concrete(n.attr("value"), sizes), dtype=n.dtype)
     if op is Op.IOTA:
-        return n.attr("start") + n.attr("step") * torch.arange(shape[0], dtype=torch.int64).to(n.dtype)
+        start, step = concrete(n.attr("start"), sizes), concrete(n.attr("step"), sizes)
+        return start + step * torch.arange(shape[0], dtype=torch.int64).to(n.dtype)
     if op in (Op.SUM, Op.PROD, Op.AMAX, Op.AMIN, Op.ARGMAX, Op.ARGMIN):
         return _reduce(n, args[0], shape)
     if op is Op.RESHAPE:
@@ -116,7 +117,7 @@ def eval_node(n: Node, args: Sequence[Any], sizes: dict[str, int] | None = None)
     if op is Op.SLICE:
         return _slice(n, args[0], shape, sizes)
     if op is Op.PAD:
-        return _pad(n, args[0])
+        return _pad(n, args[0], sizes)
     if op is Op.CAT:
         return torch.cat(list(args), dim=n.attr("dim"))
     if op is Op.TAKE:

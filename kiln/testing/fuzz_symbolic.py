@@ -103,13 +103,27 @@ def check(seed: int, dtype: str, size: str, compile: bool = False, target: str =
 
 
 def _gradients(program: Any, target: str) -> tuple[str, str]:
-    """The program's gradients through kiln's backend with ``dynamic=True`` against eager's."""
+    """The program's gradients through kiln's backend with ``dynamic=True`` against eager's; a failure that
+    ``aot_eager`` with ``dynamic=True`` - the same capture with no kiln behind it - repeats is torch's
+    (``torch_error``), not kiln's."""
+    status, detail = _dynamic_gradients(
+        program, lambda f: torch.compile(f, backend="kiln", dynamic=True, options={"target": target}))
+    if status in ("mismatch", "crash"):
+        again, why = _dynamic_gradients(program, lambda f: torch.compile(f, backend="aot_eager", dynamic=True))
+        if again == status:
+            return "torch_error", f"aot_eager fails the same way: {why}"
+    return status, detail
+
+
+def _dynamic_gradients(program: Any, compile_fn: Any) -> tuple[str, str]:
+    """(ok | mismatch | crash, detail) of ``program``'s gradients compiled by ``compile_fn``."""
     from kiln.testing.fuzz_grad import CompiledRaised, check_gradients
     from kiln.testing.fuzz_run import short_error
     torch._dynamo.reset()
     try:
-        status, _, detail = check_gradients(
-            program, lambda f: torch.compile(f, backend="kiln", dynamic=True, options={"target": target}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            status, _, detail = check_gradients(program, compile_fn)
     except CompiledRaised as exc:
         cause = exc.__cause__ if exc.__cause__ is not None else exc
         return "crash", "gradient: " + ": ".join(short_error(cause))
@@ -145,6 +159,8 @@ def main() -> None:
         counts[status] += 1
         if status in ("mismatch", "crash"):
             print(f"seed {seed}: {status}: {detail[:300]}", flush=True)
+        elif status == "torch_error":
+            print(f"seed {seed}: torch_error: {detail[:200]}", flush=True)
         elif status in ("refused", "fallback"):
             reasons[detail] += 1
     print(f"{hi - lo} programs: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))

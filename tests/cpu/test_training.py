@@ -598,3 +598,23 @@ def check_dynamic_training_outputs_that_view_an_intermediate(device: str = "cpu"
 
 def test_dynamic_training_outputs_that_view_an_intermediate():
     check_dynamic_training_outputs_that_view_an_intermediate()
+
+
+def test_dynamic_training_output_that_is_a_strided_view_of_an_input():
+    """An output the passes make a view chain of an input (``maximum(x, x)`` is ``x``), through a diagonal of a
+    sliced input - a slice whose step is a size expression (the row stride) - is rebuilt at the call's sizes
+    (fuzz_symbolic --grad seeds 560, 623: the step was left symbolic and the call crashed)."""
+    def fn(x):
+        d = torch.diagonal(x, 0, 0, 1)
+        return torch.maximum(d.repeat(2).expand(2, 3, -1), d)
+
+    for cols in (7, 11):  # (two sizes: the second call runs the symbolic graph)
+        x = (torch.rand(1, cols) + 0.5)[..., 1::2].requires_grad_(True)
+        weight = torch.randn(2, 3, 2)
+        want = torch.autograd.grad((fn(x) * weight).sum(), x)
+        if cols == 7:
+            torch._dynamo.reset()
+            compiled = torch.compile(fn, backend="kiln", dynamic=True)
+        out = compiled(x)
+        torch.testing.assert_close(out, fn(x))
+        torch.testing.assert_close(torch.autograd.grad((out * weight).sum(), x), want)
