@@ -607,7 +607,11 @@ def _variance(L: Lowerer, x: Node, axes: tuple[int, ...], correction: float, kee
 # came out ~0.6 where eager's is 0 (gradient fuzz seed 9304: ``torch.max(x, y).std(-1)`` over a row where ``y``
 # wins every element).  Shifting the data by an element of the row makes the deviations of equal values exactly
 # 0 (and cancels less wherever the mean is large against the spread), for an extra load of one element per row.
-# Only where the variance is the result (``var``, ``std``, ``var_mean``): the norms add ``eps`` before the root.
+# The norms (layer, group and batch norm) too, though they add ``eps`` before the root: their *mean* must be the
+# common value exactly, or ``x - mean`` of a row of equal values is +-1 ulp and the normalized output +-1 ulp
+# times ``1 / sqrt(eps)`` (~2e-4) where eager's is exactly 0 - and an ``abs``, ``sign`` or ``relu`` after it
+# passes a gradient of that sign, ~1000x the incoming one, where eager's is 0 (gradient fuzz seed 22888: a
+# LayerNorm over an expanded input, then ``abs``).
 def _first_of_rows(L: Lowerer, x: Node, axes: tuple[int, ...]) -> Node:
     """``x`` at index 0 of each axis in ``axes`` (kept as size-1 axes): an element of every row."""
     for a in axes:
@@ -670,7 +674,7 @@ def _layer_norm(L: Lowerer, n: Any, x: Node, normalized_shape: Any, weight: Any,
     dtype = meta_val(n)[0].dtype
     k = len(normalized_shape)
     axes = tuple(range(len(x.shape) - k, len(x.shape)))
-    var, mean = _variance(L, x, axes, 0.0, True, dtype)
+    var, mean = _variance(L, x, axes, 0.0, True, dtype, shifted=True)
     rstd = L.b.add(Op.RSQRT, (L.binary(Op.ADD, var, eps, dtype),))
     out = L.binary(Op.MUL, L.binary(Op.SUB, x, mean, dtype), rstd, dtype)
     if weight is not None:
@@ -689,7 +693,7 @@ def _group_norm(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, N: int, C: 
     if x.numel == 0 or not dtype.is_floating_point or C % group:
         raise Unsupported("group_norm of an empty tensor")
     g = L.reshape(L.cast(x, dtype), (N, group, (C // group) * HxW))
-    var, mean = _variance(L, g, (2,), 0.0, True, dtype)
+    var, mean = _variance(L, g, (2,), 0.0, True, dtype, shifted=True)
     rstd = L.b.add(Op.RSQRT, (L.binary(Op.ADD, var, eps, dtype),))
     out = L.reshape(L.binary(Op.MUL, L.binary(Op.SUB, g, mean, dtype), rstd, dtype), (N, C, HxW))
     if weight is not None:
@@ -760,7 +764,7 @@ def _batch_norm_training(L: Lowerer, n: Any, x: Node, weight: Any, bias: Any, ep
         raise Unsupported("batch_norm of a < 2-d tensor")
     axes = (0,) + tuple(range(2, nd))
     count = x.numel // x.shape[1]
-    var, mean = _variance(L, x, axes, 0.0, False, dtype)
+    var, mean = _variance(L, x, axes, 0.0, False, dtype, shifted=True)
     rstd = L.b.add(Op.RSQRT, (L.binary(Op.ADD, var, eps, dtype),))
     out = L.binary(Op.MUL, L.binary(Op.SUB, x, _channel(L, mean, nd), dtype), _channel(L, rstd, nd), dtype)
     if weight is not None:
