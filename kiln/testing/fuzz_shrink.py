@@ -229,7 +229,7 @@ def reproducer_source(program: Program, result: Result, name: str = "repro.py") 
             "# (python -m kiln.testing.fuzz) and shrunk; its tolerances come from kiln/testing/fuzz_numerics.py"]
     text = "\n".join(head) + "\n" + program.source() + CHECK_SOURCE
     if ":gradient" in result.signature:
-        text += f"\n\nPROGRAM = {program.to_json()!r}\n" + GRADIENT_CHECK_SOURCE
+        text += f"\n\nPROGRAM = {program.to_json()!r}  # noqa: E501\n" + GRADIENT_CHECK_SOURCE
     return text
 
 
