@@ -210,6 +210,13 @@ class Config:
     # space where nothing between stops it (schedule/fuse.py, [Note: horizontal fusion]).  False: the last kernel
     # only (the A/B).
     horizontal_fusion: bool = True
+    # A value two kernels read is recomputed in each while its inlined cost (schedule/fuse.py: 1 per op, 8 per
+    # transcendental) is at most this, else stored once and loaded ([Note: recomputing on a GPU]).  The CPU's 8:
+    # one transcendental is about the store and load of an fp32 element there.
+    recompute_limit: int = 8
+    # The same on the GPU (the plans of ``schedule/plan.triton_graph`` and ``gpu_symbolic``), where a store and a
+    # load cost far more arithmetic than on the CPU.  8: the CPU's rule (the A/B).
+    gpu_recompute_limit: int = 24
     # GPU: a long reduction into few rows (a BatchNorm's channel statistics over N*H*W) runs as two reductions
     # (passes/split_reductions.py, [Note: reductions split for the GPU]).  False: one kernel (the A/B).
     gpu_split_reductions: bool = True
@@ -311,6 +318,8 @@ class Config:
         "gpu_call_wrapper": ("KILN_GPU_CALL_WRAPPER", bool),
         "write_backs_in_place": ("KILN_WRITE_BACKS_IN_PLACE", bool),
         "horizontal_fusion": ("KILN_HORIZONTAL_FUSION", bool),
+        "recompute_limit": ("KILN_RECOMPUTE_LIMIT", int),
+        "gpu_recompute_limit": ("KILN_GPU_RECOMPUTE_LIMIT", int),
         "gpu_split_reductions": ("KILN_GPU_SPLIT_REDUCTIONS", bool),
         "gpu_split_column_reductions": ("KILN_GPU_SPLIT_COLUMN_REDUCTIONS", bool),
         "gpu_column_reductions": ("KILN_GPU_COLUMN_REDUCTIONS", bool),

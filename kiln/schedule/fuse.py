@@ -18,8 +18,9 @@
    its buffer, one kernel reads it once.
 
 Cost model: a shared producer is recomputed in each consumer kernel unless its inlined cost (1 per cheap op,
-8 per transcendental) exceeds ``RECOMPUTE_LIMIT``, i.e. unless recomputing it costs more than the 8 bytes a
-store plus load of one fp32 element moves - or unless recomputing it reads more memory than storing it once.
+8 per transcendental) exceeds ``Config.recompute_limit``, i.e. unless recomputing it costs more than the 8 bytes
+a store plus load of one fp32 element moves (on the CPU; a GPU's limit is higher: [Note: recomputing on a GPU]) -
+or unless recomputing it reads more memory than storing it once.
 A producer reading ``L`` full-size buffers, recomputed by ``u`` consumers, loads ``u * L`` elements per output
 element; stored, ``L`` loads, one store and ``u`` loads: so it is stored when ``(u - 1)(L - 1) > 2``.  A
 transformer's residual stream is the case: ``x_k = x_(k-1) + branch_k`` feeds layer k's LayerNorm and the
@@ -43,7 +44,14 @@ from kiln.ir.program import ExternStep
 from kiln.ir.sym import size_hint
 from kiln.ir.ops import INLINABLE, REDUCTION, TRANSCENDENTAL, VIEW, Op, numel
 
-RECOMPUTE_LIMIT = 8
+# [Note: recomputing on a GPU]
+# The cost model's limit is ``Config.recompute_limit`` - 8 on the CPU, where one transcendental per element is
+# about what the store and load of an fp32 element cost - and ``Config.gpu_recompute_limit`` (24) for the GPU's
+# plans: an H100 does ~18 fp32 operations in the time it moves a byte, so an ``erf`` costs far less there than
+# the 8 bytes it would save.  What the CPU's limit did on the GPU (BERT's training step, from the plan): GELU's
+# ``1 + erf(x / sqrt(2))``, read by the backward's recomputed GELU and by GELU's derivative, was stored in fp32
+# for every layer - 11 buffers of 24 MiB, computed from bf16 inputs of 12 MiB by one horizontally joined kernel
+# at the backward's start (0.42 ms on an H100, the step's largest Triton kernel) and held until each layer's turn.
 
 
 @dataclasses.dataclass
@@ -121,6 +129,7 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
                 if base is not i:
                     aliases.add(i)
                 realized.add(base)
+    limit = config.get().recompute_limit  # ([Note: recomputing on a GPU])
     cost: dict[Node, int] = {}
     reads: dict[Node, frozenset[Node]] = {}  # the stored values an inlined node's expression loads
     from_weights: set[Node] = set()  # computed from constants alone
@@ -140,7 +149,7 @@ def decide_realized(graph: Graph) -> tuple[set[Node], set[Node]]:
         cost[n] = own + sum(cost[i] for i in set(n.inputs) if i not in realized)
         reads[n] = frozenset().union(*(reads[i] for i in n.inputs))
         if n.op not in (Op.FULL, Op.IOTA) and n.op not in VIEW and (
-                (len(readers[n]) > 1 and (cost[n] > RECOMPUTE_LIMIT or _rereads(n, reads[n], len(readers[n]))))
+                (len(readers[n]) > 1 and (cost[n] > limit or _rereads(n, reads[n], len(readers[n]))))
                 or _loop_invariant(n, cost[n], users)):
             realized.add(n)
             cost[n] = 0

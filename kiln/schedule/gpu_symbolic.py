@@ -71,7 +71,7 @@ def build_triton_symbolic(graph: Graph, report: CompileReport, device: torch.dev
         raise NotImplementedError("a size that is the least or greatest of two sizes (Min/Max): no Triton kernel "
                                   "with size parameters takes it")
     # (GPU layouts: convolutions and the kernels between them channels-last, as ``plan.triton_graph``)
-    with config.scope(layout_optimization=True):
+    with config.scope(layout_optimization=True, recompute_limit=config.get().gpu_recompute_limit):
         plan = make_plan(graph)
     symbols = {s for n in graph.nodes for d in n.shape for s in symbols_of(d)}
     for k in plan.kernels:

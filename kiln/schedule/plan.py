@@ -214,7 +214,7 @@ def triton_graph(graph: Graph, report: CompileReport, device: torch.device, choi
     # cuDNN's tensor-core convolutions want channels-last: convolutions and the kernels between them run NHWC
     # (on NCHW data cuDNN transposes around every call: 35 + 19 layout kernels in ResNet-18, 40% of its time)
     start = time.perf_counter()
-    with config.scope(layout_optimization=True):
+    with config.scope(layout_optimization=True, recompute_limit=config.get().gpu_recompute_limit):
         first = make_plan(graph, saved)
         copied = relayout_copies(graph, first, weights=not config.get().holds_weight_copies(report.mode))
         plan = triton_plan(copied, report, device, choices,

@@ -293,3 +293,25 @@ def test_relayout_copies_passes_offset_slices_and_expanded_views_as_views():
     with torch.inference_mode():
         got = build_cpu(g, CompileReport("stages"))(inputs)
     torch.testing.assert_close(got[0], interpret(g, inputs)[0], rtol=1.3e-5, atol=1.5e-5)
+
+
+def test_a_shared_erf_is_stored_on_the_cpu_and_recomputed_on_the_gpu():
+    """[Note: recomputing on a GPU]: GELU's ``1 + erf(x / sqrt(2))``, read by two kernels (a column sum, and a
+    product a library call reads), costs more than the CPU's limit - one buffer, written once - and less than the
+    GPU's: each kernel computes it from ``x``."""
+    from kiln.schedule.fuse import decide_realized
+
+    def scalar(b, value, shape):
+        return b.add(Op.EXPAND, (b.add(Op.FULL, (), shape=(), dtype=torch.float32, value=value),), shape=shape)
+    b = GraphBuilder()
+    x = _input(b, (64, 32), 0)
+    w = _input(b, (32, 16), 1)
+    erf = b.add(Op.ERF, (b.add(Op.MUL, (x, scalar(b, 0.7071067811865476, (64, 32)))),))
+    t = b.add(Op.ADD, (erf, scalar(b, 1.0, (64, 32))))
+    column = b.add(Op.SUM, (b.add(Op.MUL, (t, x)),), axes=(0,), keepdim=False)
+    product = build_extern(b, torch.ops.aten.mm.default, [b.add(Op.MUL, (t, x)), w], {}, (64, 16), torch.float32)
+    g = b.finish([column, product])
+    with config.scope(recompute_limit=8):
+        assert t in decide_realized(g)[0]
+    with config.scope(recompute_limit=config.get().gpu_recompute_limit):
+        assert t not in decide_realized(g)[0]
