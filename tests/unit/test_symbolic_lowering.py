@@ -50,7 +50,10 @@ def _check_at_sizes(fn, make_inputs, sizes):
         want = want if isinstance(want, tuple) else (want,)
         assert len(got) == len(want)
         for w, o in zip(want, got):
-            torch.testing.assert_close(o, w, rtol=1.3e-5, atol=1.5e-5)
+            # (atol at the output's scale: an element that sums terms of ~200 to ~0.3 - the transformer layer's
+            # residual - carries their rounding, 2e-5 in eager as in kiln against float64)
+            scale = max(1.0, w.abs().max().item()) if w.is_floating_point() and w.numel() else 1.0
+            torch.testing.assert_close(o, w, rtol=1.3e-5, atol=1.5e-5 * scale)
     return graph, externs
 
 
