@@ -84,8 +84,9 @@ def group_norm_backward(grad_output: torch.Tensor, input: torch.Tensor, mean: to
         c3 = -(db_val * r * s)
         d_input = (dy * c1.unsqueeze(-1) + centered * c2.unsqueeze(-1) + c3.unsqueeze(-1))
         d_input = d_input.reshape(input.shape).to(dtype)
+    affine = gamma.dtype if gamma is not None else dtype  # (ATen's: a bf16 input's fp32 weight gets fp32 gradients)
     if output_mask[1]:
-        d_gamma = (ds * r).sum(0).reshape(C).to(dtype)
+        d_gamma = (ds * r).sum(0).reshape(C).to(affine)
     if output_mask[2]:
-        d_bias = db.sum(0).reshape(C).to(dtype)
+        d_bias = db.sum(0).reshape(C).to(affine)
     return d_input, d_gamma, d_bias

@@ -302,7 +302,7 @@ def test_linalg_ops_with_effect_tokens_compile_and_raise_as_eager():
             compiled(torch.zeros(5, 5), b)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, "bf16 input, fp32 weight"])
 @pytest.mark.parametrize("shape, groups, affine", [((2, 6, 3, 4), 3, True), ((3, 4, 1, 1), 4, False),
                                                    ((3, 4, 1, 1), 4, True), ((2, 8, 5), 2, True)])
 def test_group_norm_backward_is_as_accurate_as_atens(shape, groups, affine, dtype):
@@ -313,18 +313,21 @@ def test_group_norm_backward_is_as_accurate_as_atens(shape, groups, affine, dtyp
     torch.manual_seed(0)
     N, C = shape[:2]
     HxW = math.prod(shape[2:])
+    dtype, weight_dtype = (torch.bfloat16, torch.float32) if isinstance(dtype, str) else (dtype, dtype)
     x = torch.randn(shape, dtype=dtype)
-    w, b = (torch.randn(C, dtype=dtype), torch.randn(C, dtype=dtype)) if affine else (None, None)
+    w, b = (torch.randn(C, dtype=weight_dtype), torch.randn(C, dtype=weight_dtype)) if affine else (None, None)
     mask = [True, affine, affine]
 
-    def backward(dt):
-        def to(t):
-            return None if t is None else t.to(dt)
-        _, mean, rstd = torch.ops.aten.native_group_norm(to(x), to(w), to(b), N, C, HxW, groups, 1e-5)
+    def backward(dt, weight_dt):
+        def to(t, d):
+            return None if t is None else t.to(d)
+        _, mean, rstd = torch.ops.aten.native_group_norm(to(x, dt), to(w, weight_dt), to(b, weight_dt), N, C, HxW,
+                                                         groups, 1e-5)
         dy = torch.randn(shape, generator=torch.Generator().manual_seed(1)).to(dt)
-        return dy, to(x), mean, rstd, to(w)
-    exact = torch.ops.aten.native_group_norm_backward(*backward(torch.float64), N, C, HxW, groups, mask)
-    args = backward(dtype)
+        return dy, to(x, dt), mean, rstd, to(w, weight_dt)
+    exact = torch.ops.aten.native_group_norm_backward(*backward(torch.float64, torch.float64), N, C, HxW, groups,
+                                                      mask)
+    args = backward(dtype, weight_dtype)
     ours = group_norm_backward(*args, N, C, HxW, groups, mask)
     atens = torch.ops.aten.native_group_norm_backward(*args, N, C, HxW, groups, mask)
     for got, aten_, e in zip(ours, atens, exact):
@@ -332,5 +335,5 @@ def test_group_norm_backward_is_as_accurate_as_atens(shape, groups, affine, dtyp
             assert got is None
             continue
         assert got.dtype == aten_.dtype and got.shape == aten_.shape
-        ulp = torch.finfo(dtype).eps * e.abs().max().item()
+        ulp = torch.finfo(got.dtype).eps * e.abs().max().item()
         assert (got.double() - e).abs().max() <= 2 * (aten_.double() - e).abs().max() + 4 * ulp
