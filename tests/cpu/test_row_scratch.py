@@ -97,4 +97,8 @@ def test_a_concatenation_read_at_the_row_position_is_computed_once(channels):
     assert len(report.kernels) == 1
     lines = [line.strip() for line in report.format(source=False).splitlines()]
     assert sum(line.startswith("keep") and "scr0[r] = where(" in line for line in lines) == 1, lines
-    assert sum("scr0[r]" in line and not line.startswith("keep") for line in lines) == 2, lines
+    # the later passes (the variance's, the normalization's) read scratch rows, never the concatenation again
+    # (its row-position tests ``lt(index(r), ...)``; the row's first element, which the norms' mean is shifted by -
+    # [Note: the variance of equal values] - is one element, ``index(0)``)
+    later = [line for line in lines if line.startswith("loop") or line.startswith("reduce acc1")]
+    assert later and all("index(r)" not in line and "scr" in line for line in later), lines
