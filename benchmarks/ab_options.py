@@ -18,11 +18,15 @@ import torch
 
 
 def parse_options(text: str) -> dict[str, Any]:
-    """kiln options from ``"a=1;b=x;c=true"`` (values stay text but for true/false; kiln's config checks them)."""
+    """kiln options from ``"a=1;b=x;c=true"`` (true/false as bools, integers as ints - ``gpu_recompute_limit=8`` -,
+    the rest as text; kiln's config checks them)."""
     out: dict[str, Any] = {}
     for part in filter(None, (p.strip() for p in text.split(";"))):
         key, value = part.split("=", 1)
-        out[key.strip()] = {"true": True, "false": False}.get(value.strip().lower(), value.strip())
+        value = value.strip()
+        number = value.lstrip("-")
+        out[key.strip()] = {"true": True, "false": False}.get(value.lower(),
+                                                              int(value) if number.isdigit() else value)
     return out
 
 
